@@ -1,0 +1,1 @@
+"""ASO-SE: how the spiking search space is searched (engine, training loop, data, logging)."""

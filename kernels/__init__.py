@@ -1,0 +1,1 @@
+"""Triton kernels with readable torch references; imports only torch and triton."""

@@ -1,0 +1,1 @@
+"""What can be searched: neurons, the op registry, cells, networks and genotypes."""
