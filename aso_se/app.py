@@ -1,0 +1,309 @@
+"""Plumbing shared by search.py and train.py: run directory, resume, signals, errors, progress.
+
+Exit codes (documented in the README):
+
+====  ===============================================================================
+0     finished
+2     bad input: a config override, genotype file, data set or checkpoint (one line)
+3     the loss became NaN/Inf; the last good checkpoint is kept (one line)
+4     out of GPU memory; the line names the knobs to lower
+130   stopped by SIGINT (Ctrl-C) after saving a checkpoint; ``resume=<run_dir>`` goes on
+143   the same for SIGTERM
+====  ===============================================================================
+
+An interrupted run exits with 128 + signal, as shells do, so ``search.py && train.py`` does not
+go on to retrain from a search that was stopped.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import hydra.errors
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from tqdm import tqdm
+
+from aso_se import checkpoint
+from aso_se.distributed import (DistributedContext, any_rank, broadcast_from_main,
+                                init_distributed, shutdown_distributed)
+from search_space.errors import UserInputError
+
+log = logging.getLogger(__name__)
+
+EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_OUT_OF_MEMORY = 2, 3, 4
+CHECKPOINT = Path("checkpoints") / "last.pt"
+# Knobs that shrink activation memory, named in the out-of-memory line per entry point.
+_MEMORY_KNOBS = {
+    "search": "batch_size, search.init_channels, search.init_layers, timesteps or search.k",
+    "train": "batch_size, model.channels, model.layers or timesteps",
+}
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or Inf; the message names where and which checkpoint was kept."""
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM stopped the run after its state was saved."""
+
+    def __init__(self, signum: int, run_dir: Path, entry_point: str) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}; state saved in "
+                         f"{run_dir / CHECKPOINT}; continue with: "
+                         f"python {entry_point}.py resume={run_dir}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point guard: one line on stderr and a distinct exit code for every expected failure.
+# ---------------------------------------------------------------------------------------------
+
+def main_guard(hydra_main: Callable[[], Any]) -> None:
+    """Run a ``@hydra.main`` function; expected failures become one stderr line and an exit code.
+
+    Hydra prints its own multi-line report and exits 1 for composition errors; with
+    HYDRA_FULL_ERROR set it re-raises instead, which lets this guard reduce the message to one
+    line. Anything unexpected is a bug and keeps its full traceback (as it does when the user
+    sets HYDRA_FULL_ERROR=1 themselves).
+    """
+    user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    register_resolvers()
+    _quiet_nonzero_ranks()
+    try:
+        hydra_main()
+    except Interrupted as stop:
+        _fail(str(stop), 128 + stop.signum)
+    except KeyboardInterrupt:
+        _fail("interrupted twice: stopped without saving; the last epoch-end checkpoint is kept",
+              128 + signal.SIGINT)
+    except (UserInputError, hydra.errors.HydraException, OmegaConfBaseException) as err:
+        if user_wants_traceback:
+            raise
+        _fail(_one_line(err), EXIT_BAD_INPUT)
+    except TrainingDiverged as err:
+        _fail(str(err), EXIT_DIVERGED)
+    except torch.OutOfMemoryError as err:  # re-raised by Run with the knobs to lower
+        _fail(str(err), EXIT_OUT_OF_MEMORY)
+
+
+def _fail(message: str, code: int) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    sys.exit(code)
+
+
+def _one_line(err: BaseException) -> str:
+    """A Hydra/OmegaConf report on one line; our own error when a resolver raised it."""
+    cause = err
+    while cause.__cause__ is not None and not isinstance(cause, UserInputError):
+        cause = cause.__cause__
+    if isinstance(cause, UserInputError):
+        err = cause
+    report = str(err).split("Config search path")[0]  # Hydra appends its search path
+    lines = [line.strip() for line in report.splitlines() if line.strip()]
+    if isinstance(err.__cause__, OmegaConfBaseException) and not isinstance(err, UserInputError):
+        lines.append(f"({str(err.__cause__).strip().splitlines()[0]})")
+    text, listing = "", False
+    for line in lines:  # after "Available options in 'data':" come the options, one per line
+        separator = ", " if listing and not text.endswith(":") else " "
+        text = f"{text}{separator}{line}" if text else line
+        listing = listing or line.endswith(":")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Run directory: Hydra's, or the resumed run's.
+# ---------------------------------------------------------------------------------------------
+
+def register_resolvers() -> None:
+    """Resolvers that ``hydra.run.dir`` and ``hydra.output_subdir`` use in conf/{search,train}.yaml.
+
+    With ``resume=<run_dir>`` Hydra runs in that directory (after checking it holds a
+    checkpoint, so a typo creates nothing) and writes the resuming invocation's config under
+    ``.hydra/resume_<time>`` instead of over the original ``.hydra/config.yaml``.
+    """
+    if not OmegaConf.has_resolver("aso_se.run_dir"):
+        OmegaConf.register_new_resolver("aso_se.run_dir", _run_dir)
+        OmegaConf.register_new_resolver(
+            "aso_se.hydra_subdir", lambda resume, resumed, fresh: resumed if resume else fresh)
+
+
+def _run_dir(resume: str | None, fresh: str) -> str:
+    if not resume:
+        return fresh
+    if not Path(resume).is_dir():
+        raise checkpoint.CheckpointError(f"resume dir {resume} does not exist; pass resume=<a run "
+                                         f"dir under outputs/>, or drop resume= to start anew")
+    if not (Path(resume) / CHECKPOINT).is_file():
+        raise checkpoint.CheckpointError(f"resume dir {resume} has no {CHECKPOINT} (the run saved "
+                                         f"none yet); drop resume= to start a new run")
+    return str(resume)
+
+
+def _quiet_nonzero_ranks() -> None:
+    """Under torchrun, ranks > 0 write no run directory, Hydra config or log file.
+
+    Every rank composes the config and would make its own timestamped run directory (they can
+    straddle a second); rank 0's directory is broadcast once the process group is up.
+    """
+    if int(os.environ.get("RANK", "0")) > 0:
+        sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none"]
+
+
+# ---------------------------------------------------------------------------------------------
+# One run: config, directory, process group, seeds, signals, checkpoint.
+# ---------------------------------------------------------------------------------------------
+
+class Run:
+    """Context of one search or retrain run, entered by the entry point around its work.
+
+    On entry: the config to use (the saved one when resuming), the run directory, the process
+    group, seeds, and SIGINT/SIGTERM handlers that only raise a stop flag (the training loop
+    polls `should_stop` after each step, then the entry point saves and raises `Interrupted`).
+    On exit: NaN/Inf and out-of-memory errors are reworded into one line, and the process
+    group is shut down.
+    """
+
+    def __init__(self, cfg: DictConfig, *, entry_point: str) -> None:
+        self.entry_point = entry_point
+        self.cfg = cfg
+        self.state: dict[str, Any] | None = None  # the checkpoint being resumed
+        self.ctx: DistributedContext | None = None
+        self.run_dir = Path(HydraConfig.get().runtime.output_dir)
+        self._signum: int | None = None
+        self._previous_handlers: dict[int, Any] = {}
+        self._started = time.perf_counter()
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / CHECKPOINT
+
+    @property
+    def resumed(self) -> bool:
+        return self.state is not None
+
+    def __enter__(self) -> Run:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        if self.cfg.get("resume"):
+            self._load_resumed_state()
+        trainer = self.cfg.trainer
+        if trainer.precision not in ("fp32", "bf16"):
+            raise UserInputError(f"trainer.precision={trainer.precision} is not supported; "
+                                 f"use fp32 or bf16")
+        self.ctx = init_distributed(ddp=trainer.ddp, device=trainer.device)
+        self.run_dir = broadcast_from_main(self.run_dir, self.ctx)
+        seed_everything(self.cfg.seed)
+        if self.ctx.is_main:
+            log.info("%s run in %s (%s, %d process%s)%s", self.entry_point, self.run_dir,
+                     self.ctx.device, self.ctx.world_size, "" if self.ctx.world_size == 1 else "es",
+                     f", resumed from {self.checkpoint_path}" if self.resumed else "")
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        if self.ctx is not None:
+            shutdown_distributed(self.ctx)
+        if isinstance(exc, torch.OutOfMemoryError):
+            raise torch.OutOfMemoryError(
+                f"out of GPU memory on {self.ctx.device if self.ctx else 'the GPU'}; lower "
+                f"{_MEMORY_KNOBS[self.entry_point]}, or spread the batch with trainer=ddp") from exc
+        if exc_type is not None and exc_type.__name__ == "NonFiniteLossError":
+            kept = (f"last good checkpoint kept: {self.checkpoint_path}"
+                    if self.checkpoint_path.is_file() else "no checkpoint was saved yet")
+            raise TrainingDiverged(f"{exc}; {kept}; lower the learning rate or use "
+                                   f"trainer.precision=fp32") from exc
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._signum is not None:  # a second Ctrl-C quits at once
+            signal.default_int_handler(signum, frame)
+        self._signum = signum
+        log.warning("%s received: saving a checkpoint after this step (again to quit at once)",
+                    signal.Signals(signum).name)
+
+    def should_stop(self) -> bool:
+        """Polled after every step; all ranks agree so they stop at the same step."""
+        return any_rank(self._signum is not None, self.ctx)
+
+    def raise_if_stopped(self) -> None:
+        """After the final save: report the stop (exit 128 + signal)."""
+        if self._signum is not None:
+            raise Interrupted(self._signum, self.run_dir, self.entry_point)
+
+    def _load_resumed_state(self) -> None:
+        extra = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
+        if extra:
+            raise UserInputError(f"resume continues a run with its saved config; drop the "
+                                 f"overrides {' '.join(extra)}, or start a new run with them")
+        self.state = checkpoint.load_checkpoint(self.checkpoint_path, kind=self.entry_point)
+        self.cfg = OmegaConf.create(self.state["config"])
+
+    def save(self, state: Mapping[str, Any], path: Path | None = None) -> None:
+        """Checkpoint ``state`` with the config it belongs to (rank 0 only; others return)."""
+        if self.ctx is not None and not self.ctx.is_main:
+            return
+        config = OmegaConf.to_container(self.cfg, resolve=True)
+        checkpoint.save_checkpoint({"config": config, **state}, path or self.checkpoint_path,
+                                   kind=self.entry_point)
+
+    @property
+    def wall_time_s(self) -> float:
+        return time.perf_counter() - self._started
+
+
+def seed_everything(seed: int) -> None:
+    """The same seed on every rank: identical initial weights, α and Gumbel draws."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress: a tqdm bar per epoch on a terminal, and one log line per epoch always.
+# ---------------------------------------------------------------------------------------------
+
+class EpochProgress:
+    """Running means of per-step metrics; a bar on a terminal, one log line at each epoch end."""
+
+    def __init__(self, *, enabled: bool, show_bar: bool | None = None) -> None:
+        self.enabled = enabled
+        self.show_bar = sys.stderr.isatty() if show_bar is None else show_bar
+        self._bar: tqdm | None = None
+        self._sums: dict[str, float] = {}
+        self._steps = 0
+
+    def step(self, metrics: Mapping[str, float], *, title: str, total: int | None) -> None:
+        if not self.enabled:
+            return
+        for key, value in metrics.items():
+            self._sums[key] = self._sums.get(key, 0.0) + float(value)
+        self._steps += 1
+        if self.show_bar:
+            if self._bar is None:
+                self._bar = tqdm(total=total, desc=title, leave=False, dynamic_ncols=True)
+            self._bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items()}, refresh=False)
+            self._bar.update()
+
+    def end_epoch(self, title: str, extra: Mapping[str, float] | None = None) -> dict[str, float]:
+        """Close the bar, log ``title`` with the epoch's mean metrics; return those means."""
+        means = {k: v / max(self._steps, 1) for k, v in self._sums.items()}
+        if self.enabled:
+            if self._bar is not None:
+                self._bar.close()
+            shown = {**means, **(extra or {})}
+            log.info("%s | %s", title, "  ".join(f"{k} {v:.4g}" for k, v in shown.items()))
+        self._bar, self._sums, self._steps = None, {}, 0
+        return means

@@ -1,0 +1,94 @@
+"""Checkpoint files that a crash, Ctrl-C or SIGKILL at any moment can never corrupt.
+
+`save_checkpoint` writes to a temporary file beside the target, fsyncs it, renames it over the
+target (atomic on POSIX: a reader sees the old file or the new one, never a mix) and fsyncs the
+directory so that the rename itself is durable. A process killed mid-write leaves at most a
+stale ``.<name>.tmp`` that the next save overwrites.
+
+`load_checkpoint` turns every way a file can be unusable (missing, truncated, not ours, written
+by the other entry point or an older format) into one `CheckpointError` line naming the file
+and the fix; `restore_errors` does the same for a checkpoint that loads but does not fit the
+model or engine it is restored into.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import zipfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from search_space.errors import UserInputError
+
+FORMAT_VERSION = 1
+_HEADER_KEY = "aso_se_checkpoint"
+
+
+class CheckpointError(UserInputError):
+    """A checkpoint file or resume directory that cannot be used."""
+
+
+def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str], *, kind: str) -> None:
+    """Atomically write ``state`` (plus a header naming ``kind`` and the format) to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    payload = {_HEADER_KEY: {"kind": kind, "version": FORMAT_VERSION}, **state}
+    with open(tmp, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(path: str | os.PathLike[str], *, kind: str) -> dict[str, Any]:
+    """Read a checkpoint written by `save_checkpoint` for ``kind``, onto the CPU."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist; pass resume=<a run dir that has "
+                              f"checkpoints/last.pt>, or drop resume= to start a new run")
+    try:
+        # weights_only keeps loading safe: checkpoints hold only tensors and plain containers.
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+        raise CheckpointError(f"checkpoint {path} is unreadable (truncated or corrupt: "
+                              f"{_first_line(err)}); "
+                              f"resume from another run, or delete it to start again") from err
+    header = payload.get(_HEADER_KEY) if isinstance(payload, dict) else None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path} is not an ASO-SE checkpoint; pass a file written by "
+                              f"search.py or train.py")
+    if header.get("kind") != kind:
+        raise CheckpointError(f"checkpoint {path} was written by the {header.get('kind')} entry "
+                              f"point, not {kind}; resume it with {header.get('kind')}.py")
+    if header.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has format version {header.get('version')}, "
+                              f"this code reads version {FORMAT_VERSION}; start a new run")
+    return {key: value for key, value in payload.items() if key != _HEADER_KEY}
+
+
+@contextlib.contextmanager
+def restore_errors(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn a state that does not fit (missing keys, shape mismatch) into one CheckpointError."""
+    try:
+        yield
+    except UserInputError:
+        raise
+    except (RuntimeError, KeyError, ValueError, TypeError) as err:
+        raise CheckpointError(f"checkpoint {path} does not fit this code or config "
+                              f"({_first_line(err)}); "
+                              f"start a new run, or resume with the code that wrote it") from err
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
