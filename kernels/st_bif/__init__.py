@@ -1,0 +1,121 @@
+"""Fused, trainable multi-step ST-BIF neuron: public API.
+
+`st_bif_multistep` runs the neuron over a whole sequence `[T, ...]` from its initial state
+(q = 0.5, acc = 0); `STBIFNeuron` is the module for `[T, B, ...]` input. The backend is picked
+once, from one table: "auto" runs the Triton kernels on CUDA and the torch reference
+elsewhere; "triton" and "torch" force one ("triton" on CPU tensors needs TRITON_INTERPRET=1).
+"""
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from .reference import st_bif_reference
+from .surrogates import SURROGATES, get_surrogate
+from .validation import check_bounds, check_sequence, check_threshold, check_threshold_value
+
+__all__ = ["STBIFNeuron", "SURROGATES", "level_bounds", "st_bif_multistep"]
+
+
+def _st_bif_torch(
+    x_seq: Tensor, q_threshold: Tensor, pos_max: int, neg_min: int, surrogate: str
+) -> Tensor:
+    return st_bif_reference(x_seq, q_threshold, pos_max, neg_min, get_surrogate(surrogate))[0]
+
+
+_BACKENDS: dict[str, Callable[[Tensor, Tensor, int, int, str], Tensor]] = {
+    "torch": _st_bif_torch,
+}
+# What "auto" runs per device type; devices not listed run the reference.
+_AUTO_BACKEND: dict[str, str] = {"cpu": "torch"}  # Triton kernels: next commit
+
+
+def _resolve_backend(backend: str, device: torch.device) -> str:
+    if backend == "auto":
+        return _AUTO_BACKEND.get(device.type, "torch")
+    if backend not in _BACKENDS:
+        raise ValueError(
+            f"unknown backend {backend!r}: expected 'auto' or one of {sorted(_BACKENDS)}"
+        )
+    return backend
+
+
+def level_bounds(level: int, sym: bool) -> tuple[int, int]:
+    """(pos_max, neg_min) of a `level`-level quantizer: symmetric or unsigned (design §3)."""
+    if not isinstance(level, int) or level < 2:
+        raise ValueError(f"level={level!r}: expected an int >= 2 (quantization levels)")
+    return (level // 2 - 1, -(level // 2)) if sym else (level - 1, 0)
+
+
+def st_bif_multistep(
+    x_seq: Tensor,
+    q_threshold: float | Tensor,
+    pos_max: int,
+    neg_min: int,
+    *,
+    surrogate: str = "sigmoid",
+    backend: str = "auto",
+) -> Tensor:
+    """ST-BIF over `x_seq` [T, ...] (fp16/bf16/fp32); returns the output, same shape and dtype.
+
+    `q_threshold` is a number or a one-element tensor (it may require grad). Gradients reach
+    x_seq and q_threshold through the surrogate `surrogate` (a name in SURROGATES).
+    """
+    check_sequence(x_seq)
+    check_threshold(q_threshold, x_seq)
+    check_bounds(pos_max, neg_min)
+    get_surrogate(surrogate)
+    run = _BACKENDS[_resolve_backend(backend, x_seq.device)]
+    if not isinstance(q_threshold, Tensor):
+        # A device-side fill, not a host-to-device copy: keeps CUDA-graph capture working.
+        q_threshold = torch.full((), float(q_threshold), device=x_seq.device)
+    return run(x_seq, q_threshold, pos_max, neg_min, surrogate)
+
+
+class STBIFNeuron(nn.Module):
+    """Multi-step ST-BIF neuron for `[T, B, ...]` input, a drop-in for a spikingjelly neuron.
+
+    Every forward runs the whole sequence from the initial state, so the module keeps no
+    state between calls: `spikingjelly.activation_based.functional.reset_net` has nothing
+    to reset here and skips it (no `reset` method, no warning).
+    """
+
+    def __init__(
+        self,
+        q_threshold: float = 1.0,
+        level: int = 8,
+        sym: bool = True,
+        learn_threshold: bool = False,
+        surrogate: str = "sigmoid",
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        check_threshold_value(q_threshold)
+        get_surrogate(surrogate)
+        _resolve_backend(backend, torch.device("cpu"))
+        self.pos_max, self.neg_min = level_bounds(level, sym)
+        self.level, self.sym = level, sym
+        self.surrogate, self.backend = surrogate, backend
+        threshold = torch.tensor(float(q_threshold))
+        if learn_threshold:
+            self.q_threshold = nn.Parameter(threshold)
+        else:
+            self.register_buffer("q_threshold", threshold)
+
+    def forward(self, x_seq: Tensor) -> Tensor:
+        return st_bif_multistep(
+            x_seq,
+            self.q_threshold,
+            self.pos_max,
+            self.neg_min,
+            surrogate=self.surrogate,
+            backend=self.backend,
+        )
+
+    def extra_repr(self) -> str:
+        learn = isinstance(self.q_threshold, nn.Parameter)
+        return (
+            f"level={self.level}, sym={self.sym}, pos_max={self.pos_max}, "
+            f"neg_min={self.neg_min}, learn_threshold={learn}, surrogate={self.surrogate!r}, "
+            f"backend={self.backend!r}"
+        )
