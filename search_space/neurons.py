@@ -1,0 +1,179 @@
+"""The neuron factory: every activation the search space can use, behind one call.
+
+Tensors flow through the network FLATTENED over time, ``[T*B, ...]`` (design §2), so that
+conv/BN/pooling run once on ``[T*B, C, H, W]``. A spiking neuron views its input as
+``[T, B, ...]``, runs the whole sequence from its initial state, and flattens it back.
+
+Kinds:
+- ``st_bif``: our fused ST-BIF neuron (``kernels.st_bif.STBIFNeuron``).
+- ``lif``: spikingjelly 2.0's ``LIFNode`` in multi-step mode. spikingjelly 2.0 has no
+  ``backend`` argument: ``lif_multi_step`` runs its Triton/CUDA kernels for CUDA tensors and its
+  torch reference for CPU tensors, so the backend follows the device with no choice to make here.
+- ``relu``: the ANN mode, a plain ``nn.ReLU`` (stateless, so it works for any T; use T = 1).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+from spikingjelly.activation_based import functional as sj_functional
+from spikingjelly.activation_based import neuron as sj_neuron
+from spikingjelly.activation_based import surrogate as sj_surrogate
+from torch import nn
+
+from kernels.st_bif import STBIFNeuron
+from search_space.errors import UserInputError
+
+NeuronFactoryFn = Callable[[], nn.Module]
+
+# Surrogate names shared with kernels.st_bif, mapped to spikingjelly's objects for LIF.
+_LIF_SURROGATES: dict[str, Callable[[], sj_surrogate.SurrogateFunctionBase]] = {
+    "sigmoid": sj_surrogate.Sigmoid,
+    "atan": sj_surrogate.ATan,
+    "rectangular": sj_surrogate.Rect,
+}
+
+
+class SpikingNeuron(nn.Module):
+    """Runs a multi-step neuron (``[T, B, ...]`` in and out) on a flattened ``[T*B, ...]`` tensor.
+
+    Every forward starts from the neuron's initial state and leaves it there afterwards, so no
+    state (and no autograd graph) is carried from one batch to the next. The fraction of
+    neuron-steps that spiked in the last forward is kept in the ``firing_rate`` buffer, updated on
+    the device without a host sync (read it with :func:`firing_rates`).
+    """
+
+    firing_rate: torch.Tensor
+
+    def __init__(self, neuron: nn.Module, timesteps: int) -> None:
+        super().__init__()
+        self.neuron = neuron
+        self.timesteps = timesteps
+        self.record_firing_rate = True
+        # A log value, not model state: kept out of checkpoints.
+        self.register_buffer("firing_rate", torch.zeros(()), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] % self.timesteps:
+            raise ValueError(
+                f"a neuron with T={self.timesteps} got a leading dimension of {x.shape[0]}, "
+                "which is not T*B: flatten multi-step tensors time-first to [T*B, ...]"
+            )
+        sj_functional.reset_net(self.neuron)
+        out = self.neuron(x.view(self.timesteps, -1, *x.shape[1:]))
+        sj_functional.reset_net(self.neuron)
+        if self.record_firing_rate:
+            with torch.no_grad():
+                self.firing_rate.copy_(torch.count_nonzero(out) / out.numel())
+        return out.flatten(0, 1)
+
+    def extra_repr(self) -> str:
+        return f"timesteps={self.timesteps}"
+
+
+def _st_bif(
+    timesteps: int,
+    q_threshold: float = 1.0,
+    level: int = 8,
+    sym: bool = True,
+    learn_threshold: bool = False,
+    surrogate: str = "sigmoid",
+    backend: str = "auto",
+) -> nn.Module:
+    try:
+        neuron = STBIFNeuron(
+            q_threshold=q_threshold, level=level, sym=sym, learn_threshold=learn_threshold,
+            surrogate=surrogate, backend=backend,
+        )
+    except ValueError as error:  # kernels raise plain ValueError (they may not import search_space)
+        raise UserInputError(f"neuron st_bif: {error}; fix it in conf/neuron/st_bif.yaml") from None
+    return SpikingNeuron(neuron, timesteps)
+
+
+def _lif(
+    timesteps: int,
+    tau: float = 2.0,
+    v_threshold: float = 1.0,
+    v_reset: float | None = 0.0,
+    decay_input: bool = True,
+    detach_reset: bool = False,
+    surrogate: str = "sigmoid",
+) -> nn.Module:
+    if surrogate not in _LIF_SURROGATES:
+        raise UserInputError(
+            f"unknown LIF surrogate {surrogate!r}: expected one of {sorted(_LIF_SURROGATES)}; "
+            "set neuron.surrogate to one of them"
+        )
+    if not tau > 1.0:
+        raise UserInputError(f"LIF tau={tau} must be greater than 1; set neuron.tau, e.g. 2.0")
+    neuron = sj_neuron.LIFNode(
+        tau=float(tau),  # spikingjelly asserts a float
+        decay_input=decay_input,
+        v_threshold=v_threshold,
+        v_reset=v_reset,
+        surrogate_function=_LIF_SURROGATES[surrogate](),
+        detach_reset=detach_reset,
+        step_mode="m",
+    )
+    return SpikingNeuron(neuron, timesteps)
+
+
+def _relu(timesteps: int) -> nn.Module:
+    del timesteps  # stateless: every step is independent
+    return nn.ReLU(inplace=False)
+
+
+NEURON_KINDS: dict[str, Callable[..., nn.Module]] = {"st_bif": _st_bif, "lif": _lif, "relu": _relu}
+
+
+def make_neuron(kind: str, *, timesteps: int, **params: Any) -> nn.Module:
+    """A fresh neuron of ``kind`` mapping ``[timesteps*B, ...]`` to the same shape."""
+    if kind not in NEURON_KINDS:
+        raise UserInputError(f"unknown neuron kind {kind!r}: expected one of {sorted(NEURON_KINDS)}; set neuron=<kind>")
+    if isinstance(timesteps, bool) or not isinstance(timesteps, int) or timesteps < 1:
+        raise UserInputError(f"timesteps={timesteps!r} must be a positive integer; set neuron.timesteps, e.g. 4")
+    builder = NEURON_KINDS[kind]
+    accepted = [name for name in inspect.signature(builder).parameters if name != "timesteps"]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise UserInputError(
+            f"neuron {kind!r} has no parameter(s) {unknown}: it accepts {accepted}; remove or rename them in conf/neuron"
+        )
+    return builder(timesteps, **params)
+
+
+class NeuronFactory:
+    """Makes fresh neurons of one configured kind: ``factory()`` is what every op calls.
+
+    ``conf/neuron/<kind>.yaml`` instantiates it. The parameters are checked once here, at
+    start-up, by building one neuron, rather than deep inside the first forward.
+    """
+
+    def __init__(self, kind: str, *, timesteps: int, **params: Any) -> None:
+        self.kind = kind
+        self.timesteps = timesteps
+        self.params = params
+        self()
+
+    def __call__(self) -> nn.Module:
+        return make_neuron(self.kind, timesteps=self.timesteps, **self.params)
+
+    def __repr__(self) -> str:
+        params = "".join(f", {key}={value!r}" for key, value in self.params.items())
+        return f"NeuronFactory({self.kind!r}, timesteps={self.timesteps}{params})"
+
+
+def firing_rates(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Last forward's firing rate (fraction of neuron-steps that spiked) of every spiking neuron, by module name.
+
+    The values are 0-dim tensors on the model's device; nothing is synchronized here.
+    """
+    return {name: module.firing_rate for name, module in model.named_modules() if isinstance(module, SpikingNeuron)}
+
+
+def set_firing_rate_recording(model: nn.Module, enabled: bool) -> None:
+    """Turn the per-forward firing-rate count (one reduction per neuron) on or off, e.g. off for benchmarks."""
+    for module in model.modules():
+        if isinstance(module, SpikingNeuron):
+            module.record_firing_rate = enabled

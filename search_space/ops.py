@@ -1,0 +1,194 @@
+"""The op registry: every candidate operation of a cell edge, one line per op.
+
+A builder is ``builder(C, stride, affine, neuron) -> nn.Module``: ``C`` channels in and out,
+``stride`` 2 on the edges of a reduction cell that read the cell's inputs, ``affine`` for the
+BatchNorms (DARTS: False in the supernet, True when retraining), and ``neuron`` a factory
+(``search_space.neurons.NeuronFactory``) called once per activation so that every activation
+is a fresh module.
+
+Two families:
+(a) DARTS's operations (quark0/darts ``cnn/operations.py``) with exactly its definitions,
+    the ReLU replaced by the configured neuron (with ``neuron="relu"`` they ARE DARTS's ops);
+(b) spiking ops, neuron → conv → BN.
+Every conv that follows a neuron reads spikes and is a ``kernels.sparse_conv.SparseConv2d``;
+the convs that follow another conv read real values and stay ``nn.Conv2d``. Attribute names
+follow DARTS so that state_dict keys (and DARTS's checkpoints) match.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from kernels.sparse_conv import SparseConv2d
+from search_space.errors import UserInputError
+
+NeuronFactoryFn = Callable[[], nn.Module]
+OpBuilder = Callable[[int, int, bool, NeuronFactoryFn], nn.Module]
+
+OPS: dict[str, OpBuilder] = {}
+
+
+def register_op(name: str) -> Callable[[OpBuilder], OpBuilder]:
+    """Decorator adding ``builder(C, stride, affine, neuron)`` to ``OPS`` under ``name``."""
+
+    def add(builder: OpBuilder) -> OpBuilder:
+        if name in OPS:
+            raise ValueError(f"op {name!r} is already registered")
+        OPS[name] = builder
+        return builder
+
+    return add
+
+
+class Zero(nn.Module):
+    """DARTS's ``none``: zeros, spatially subsampled by ``stride``."""
+
+    def __init__(self, stride: int) -> None:
+        super().__init__()
+        self.stride = stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stride == 1:
+            return x.mul(0.0)
+        return x[:, :, :: self.stride, :: self.stride].mul(0.0)
+
+    def extra_repr(self) -> str:
+        return f"stride={self.stride}"
+
+
+class NeuronConvBN(nn.Module):
+    """DARTS's ReLUConvBN with the configured neuron: neuron → conv → BN."""
+
+    def __init__(
+        self, C_in: int, C_out: int, kernel_size: int, stride: int, padding: int, *,
+        neuron: NeuronFactoryFn, affine: bool = True,
+    ) -> None:
+        super().__init__()
+        self.op = nn.Sequential(
+            neuron(),
+            SparseConv2d(C_in, C_out, kernel_size, stride=stride, padding=padding, bias=False),
+            nn.BatchNorm2d(C_out, affine=affine),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(x)
+
+
+class DilConv(nn.Module):
+    """DARTS's dilated separable conv: neuron → depthwise dilated conv → 1x1 conv → BN."""
+
+    def __init__(
+        self, C_in: int, C_out: int, kernel_size: int, stride: int, padding: int, dilation: int, *,
+        neuron: NeuronFactoryFn, affine: bool = True,
+    ) -> None:
+        super().__init__()
+        self.op = nn.Sequential(
+            neuron(),
+            SparseConv2d(C_in, C_in, kernel_size, stride=stride, padding=padding, dilation=dilation,
+                         groups=C_in, bias=False),
+            nn.Conv2d(C_in, C_out, kernel_size=1, padding=0, bias=False),
+            nn.BatchNorm2d(C_out, affine=affine),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(x)
+
+
+class SepConv(nn.Module):
+    """DARTS's separable conv: the (neuron → depthwise → 1x1 → BN) stack twice, stride on the first."""
+
+    def __init__(
+        self, C_in: int, C_out: int, kernel_size: int, stride: int, padding: int, *,
+        neuron: NeuronFactoryFn, affine: bool = True,
+    ) -> None:
+        super().__init__()
+        self.op = nn.Sequential(
+            neuron(),
+            SparseConv2d(C_in, C_in, kernel_size, stride=stride, padding=padding, groups=C_in, bias=False),
+            nn.Conv2d(C_in, C_in, kernel_size=1, padding=0, bias=False),
+            nn.BatchNorm2d(C_in, affine=affine),
+            neuron(),
+            SparseConv2d(C_in, C_in, kernel_size, stride=1, padding=padding, groups=C_in, bias=False),
+            nn.Conv2d(C_in, C_out, kernel_size=1, padding=0, bias=False),
+            nn.BatchNorm2d(C_out, affine=affine),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(x)
+
+
+class FactorizedReduce(nn.Module):
+    """DARTS's stride-2 reduction: neuron, two 1x1 stride-2 convs on pixel grids offset by one, concat, BN.
+
+    Needs even spatial sizes (the two halves must have the same size), as in DARTS.
+    """
+
+    def __init__(self, C_in: int, C_out: int, *, neuron: NeuronFactoryFn, affine: bool = True) -> None:
+        super().__init__()
+        if C_out % 2:
+            raise ValueError(f"FactorizedReduce needs an even number of output channels, got {C_out}")
+        self.neuron = neuron()
+        self.conv_1 = SparseConv2d(C_in, C_out // 2, 1, stride=2, padding=0, bias=False)
+        self.conv_2 = SparseConv2d(C_in, C_out // 2, 1, stride=2, padding=0, bias=False)
+        self.bn = nn.BatchNorm2d(C_out, affine=affine)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.neuron(x)
+        return self.bn(torch.cat([self.conv_1(x), self.conv_2(x[:, :, 1:, 1:])], dim=1))
+
+
+# (a) DARTS's operations, exactly as quark0/darts cnn/operations.py defines them.
+register_op("none")(lambda C, stride, affine, neuron: Zero(stride))
+register_op("avg_pool_3x3")(lambda C, stride, affine, neuron: nn.AvgPool2d(3, stride=stride, padding=1, count_include_pad=False))
+register_op("max_pool_3x3")(lambda C, stride, affine, neuron: nn.MaxPool2d(3, stride=stride, padding=1))
+register_op("skip_connect")(lambda C, stride, affine, neuron: nn.Identity() if stride == 1 else FactorizedReduce(C, C, neuron=neuron, affine=affine))
+register_op("sep_conv_3x3")(lambda C, stride, affine, neuron: SepConv(C, C, 3, stride, 1, neuron=neuron, affine=affine))
+register_op("sep_conv_5x5")(lambda C, stride, affine, neuron: SepConv(C, C, 5, stride, 2, neuron=neuron, affine=affine))
+register_op("sep_conv_7x7")(lambda C, stride, affine, neuron: SepConv(C, C, 7, stride, 3, neuron=neuron, affine=affine))
+register_op("dil_conv_3x3")(lambda C, stride, affine, neuron: DilConv(C, C, 3, stride, 2, 2, neuron=neuron, affine=affine))
+register_op("dil_conv_5x5")(lambda C, stride, affine, neuron: DilConv(C, C, 5, stride, 4, 2, neuron=neuron, affine=affine))
+
+
+@register_op("conv_7x1_1x7")
+def _conv_7x1_1x7(C: int, stride: int, affine: bool, neuron: NeuronFactoryFn) -> nn.Module:
+    """Used by NASNet/AmoebaNet. A bare nn.Sequential, as in DARTS, for the same state_dict keys."""
+    return nn.Sequential(
+        neuron(),
+        SparseConv2d(C, C, (1, 7), stride=(1, stride), padding=(0, 3), bias=False),
+        nn.Conv2d(C, C, (7, 1), stride=(stride, 1), padding=(3, 0), bias=False),
+        nn.BatchNorm2d(C, affine=affine),
+    )
+
+
+# (b) Spiking ops: neuron → conv → BN.
+register_op("spike_conv_3x3")(lambda C, stride, affine, neuron: NeuronConvBN(C, C, 3, stride, 1, neuron=neuron, affine=affine))
+register_op("spike_conv_1x1")(lambda C, stride, affine, neuron: NeuronConvBN(C, C, 1, stride, 0, neuron=neuron, affine=affine))
+
+# DARTS's search space, in DARTS's order (quark0/darts cnn/genotypes.py PRIMITIVES).
+DARTS_PRIMITIVES: tuple[str, ...] = (
+    "none", "max_pool_3x3", "avg_pool_3x3", "skip_connect",
+    "sep_conv_3x3", "sep_conv_5x5", "dil_conv_3x3", "dil_conv_5x5",
+)
+# A spiking search space: the parameter-free DARTS ops plus the plain spiking convs.
+SPIKING_PRIMITIVES: tuple[str, ...] = (
+    "none", "max_pool_3x3", "avg_pool_3x3", "skip_connect", "spike_conv_3x3", "spike_conv_1x1",
+)
+
+
+def check_primitives(names: Iterable[str]) -> tuple[str, ...]:
+    """``names`` as a tuple if it is a non-empty list of distinct registered ops; else UserInputError."""
+    if isinstance(names, str):
+        raise UserInputError(f"the primitive list must be a list of op names, got the string {names!r}; fix search_space.primitives")
+    names = tuple(names)
+    unknown = [name for name in names if name not in OPS]
+    if unknown:
+        raise UserInputError(
+            f"unknown op(s) {unknown} in the primitive list: known ops are {sorted(OPS)}; fix search_space.primitives"
+        )
+    if not names or len(set(names)) != len(names):
+        raise UserInputError(
+            f"the primitive list {list(names)} must be non-empty without repeats; fix search_space.primitives"
+        )
+    return names
