@@ -1,0 +1,90 @@
+"""CIFAR-10 and CIFAR-100: torchvision's binary release (downloaded when allowed), or the same
+images as an ImageFolder tree (``root/train/<class>/*``, ``root/test/<class>/*``)."""
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torchvision import datasets
+
+from aso_se.data.base import ClassificationData, LoadedSplits
+from aso_se.data.errors import DataError
+from aso_se.data.image_folder import LAYOUT, has_image_folder_layout, read_image_folder
+from aso_se.data.transforms import image_transforms
+
+
+@dataclass(frozen=True)
+class CIFARVariant:
+    title: str
+    torchvision_class: type[datasets.CIFAR10]
+    num_classes: int
+    mean: tuple[float, float, float]  # per-channel statistics of the training set,
+    std: tuple[float, float, float]  # as used by DARTS and most CIFAR code
+
+
+VARIANTS = {
+    "cifar10": CIFARVariant("CIFAR-10", datasets.CIFAR10, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": CIFARVariant("CIFAR-100", datasets.CIFAR100, 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+
+
+class CIFARData(ClassificationData):
+    """CIFAR-10/100 (``name`` picks which), 32×32 RGB, with the standard augmentation: random
+    crop with ``crop_padding``, horizontal flip, optional cutout (DARTS retrains with 16)."""
+
+    in_channels = 3
+    image_size = 32
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        root: str,
+        download: bool = True,
+        crop_padding: int = 4,
+        horizontal_flip: bool = True,
+        cutout_length: int = 0,
+        num_workers: int = 2,
+        max_train_samples: int | None = None,
+        max_test_samples: int | None = None,
+        split_seed: int = 0,
+    ) -> None:
+        if name not in VARIANTS:
+            raise DataError(f"data.name={name!r} is invalid; expected one of {', '.join(VARIANTS)}")
+        self.variant = VARIANTS[name]
+        train_transform, test_transform = image_transforms(
+            mean=self.variant.mean, std=self.variant.std, image_size=self.image_size, resize=False,
+            crop_padding=crop_padding, horizontal_flip=horizontal_flip, cutout_length=cutout_length,
+        )
+        super().__init__(
+            train_transform=train_transform, test_transform=test_transform, num_workers=num_workers,
+            max_train_samples=max_train_samples, max_test_samples=max_test_samples, split_seed=split_seed,
+        )
+        self.name = name
+        self.root = Path(root).expanduser()
+        self.download = download
+
+    def _load(self) -> LoadedSplits:
+        if has_image_folder_layout(self.root):
+            splits = read_image_folder(self.root, self.in_channels)
+        else:
+            splits = self._read_torchvision()
+        if len(splits.classes) != self.variant.num_classes:
+            raise DataError(
+                f"{self.root} has {len(splits.classes)} class folders; expected the {self.variant.num_classes} "
+                f"classes of {self.variant.title}; fix: point data.root at a {self.variant.title} copy or use data=image_folder"
+            )
+        return splits
+
+    def _read_torchvision(self) -> LoadedSplits:
+        expected = f"{self.root / self.variant.torchvision_class.base_folder}/ (torchvision) or {LAYOUT}"
+        if not self.download and not self.root.is_dir():
+            raise DataError(f"data root {self.root} does not exist; expected {expected}; fix: set data.root or ASO_SE_DATA, or use data=mnist5k")
+        try:
+            train = self.variant.torchvision_class(str(self.root), train=True, download=self.download)
+            test = self.variant.torchvision_class(str(self.root), train=False, download=self.download)
+        except (OSError, RuntimeError) as error:  # URLError is an OSError
+            problem = f"could not download {self.variant.title} into {self.root} ({error})" if self.download else f"no {self.variant.title} under {self.root}"
+            raise DataError(
+                f"{problem}; expected {expected}; fix: put the files there and set data.root or ASO_SE_DATA, or use data=mnist5k"
+            ) from None
+        return LoadedSplits(train, torch.tensor(train.targets), test, torch.tensor(test.targets), tuple(train.classes))

@@ -1,0 +1,73 @@
+"""DataLoaders whose batches are a pure function of (seed, epoch), for any number of workers."""
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from aso_se.data.sampling import ShardSampler, derive_seed
+
+
+class SeededTransformDataset(Dataset):
+    """``transform(samples[index])`` for a key ``(epoch, index)`` from a ``ShardSampler``.
+
+    torch's default CPU generator is seeded from (seed, epoch, index) for the transform and
+    restored afterwards, so augmentation does not depend on worker count or worker RNG state,
+    and nothing leaks into the caller's RNG stream when ``num_workers=0``.
+    """
+
+    def __init__(self, samples: Dataset, transform: Callable, seed: int) -> None:
+        self.samples = samples
+        self.transform = transform
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        epoch, index = key
+        image, label = self.samples[index]
+        generator = torch.default_generator
+        state = generator.get_state()
+        generator.manual_seed(derive_seed(self.seed, epoch, index))
+        try:
+            return self.transform(image), int(label)
+        finally:
+            generator.set_state(state)
+
+
+def collate_time_first(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack DVS samples ``[T, 2, H, W]`` into the model's time-first ``[T, B, 2, H, W]``."""
+    frames, labels = zip(*batch)
+    return torch.stack(frames, dim=1), torch.tensor(labels)
+
+
+class EpochLoader(DataLoader):
+    """A DataLoader over a ``ShardSampler``; call ``set_epoch(epoch)`` before each epoch.
+
+    Workers persist across epochs when ``num_workers > 0``; memory is pinned only when CUDA is
+    available.
+    """
+
+    def __init__(
+        self,
+        dataset: SeededTransformDataset,
+        sampler: ShardSampler,
+        *,
+        batch_size: int,
+        num_workers: int,
+        collate_fn: Callable[[list], Any] | None = None,
+    ) -> None:
+        super().__init__(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=torch.cuda.is_available(),
+            persistent_workers=num_workers > 0,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Batch order and augmentation of the next pass depend only on (seed, epoch)."""
+        self.sampler.set_epoch(epoch)

@@ -1,0 +1,69 @@
+"""Seeds, stratified splits and per-rank shards: everything random about the data is a pure
+function of integers (split seed, run seed, epoch, sample index), never of hidden RNG state."""
+import zlib
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 64-bit seed mixed from ``parts``; different tuples give unrelated seeds."""
+    entropy = [zlib.crc32(part.encode()) if isinstance(part, str) else part for part in parts]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
+
+
+def stratified_order(labels: torch.Tensor, seed: int) -> torch.Tensor:
+    """All indices of ``labels`` in a seeded order in which every prefix holds each class in
+    (within one sample) its overall proportion, so ``order[:k]`` is a stratified subset of size
+    k and ``order[k:]`` the stratified rest."""
+    generator = torch.Generator().manual_seed(seed)
+    shuffled = torch.randperm(len(labels), generator=generator)
+    shuffled_labels = labels[shuffled]
+    class_sizes = torch.bincount(shuffled_labels)
+    class_starts = torch.cumsum(class_sizes, 0) - class_sizes
+    by_class = torch.argsort(shuffled_labels, stable=True)
+    rank_in_class = torch.empty_like(shuffled)
+    rank_in_class[by_class] = torch.arange(len(labels)) - class_starts[shuffled_labels[by_class]]
+    # Sorting by the fractional position inside the own class interleaves the classes evenly.
+    position = (rank_in_class + 0.5) / class_sizes[shuffled_labels]
+    return shuffled[torch.argsort(position, stable=True)]
+
+
+class ShardSampler(Sampler[tuple[int, int]]):
+    """This rank's share of ``indices``, yielded as ``(epoch, index)`` keys.
+
+    The key carries the epoch to the dataset (also into persistent workers, which keep their
+    own copy of the dataset) so that random augmentation can be seeded per sample.
+
+    - ``shuffle=True`` (training): reshuffled every epoch from ``(seed, epoch)`` alone, then
+      dealt round-robin to the ranks; the remainder is dropped so that every rank runs the same
+      number of steps (DistributedDataParallel needs that) and shards are disjoint.
+    - ``shuffle=False`` (evaluation): fixed order, every sample exactly once over all ranks.
+    """
+
+    def __init__(self, indices: torch.Tensor, *, seed: int, rank: int, world_size: int, shuffle: bool) -> None:
+        self.indices = indices
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.shuffle = shuffle
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        if self.shuffle:
+            return len(self.indices) // self.world_size
+        return len(range(self.rank, len(self.indices), self.world_size))
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        indices = self.indices
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(derive_seed(self.seed, self.epoch))
+            indices = indices[torch.randperm(len(indices), generator=generator)]
+            indices = indices[: len(self) * self.world_size]
+        for index in indices[self.rank :: self.world_size].tolist():
+            yield self.epoch, index
