@@ -1,10 +1,215 @@
-"""Chooses the implementation of `sparse_conv2d` for each call."""
+"""`sparse_conv2d`: validates a call and runs it on the backend the dispatch table names.
+
+Backends: "torch" (F.conv2d, i.e. cuDNN on CUDA), "triton" (the sparse kernels, forward and
+weight gradient, for every supported call; under TRITON_INTERPRET=1 also on CPU tensors),
+"reference" (the readable torch two-stage algorithm), and "auto":
+  - CPU tensors: F.conv2d;
+  - unsupported configurations: F.conv2d;
+  - on CUDA, per call key (GPU, dtype, layout, shapes, conv parameters): the crossover work
+    fractions are measured once (calibration.py); if the sparse path cannot win at any
+    sparsity, F.conv2d; else the call site's last measured work fraction decides. That
+    measurement is read back from the GPU asynchronously (no host sync): every
+    SAMPLE_EVERY-th call of a site computes it, and while the site runs on cuDNN that call
+    also runs the prescan alone, to notice when its input becomes sparse.
+Every call increments the counter of the path it took (`path_counts`, `reset_path_counts`).
+"""
 from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from triton.runtime.interpreter import InterpretedFunction
 
-IntPair = int | tuple[int, int]
+from kernels.sparse_conv.calibration import CrossoverCache, call_key, default_cache_file
+from kernels.sparse_conv.function import conv_geometry, sparse_conv2d_triton
+from kernels.sparse_conv.geometry import ConvGeometry
+from kernels.sparse_conv.reference import sparse_conv2d_reference
+from kernels.sparse_conv.triton import _block_activity_kernel, prescan, work_fractions
+
+IntPair = int | tuple[int, int] | list[int]
+SAMPLE_EVERY = 16
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DENSE_KERNELS, DEPTHWISE_KERNELS, STRIDES, DILATIONS = (1, 3, 5), (3, 5), (1, 2), (1, 2)
+
+_PATH_COUNTS: collections.Counter[str] = collections.Counter()
+_CROSSOVERS = CrossoverCache(default_cache_file())
+
+
+def path_counts() -> dict[str, int]:
+    """Snapshot of how many calls took each path since the last reset."""
+    return dict(_PATH_COUNTS)
+
+
+def reset_path_counts() -> None:
+    _PATH_COUNTS.clear()
+
+
+class DensityTracker:
+    """The work fractions last measured at one call site, read back without a host sync."""
+
+    def __init__(self) -> None:
+        self.forward: float | None = None  # fraction of the dense forward work
+        self.wgrad: float | None = None  # fraction of the dense weight-gradient work
+        self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None
+        self._calls = 0
+
+    def __reduce__(self):  # copies and pickles start afresh: events and pinned buffers do not travel
+        return DensityTracker, ()
+
+    def poll(self) -> None:
+        """Take a finished measurement, if any (never waits)."""
+        if self._pending is not None and self._pending[1].query():
+            self.forward, self.wgrad = self._pending[0].tolist()
+            self._pending = None
+
+    def sample_due(self) -> bool:
+        """Counts a call; true every SAMPLE_EVERY-th call with no measurement in flight."""
+        self._calls += 1
+        return (self._calls - 1) % SAMPLE_EVERY == 0 and self._pending is None
+
+    def record(self, fractions: torch.Tensor) -> None:
+        host = torch.empty(fractions.shape, dtype=fractions.dtype, pin_memory=True)
+        host.copy_(fractions, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._pending = (host, event)
+
+
+@dataclass(frozen=True)
+class ConvCall:
+    x: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    stride: list[int]
+    padding: list[int]
+    dilation: list[int]
+    groups: int
+    tracker: DensityTracker | None
+
+    @property
+    def geometry(self) -> ConvGeometry:
+        return conv_geometry(self.x, self.weight, self.stride, self.padding, self.dilation, self.groups)
+
+    @property
+    def needs_weight_grad(self) -> bool:
+        return torch.is_grad_enabled() and self.weight.requires_grad
+
+
+def _pair(value: IntPair, name: str) -> list[int]:
+    pair = [value, value] if isinstance(value, int) else list(value)
+    if len(pair) != 2 or not all(isinstance(v, int) for v in pair):
+        raise ValueError(f"sparse_conv2d: {name} must be an int or a pair of ints, got {value!r}")
+    return pair
+
+
+def _validate(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: int) -> None:
+    if x.dim() != 4 or weight.dim() != 4:
+        raise ValueError(f"sparse_conv2d: expected a 4-D input [N, C, H, W] and a 4-D weight, got input "
+                         f"{tuple(x.shape)} and weight {tuple(weight.shape)}; flatten [T, B, C, H, W] to [T*B, C, H, W]")
+    for name, tensor in (("weight", weight), ("bias", bias)):
+        if tensor is not None and (tensor.dtype != x.dtype or tensor.device != x.device):
+            raise ValueError(f"sparse_conv2d: {name} is {tensor.dtype} on {tensor.device} but the input is "
+                             f"{x.dtype} on {x.device}; move/cast them to the same dtype and device")
+    if x.shape[1] != weight.shape[1] * groups:
+        raise ValueError(f"sparse_conv2d: the input has {x.shape[1]} channels, the weight {tuple(weight.shape)} "
+                         f"with groups={groups} expects {weight.shape[1] * groups}")
+
+
+def unsupported_reason(call: ConvCall) -> str | None:
+    """Why the Triton kernels do not take this call (None if they do)."""
+    x, weight = call.x, call.weight
+    out_channels, _, kernel_h, kernel_w = weight.shape
+    depthwise = call.groups == x.shape[1] == out_channels and call.groups > 1
+    kernels = DEPTHWISE_KERNELS if depthwise else DENSE_KERNELS
+    if x.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {x.dtype}"
+    if call.groups != 1 and not depthwise:
+        return f"groups={call.groups} (supported: 1, or depthwise with C_out = C_in)"
+    if kernel_h not in kernels or kernel_w not in kernels:
+        return f"kernel {kernel_h}x{kernel_w} (supported: {kernels})"
+    if any(s not in STRIDES for s in call.stride) or any(d not in DILATIONS for d in call.dilation):
+        return f"stride {call.stride} / dilation {call.dilation} (supported: {STRIDES} / {DILATIONS})"
+    if x.numel() == 0 or call.geometry.rows.out_size <= 0 or call.geometry.cols.out_size <= 0:
+        return "empty input or output"
+    return None
+
+
+def _dense(call: ConvCall, path: str) -> torch.Tensor:
+    _PATH_COUNTS[path] += 1
+    return F.conv2d(call.x, call.weight, call.bias, call.stride, call.padding, call.dilation, call.groups)
+
+
+def _sparse(call: ConvCall, sparse_wgrad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _PATH_COUNTS["sparse"] += 1
+    _PATH_COUNTS["sparse_wgrad"] += int(sparse_wgrad and call.needs_weight_grad)
+    return sparse_conv2d_triton(call.x, call.weight, call.bias, call.stride, call.padding, call.dilation,
+                                call.groups, sparse_wgrad)
+
+
+def _run_torch(call: ConvCall) -> torch.Tensor:
+    return _dense(call, "dense:requested")
+
+
+def _run_reference(call: ConvCall) -> torch.Tensor:
+    if unsupported_reason(call) is not None:
+        return _dense(call, "dense:unsupported")
+    _PATH_COUNTS["reference"] += 1
+    return sparse_conv2d_reference(call.x, call.weight, call.bias, call.geometry)
+
+
+def _run_triton(call: ConvCall) -> torch.Tensor:
+    if not call.x.is_cuda and not isinstance(_block_activity_kernel, InterpretedFunction):
+        raise ValueError("sparse_conv2d: backend='triton' on CPU tensors needs Triton's interpreter; set "
+                         "TRITON_INTERPRET=1 before triton is imported, or use a CUDA tensor")
+    if unsupported_reason(call) is not None:
+        return _dense(call, "dense:unsupported")
+    return _sparse(call, sparse_wgrad=True)[0]
+
+
+_SHARED_TRACKERS: dict[str, DensityTracker] = collections.defaultdict(DensityTracker)
+
+
+def _run_auto(call: ConvCall) -> torch.Tensor:
+    if not call.x.is_cuda:
+        return _dense(call, "dense:cpu")
+    if unsupported_reason(call) is not None:
+        return _dense(call, "dense:unsupported")
+    capturing = torch.cuda.is_current_stream_capturing()
+    key = call_key(call.x, call.weight, call.stride, call.padding, call.dilation, call.groups)
+    crossover = _CROSSOVERS.get(key)
+    if crossover is None:
+        if capturing:  # cannot time kernels inside a CUDA-graph capture
+            return _dense(call, "dense:uncalibrated")
+        crossover = _CROSSOVERS.measure(key, call.x, call.weight, call.stride, call.padding, call.dilation,
+                                        call.groups)
+    if crossover.forward < 0:
+        return _dense(call, "dense:never_wins")
+    tracker = call.tracker if call.tracker is not None else _SHARED_TRACKERS[key]
+    tracker.poll()
+    sample = tracker.sample_due() and not capturing
+    if tracker.forward is None or tracker.forward <= crossover.forward:
+        sparse_wgrad = tracker.wgrad is not None and tracker.wgrad <= crossover.wgrad
+        y, active, count = _sparse(call, sparse_wgrad)
+        if sample:
+            tracker.record(work_fractions(active, count, call.geometry))
+        return y
+    if sample:  # probe: has the input become sparse?
+        _PATH_COUNTS["probe"] += 1
+        geometry = call.geometry
+        active, _, count = prescan(call.x, geometry)
+        tracker.record(work_fractions(active, count, geometry))
+    return _dense(call, "dense:too_dense")
+
+
+_BACKENDS: dict[str, Callable[[ConvCall], torch.Tensor]] = {
+    "auto": _run_auto,
+    "torch": _run_torch,
+    "triton": _run_triton,
+    "reference": _run_reference,
+}
 
 
 def sparse_conv2d(
@@ -17,6 +222,19 @@ def sparse_conv2d(
     groups: int = 1,
     *,
     backend: str = "auto",
+    tracker: DensityTracker | None = None,
 ) -> torch.Tensor:
-    """F.conv2d that skips all-zero input blocks where that is faster; same result."""
-    return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    """F.conv2d(x, weight, bias, stride, padding, dilation, groups), skipping all-zero input
+    blocks where that is faster; the result does not depend on the backend (up to rounding).
+
+    `tracker` keeps the sparsity measurements of one call site (a module passes its own);
+    without it, calls of the same key share one.
+    """
+    if backend not in _BACKENDS:
+        raise ValueError(f"sparse_conv2d: unknown backend {backend!r}; expected one of {sorted(_BACKENDS)}")
+    if isinstance(padding, str):
+        raise ValueError(f"sparse_conv2d: padding must be numeric, got {padding!r}; pass an int or a pair")
+    _validate(x, weight, bias, groups)
+    call = ConvCall(x, weight, bias, _pair(stride, "stride"), _pair(padding, "padding"),
+                    _pair(dilation, "dilation"), groups, tracker)
+    return _BACKENDS[backend](call)

@@ -4,14 +4,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.sparse_conv.dispatch import sparse_conv2d
+from kernels.sparse_conv.dispatch import DensityTracker, sparse_conv2d
 
 
 class SparseConv2d(nn.Conv2d):
     """Drop-in for nn.Conv2d (same constructor, parameters and state_dict keys).
 
-    `backend` picks the implementation ("auto": the dispatcher decides per call).
-    Only padding_mode="zeros" is supported, as sparsity is defined on zero padding.
+    `backend` picks the implementation ("auto": the dispatcher decides per call, from this
+    layer's own sparsity measurements). Only padding_mode="zeros" is supported.
     """
 
     def __init__(self, *args, backend: str = "auto", **kwargs) -> None:
@@ -27,6 +27,7 @@ class SparseConv2d(nn.Conv2d):
                 "pass the padding as an int or a pair"
             )
         self.backend = backend
+        self.density = DensityTracker()  # not a buffer: state_dict keys stay nn.Conv2d's
 
     @classmethod
     def from_dense(cls, conv: nn.Conv2d, *, backend: str = "auto") -> SparseConv2d:
@@ -43,7 +44,7 @@ class SparseConv2d(nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return sparse_conv2d(
             x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
-            backend=self.backend,
+            backend=self.backend, tracker=self.density,
         )
 
     def extra_repr(self) -> str:

@@ -1,0 +1,156 @@
+"""Crossover densities of the sparse path against cuDNN, measured once per call shape on the
+running GPU and cached (in memory and in a small JSON file).
+
+The sparse kernels' time is, to first order, linear in the fraction of the dense work they do
+(`triton.work_fractions`), so two measurements (an all-zero and a dense input) give the line;
+the crossover is where that line meets SAFETY x cuDNN's time on the same input.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+from kernels.sparse_conv.function import conv_geometry
+from kernels.sparse_conv.triton import (
+    prescan, sparse_conv_fwd, sparse_conv_wgrad, sparse_depthwise_fwd, sparse_depthwise_wgrad,
+)
+
+logger = logging.getLogger(__name__)
+
+SAFETY = 0.9  # the sparse path must be predicted this much faster than cuDNN to be taken
+_BENCH_MS = dict(warmup=5, rep=25)
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Work fractions at or under which the sparse path beats cuDNN (negative: never), and the
+    times they come from (µs, medians)."""
+
+    forward: float
+    wgrad: float
+    dense_us: float
+    prescan_us: float
+    forward_zero_us: float
+    forward_full_us: float
+    dense_wgrad_us: float
+    wgrad_zero_us: float
+    wgrad_full_us: float
+
+
+def _crossing(budget: float, at_zero: float, at_full: float) -> float:
+    """Fraction f at which at_zero + f * (at_full - at_zero) reaches `budget`."""
+    if at_full <= budget:
+        return 1.0
+    if at_zero >= budget:
+        return -1.0
+    return (budget - at_zero) / (at_full - at_zero)
+
+
+def _median_us(fn) -> float:
+    return 1000.0 * triton.testing.do_bench(fn, return_mode="median", **_BENCH_MS)
+
+
+def measure_crossover(
+    x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int], groups: int
+) -> Crossover:
+    """Time cuDNN and the sparse kernels on an all-zero and a dense input shaped like `x`."""
+    geometry = conv_geometry(x, weight, stride, padding, dilation, groups)
+    weight = weight.detach()
+    full, zero = torch.randn_like(x), torch.zeros_like(x)  # keep x's memory format
+    grad_y = torch.randn_like(torch.nn.functional.conv2d(full, weight, None, stride, padding, dilation, groups))
+    scans = {x_: prescan(x_, geometry) for x_ in (zero, full)}
+    depthwise = geometry.is_depthwise
+
+    def forward(x_: torch.Tensor) -> torch.Tensor:
+        active, index, count = scans[x_]
+        if depthwise:
+            return sparse_depthwise_fwd(x_, weight, None, geometry, active)
+        return sparse_conv_fwd(x_, weight, None, geometry, index, count)
+
+    def wgrad(x_: torch.Tensor) -> torch.Tensor:
+        kernel = sparse_depthwise_wgrad if depthwise else sparse_conv_wgrad
+        return kernel(x_, grad_y, geometry, scans[x_][0], weight.dtype)
+
+    times = dict(
+        dense_us=_median_us(lambda: torch.nn.functional.conv2d(full, weight, None, stride, padding, dilation, groups)),
+        prescan_us=_median_us(lambda: prescan(full, geometry)),
+        forward_zero_us=_median_us(lambda: forward(zero)),
+        forward_full_us=_median_us(lambda: forward(full)),
+        dense_wgrad_us=_median_us(lambda: torch.ops.aten.convolution_backward(
+            grad_y, full, weight, None, stride, padding, dilation, False, [0, 0], groups, [False, True, False])),
+        wgrad_zero_us=_median_us(lambda: wgrad(zero)),
+        wgrad_full_us=_median_us(lambda: wgrad(full)),
+    )
+    return Crossover(
+        forward=_crossing(SAFETY * times["dense_us"] - times["prescan_us"], times["forward_zero_us"], times["forward_full_us"]),
+        wgrad=_crossing(SAFETY * times["dense_wgrad_us"], times["wgrad_zero_us"], times["wgrad_full_us"]),
+        **times,
+    )
+
+
+def default_cache_file() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "aso_se" / "sparse_conv_crossovers.json"
+
+
+class CrossoverCache:
+    """Crossovers by call key: looked up in memory, then in the JSON file, else measured (and
+    written back). Keys name the GPU and the torch/triton versions, so a stale file is harmless."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._memory: dict[str, Crossover] | None = None
+
+    def _load(self) -> dict[str, Crossover]:
+        if self._memory is None:
+            self._memory = {}
+            if self.path is not None and self.path.exists():
+                try:
+                    stored = json.loads(self.path.read_text())
+                    self._memory = {key: Crossover(**value) for key, value in stored.items()}
+                except (ValueError, TypeError) as error:
+                    logger.warning("ignoring unreadable sparse-conv calibration cache %s: %s", self.path, error)
+        return self._memory
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        payload = json.dumps({key: asdict(value) for key, value in self._load().items()}, indent=1)
+        with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False) as tmp:
+            tmp.write(payload)
+        os.replace(tmp.name, self.path)
+
+    def get(self, key: str) -> Crossover | None:
+        return self._load().get(key)
+
+    def measure(
+        self, key: str, x: torch.Tensor, weight: torch.Tensor,
+        stride: list[int], padding: list[int], dilation: list[int], groups: int,
+    ) -> Crossover:
+        crossover = measure_crossover(x, weight, stride, padding, dilation, groups)
+        self._load()[key] = crossover
+        self._save()
+        logger.info("sparse_conv calibrated %s: sparse forward up to %.3f of the work, sparse wgrad up to %.3f",
+                    key, crossover.forward, crossover.wgrad)
+        return crossover
+
+
+def call_key(
+    x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int], groups: int
+) -> str:
+    """What a crossover depends on: GPU, versions, dtype, layout, shapes and conv parameters."""
+    layout = "channels_last" if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() else "nchw"
+    device = torch.cuda.get_device_name(x.device) if x.is_cuda else str(x.device)
+    return "|".join(map(str, (
+        device, torch.__version__, triton.__version__, x.dtype, layout, tuple(x.shape), tuple(weight.shape),
+        tuple(stride), tuple(padding), tuple(dilation), groups,
+    )))

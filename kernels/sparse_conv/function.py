@@ -1,0 +1,84 @@
+"""Autograd of the sparse path, as a torch custom op (runs under Triton's interpreter on CPU and
+traces under torch.compile).
+
+Forward: prescan + the sparse Triton kernel. Backward: grad_input through cuDNN
+(aten.convolution_backward; it needs no input sparsity), grad_weight from the sparse Triton
+kernel when the dispatcher asked for it (`sparse_wgrad`), from cuDNN otherwise.
+"""
+from typing import Optional
+
+import torch
+
+from kernels.sparse_conv.geometry import ConvGeometry
+from kernels.sparse_conv.triton import (
+    DEFAULT_CONFIG, prescan, sparse_conv_fwd, sparse_conv_wgrad, sparse_depthwise_fwd, sparse_depthwise_wgrad,
+)
+
+
+def conv_geometry(
+    x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int], groups: int
+) -> ConvGeometry:
+    """The geometry the Triton path uses (output tiles of the default kernel config)."""
+    return ConvGeometry.of(x, weight, stride, padding, dilation, groups, tile=(DEFAULT_CONFIG.tile_h, DEFAULT_CONFIG.tile_w))
+
+
+@torch.library.custom_op("aso_se::sparse_conv2d", mutates_args=())
+def sparse_conv2d_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    sparse_wgrad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, active, count): the convolution and the prescan's per-(sample, tile) activity."""
+    geometry = conv_geometry(x, weight, stride, padding, dilation, groups)
+    active, index, count = prescan(x, geometry)
+    if geometry.is_depthwise:
+        y = sparse_depthwise_fwd(x, weight, bias, geometry, active)
+    else:
+        y = sparse_conv_fwd(x, weight, bias, geometry, index, count)
+    return y, active, count
+
+
+@sparse_conv2d_triton.register_fake
+def _(x, weight, bias, stride, padding, dilation, groups, sparse_wgrad):
+    geometry = conv_geometry(x, weight, stride, padding, dilation, groups)
+    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    y = torch.empty(geometry.output_shape, dtype=x.dtype, device=x.device,
+                    memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    active = x.new_empty((geometry.batch, geometry.tiles, geometry.in_channels), dtype=torch.int8)
+    count = x.new_empty((geometry.batch, geometry.tiles), dtype=torch.int32)
+    return y, active, count
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, stride, padding, dilation, groups, sparse_wgrad = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.conv = (stride, padding, dilation, groups)
+    ctx.sparse_wgrad = sparse_wgrad
+
+
+def _backward(ctx, grad_y, _grad_active, _grad_count):
+    x, weight, active = ctx.saved_tensors
+    stride, padding, dilation, groups = ctx.conv
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    dense_wgrad = need_w and not ctx.sparse_wgrad
+    grad_x = grad_w = grad_b = None
+    if need_x or dense_wgrad:
+        grad_x, grad_w, _ = torch.ops.aten.convolution_backward(
+            grad_y, x, weight, None, stride, padding, dilation, False, [0, 0], groups,
+            [need_x, dense_wgrad, False],
+        )
+    if need_w and ctx.sparse_wgrad:
+        geometry = conv_geometry(x, weight, stride, padding, dilation, groups)
+        wgrad = sparse_depthwise_wgrad if geometry.is_depthwise else sparse_conv_wgrad
+        grad_w = wgrad(x, grad_y, geometry, active, weight.dtype)
+    if need_b:
+        grad_b = grad_y.sum(dim=(0, 2, 3))
+    return grad_x, grad_w, grad_b, None, None, None, None, None
+
+
+sparse_conv2d_triton.register_autograd(_backward, setup_context=_setup_context)
