@@ -1,0 +1,96 @@
+"""DARTS's cell and the network plan around it, shared by the retrain network and the supernet.
+
+A cell has 2 input states (the outputs of the previous two cells, each preprocessed to C
+channels), ``steps`` intermediate nodes, node ``i`` summing one op applied to each of two
+earlier states, and outputs the concatenation of some nodes (a genotype's ``*_concat``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from search_space.genotypes import Genotype
+from search_space.multistep import drop_path
+from search_space.ops import OPS, FactorizedReduce, NeuronConvBN, NeuronFactoryFn
+
+
+@dataclass(frozen=True)
+class CellLayout:
+    """Where a cell sits: its input channels, its own channels ``C``, and whether it or its predecessor reduces."""
+
+    C_prev_prev: int
+    C_prev: int
+    C: int
+    reduction: bool
+    reduction_prev: bool
+
+
+def reduction_indices(layers: int) -> tuple[int, int]:
+    """DARTS's reduction cells, at 1/3 and 2/3 of the depth (the same cell twice when layers < 3)."""
+    return layers // 3, 2 * layers // 3
+
+
+def cell_layouts(
+    layers: int, channels: int, stem_channels: int, *, normal_multiplier: int, reduce_multiplier: int
+) -> list[CellLayout]:
+    """DARTS's channel plan: C doubles at each reduction; a cell outputs ``multiplier * C`` channels."""
+    layouts = []
+    C_prev_prev, C_prev, C = stem_channels, stem_channels, channels
+    reduction_prev = False
+    for index in range(layers):
+        reduction = index in reduction_indices(layers)
+        if reduction:
+            C *= 2
+        layouts.append(CellLayout(C_prev_prev, C_prev, C, reduction, reduction_prev))
+        multiplier = reduce_multiplier if reduction else normal_multiplier
+        C_prev_prev, C_prev, reduction_prev = C_prev, multiplier * C, reduction
+    return layouts
+
+
+def edge_stride(reduction: bool, input_index: int) -> int:
+    """Edges of a reduction cell that read the cell's two inputs downsample; all other edges keep the size."""
+    return 2 if reduction and input_index < 2 else 1
+
+
+def cell_preprocessing(
+    layout: CellLayout, *, neuron: NeuronFactoryFn, affine: bool = True
+) -> tuple[nn.Module, nn.Module]:
+    """The two input adapters to C channels; the older input is halved in size after a reduction cell."""
+    if layout.reduction_prev:
+        preprocess0: nn.Module = FactorizedReduce(layout.C_prev_prev, layout.C, neuron=neuron, affine=affine)
+    else:
+        preprocess0 = NeuronConvBN(layout.C_prev_prev, layout.C, 1, 1, 0, neuron=neuron, affine=affine)
+    preprocess1 = NeuronConvBN(layout.C_prev, layout.C, 1, 1, 0, neuron=neuron, affine=affine)
+    return preprocess0, preprocess1
+
+
+class Cell(nn.Module):
+    """DARTS's ``model.Cell``: a genotype's fixed cell, with drop-path on every non-identity op in training."""
+
+    def __init__(self, genotype: Genotype, layout: CellLayout, *, neuron: NeuronFactoryFn, timesteps: int) -> None:
+        super().__init__()
+        self.reduction = layout.reduction
+        self.timesteps = timesteps
+        self.preprocess0, self.preprocess1 = cell_preprocessing(layout, neuron=neuron)
+        edges, self._concat = genotype.cell(layout.reduction)
+        self._indices = [index for _, index in edges]
+        # DARTS's attribute name, so that state_dict keys (cells.N._ops.M...) match its checkpoints.
+        self._ops = nn.ModuleList(
+            OPS[name](layout.C, edge_stride(layout.reduction, index), True, neuron) for name, index in edges
+        )
+        self.multiplier = len(self._concat)
+
+    def forward(self, s0: torch.Tensor, s1: torch.Tensor, drop_prob: float) -> torch.Tensor:
+        states = [self.preprocess0(s0), self.preprocess1(s1)]
+        for node in range(len(self._ops) // 2):
+            states.append(self._edge(2 * node, states, drop_prob) + self._edge(2 * node + 1, states, drop_prob))
+        return torch.cat([states[index] for index in self._concat], dim=1)
+
+    def _edge(self, edge: int, states: list[torch.Tensor], drop_prob: float) -> torch.Tensor:
+        op = self._ops[edge]
+        h = op(states[self._indices[edge]])
+        if self.training and drop_prob > 0.0 and not isinstance(op, nn.Identity):
+            h = drop_path(h, drop_prob, self.timesteps)
+        return h
