@@ -76,7 +76,7 @@ class CIFARData(ClassificationData):
         return splits
 
     def _read_torchvision(self) -> LoadedSplits:
-        expected = f"{self.root / self.variant.torchvision_class.base_folder}/ (torchvision) or {LAYOUT}"
+        expected = f"{self.root / self.variant.torchvision_class.base_folder}/ (torchvision) or, in {self.root}, {LAYOUT}"
         if not self.download and not self.root.is_dir():
             raise DataError(f"data root {self.root} does not exist; expected {expected}; fix: set data.root or ASO_SE_DATA, or use data=mnist5k")
         try:

@@ -46,7 +46,9 @@ class EpochLoader(DataLoader):
     """A DataLoader over a ``ShardSampler``; call ``set_epoch(epoch)`` before each epoch.
 
     Workers persist across epochs when ``num_workers > 0``; memory is pinned only when CUDA is
-    available.
+    available. A private generator feeds DataLoader's per-iteration worker base seed, which
+    would otherwise be drawn from the global RNG at every ``iter()``: a resumed run would then
+    see the model's RNG stream shifted. Workers' own RNG is unused (see SeededTransformDataset).
     """
 
     def __init__(
@@ -66,6 +68,7 @@ class EpochLoader(DataLoader):
             collate_fn=collate_fn,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=num_workers > 0,
+            generator=torch.Generator(),
         )
 
     def set_epoch(self, epoch: int) -> None:

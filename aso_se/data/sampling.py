@@ -1,17 +1,17 @@
 """Seeds, stratified splits and per-rank shards: everything random about the data is a pure
 function of integers (split seed, run seed, epoch, sample index), never of hidden RNG state."""
-import zlib
+import hashlib
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 from torch.utils.data import Sampler
 
 
 def derive_seed(*parts: int | str) -> int:
-    """A 64-bit seed mixed from ``parts``; different tuples give unrelated seeds."""
-    entropy = [zlib.crc32(part.encode()) if isinstance(part, str) else part for part in parts]
-    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
+    """A 64-bit seed hashed from ``parts``: different tuples give unrelated seeds
+    (integer-like parts, e.g. numpy ints, count as the same ``int``)."""
+    canonical = repr(tuple(part if isinstance(part, str) else int(part) for part in parts))
+    return int.from_bytes(hashlib.blake2b(canonical.encode(), digest_size=8).digest(), "little")
 
 
 def stratified_order(labels: torch.Tensor, seed: int) -> torch.Tensor:

@@ -1,0 +1,30 @@
+"""Files made from real MNIST-5k digits, in the formats the data layer reads."""
+import gzip
+from pathlib import Path
+
+import numpy as np
+
+
+def pick(labels: np.ndarray, per_class: int, offset: int = 0) -> np.ndarray:
+    """Indices of ``per_class`` digits of every class, starting at ``offset`` within each."""
+    return np.concatenate([np.flatnonzero(labels == c)[offset : offset + per_class] for c in range(10)])
+
+
+def write_idx_gz(path: Path, array: np.ndarray) -> None:
+    """An unsigned-byte IDX file, gzipped, as the MNIST/Fashion-MNIST distributions ship it."""
+    header = bytes([0, 0, 8, array.ndim]) + np.asarray(array.shape, dtype=">i4").tobytes()
+    with gzip.open(path, "wb") as file:
+        file.write(header + array.astype(np.uint8).tobytes())
+
+
+def digit_events(image: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A DVS-like event stream from a real digit: each bright pixel fires ``value // 64``
+    events at its spot on a 128 × 128 sensor, polarity from the pixel's parity, random times."""
+    rows, cols = np.nonzero(image >= 64)
+    counts = image[rows, cols] // 64
+    y = np.repeat(rows * 4 + 8, counts)
+    x = np.repeat(cols * 4 + 8, counts)
+    p = np.repeat(image[rows, cols] % 2, counts)
+    order = rng.permutation(len(x))
+    t = np.sort(rng.integers(0, 1_000_000, len(x)))
+    return {"t": t.astype(np.int64), "x": x[order].astype(np.int16), "y": y[order].astype(np.int16), "p": p[order].astype(np.uint8)}
