@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from .function import st_bif_triton
 from .reference import st_bif_reference
 from .surrogates import SURROGATES, get_surrogate
 from .validation import check_bounds, check_sequence, check_threshold, check_threshold_value
@@ -25,9 +26,10 @@ def _st_bif_torch(
 
 _BACKENDS: dict[str, Callable[[Tensor, Tensor, int, int, str], Tensor]] = {
     "torch": _st_bif_torch,
+    "triton": st_bif_triton,
 }
 # What "auto" runs per device type; devices not listed run the reference.
-_AUTO_BACKEND: dict[str, str] = {"cpu": "torch"}  # Triton kernels: next commit
+_AUTO_BACKEND: dict[str, str] = {"cuda": "triton", "cpu": "torch"}
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:

@@ -1,0 +1,82 @@
+"""The Triton ST-BIF as torch.library custom ops with autograd.
+
+custom_op + register_fake + register_autograd (not triton_op/wrap_triton, which refuses
+kernels under TRITON_INTERPRET=1, design §7): torch.compile(fullgraph=True) traces both the
+forward and the backward op without a graph break, and eager calls launch the kernels
+directly. Saved for backward: x_seq and the threshold, nothing else (see triton.py).
+"""
+import torch
+from torch import Tensor
+
+from .triton import bwd_num_programs, st_bif_bwd, st_bif_fwd
+
+
+@torch.library.custom_op("aso_se::st_bif_forward", mutates_args=())
+def _st_bif_forward_op(
+    x_seq: Tensor, q_threshold: Tensor, pos_max: int, neg_min: int, surrogate: str
+) -> Tensor:
+    # `surrogate` is unused here but must be an input so that the backward sees it.
+    return st_bif_fwd(x_seq, q_threshold, pos_max, neg_min)[0]
+
+
+@_st_bif_forward_op.register_fake
+def _(x_seq: Tensor, q_threshold: Tensor, pos_max: int, neg_min: int, surrogate: str) -> Tensor:
+    return torch.empty_like(x_seq, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("aso_se::st_bif_backward", mutates_args=())
+def _st_bif_backward_op(
+    grad_out: Tensor,
+    x_seq: Tensor,
+    q_threshold: Tensor,
+    pos_max: int,
+    neg_min: int,
+    surrogate: str,
+    grad_threshold: bool,
+) -> tuple[Tensor, Tensor]:
+    return st_bif_bwd(grad_out, x_seq, q_threshold, pos_max, neg_min, surrogate, grad_threshold)
+
+
+@_st_bif_backward_op.register_fake
+def _(
+    grad_out: Tensor,
+    x_seq: Tensor,
+    q_threshold: Tensor,
+    pos_max: int,
+    neg_min: int,
+    surrogate: str,
+    grad_threshold: bool,
+) -> tuple[Tensor, Tensor]:
+    grad_x = torch.empty_like(x_seq, memory_format=torch.contiguous_format)
+    num_partials = bwd_num_programs(x_seq) if grad_threshold else 0
+    return grad_x, x_seq.new_empty(num_partials, dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
+    x_seq, q_threshold, pos_max, neg_min, surrogate = inputs
+    ctx.save_for_backward(x_seq, q_threshold)
+    ctx.bounds = (pos_max, neg_min)
+    ctx.surrogate = surrogate
+
+
+def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor | None, None, None, None]:
+    x_seq, q_threshold = ctx.saved_tensors
+    grad_threshold = ctx.needs_input_grad[1]
+    grad_x, partials = _st_bif_backward_op(
+        grad_out, x_seq, q_threshold, *ctx.bounds, ctx.surrogate, grad_threshold
+    )
+    grad_theta = None
+    if grad_threshold:
+        # One partial per program, summed in a fixed order: deterministic, no atomics.
+        grad_theta = partials.sum().reshape(q_threshold.shape).to(q_threshold.dtype)
+    return grad_x, grad_theta, None, None, None
+
+
+_st_bif_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def st_bif_triton(
+    x_seq: Tensor, q_threshold: Tensor, pos_max: int, neg_min: int, surrogate: str
+) -> Tensor:
+    """ST-BIF forward on the Triton kernels, differentiable in x_seq and q_threshold."""
+    return _st_bif_forward_op(x_seq, q_threshold, pos_max, neg_min, surrogate)
