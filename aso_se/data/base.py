@@ -34,7 +34,8 @@ def split_train_test(
     """A fixed stratified train/test split (for datasets that come without one); depends only
     on ``seed`` — the dataset's ``split_seed`` — so every run tests on the same samples."""
     order = stratified_order(labels, derive_seed(seed, "test split"))
-    test, train = order[: round(len(labels) * test_fraction)], order[round(len(labels) * test_fraction) :]
+    test_size = round(len(labels) * test_fraction)
+    test, train = order[:test_size], order[test_size:]
     return LoadedSplits(Subset(samples, train.tolist()), labels[train], Subset(samples, test.tolist()), labels[test], classes)
 
 

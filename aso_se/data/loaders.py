@@ -5,6 +5,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from aso_se.data.errors import check_positive
 from aso_se.data.sampling import ShardSampler, derive_seed
 
 
@@ -71,6 +72,9 @@ class EpochLoader(DataLoader):
             generator=torch.Generator(),
         )
 
-    def set_epoch(self, epoch: int) -> None:
-        """Batch order and augmentation of the next pass depend only on (seed, epoch)."""
-        self.sampler.set_epoch(epoch)
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Batch order and augmentation of the next pass depend only on (seed, epoch).
+        ``start_batch=k`` resumes that epoch at its batch k: the first k batches are skipped
+        without being loaded, and the rest are exactly those of a full pass."""
+        check_positive(start_batch, "start_batch", allow_zero=True)
+        self.sampler.set_epoch(epoch, skip=start_batch * self.batch_size)

@@ -41,6 +41,9 @@ class ShardSampler(Sampler[tuple[int, int]]):
       dealt round-robin to the ranks; the remainder is dropped so that every rank runs the same
       number of steps (DistributedDataParallel needs that) and shards are disjoint.
     - ``shuffle=False`` (evaluation): fixed order, every sample exactly once over all ranks.
+
+    ``set_epoch(epoch, skip)`` also drops the first ``skip`` keys of that epoch, so that a run
+    resumed mid-epoch does not load the samples it has already seen.
     """
 
     def __init__(self, indices: torch.Tensor, *, seed: int, rank: int, world_size: int, shuffle: bool) -> None:
@@ -50,20 +53,25 @@ class ShardSampler(Sampler[tuple[int, int]]):
         self.world_size = world_size
         self.shuffle = shuffle
         self.epoch = 0
+        self.skip = 0
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
         self.epoch = epoch
+        self.skip = skip
 
-    def __len__(self) -> int:
+    def _shard_size(self) -> int:
         if self.shuffle:
             return len(self.indices) // self.world_size
         return len(range(self.rank, len(self.indices), self.world_size))
+
+    def __len__(self) -> int:
+        return max(0, self._shard_size() - self.skip)
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         indices = self.indices
         if self.shuffle:
             generator = torch.Generator().manual_seed(derive_seed(self.seed, self.epoch))
             indices = indices[torch.randperm(len(indices), generator=generator)]
-            indices = indices[: len(self) * self.world_size]
-        for index in indices[self.rank :: self.world_size].tolist():
+            indices = indices[: self._shard_size() * self.world_size]
+        for index in indices[self.rank :: self.world_size][self.skip :].tolist():
             yield self.epoch, index

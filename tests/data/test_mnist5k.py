@@ -80,6 +80,11 @@ def test_set_epoch_reorders_and_a_resumed_loader_repeats_it():
     resumed.set_epoch(1)
     images, labels = all_batches(resumed)
     assert torch.equal(labels, epochs[1][1]) and torch.equal(images, epochs[1][0])
+    # Resuming in the middle of epoch 1: batches 1 and 2, without loading batch 0.
+    resumed.set_epoch(1, start_batch=1)
+    assert len(resumed) == 2
+    images, labels = all_batches(resumed)
+    assert torch.equal(labels, epochs[1][1][100:]) and torch.equal(images, epochs[1][0][100:])
 
 
 def test_augmentation_is_independent_of_workers_and_leaves_the_global_rng_alone():
