@@ -31,11 +31,13 @@ import hydra.errors
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from aso_se import checkpoint
+from aso_se.tensorboard import TensorBoardLogger
 from aso_se.distributed import (DistributedContext, any_rank, broadcast_from_main,
                                 init_distributed, shutdown_distributed)
 from search_space.errors import UserInputError
@@ -256,12 +258,45 @@ class Run:
         if self.ctx is not None and not self.ctx.is_main:
             return
         config = OmegaConf.to_container(self.cfg, resolve=True)
-        checkpoint.save_checkpoint({"config": config, **state}, path or self.checkpoint_path,
-                                   kind=self.entry_point)
+        checkpoint.save_checkpoint({"config": config, "wall_time_s": self.wall_time_s, **state},
+                                   path or self.checkpoint_path, kind=self.entry_point)
 
     @property
     def wall_time_s(self) -> float:
-        return time.perf_counter() - self._started
+        """Seconds this run has been working, over every session when it was resumed."""
+        before = self.state.get("wall_time_s", 0.0) if self.state else 0.0
+        return before + time.perf_counter() - self._started
+
+    def tensorboard(self, logger: DictConfig | None, *, step: int) -> TensorBoardLogger | None:
+        """The run's one TensorBoard logger on rank 0 (None elsewhere or with logger=none).
+
+        ``step`` is the global step the run starts from; events a killed run wrote after it
+        are purged, so a resumed curve has no doubled segment.
+        """
+        if logger is None or not self.ctx.is_main:
+            return None
+        return instantiate(logger)(log_dir=self.run_dir / "tb", purge_step=step or None)
+
+
+def find_genotype(name_or_path: str | None, search_root: Path = Path("outputs/search")) -> str:
+    """``genotype=``'s value, or the newest ``genotype.json`` that search.py wrote."""
+    if name_or_path:
+        return str(name_or_path)
+    found = sorted(search_root.glob("*/genotype.json"), key=lambda path: path.stat().st_mtime)
+    if not found:
+        raise UserInputError(f"no genotype given and no {search_root}/*/genotype.json found; run "
+                             f"python search.py first, or pass genotype=<genotype.json | a bundled "
+                             f"name like DARTS_V2>")
+    log.info("genotype: %s (the newest search result)", found[-1])
+    return str(found[-1])
+
+
+def check_timesteps(data: Any, neuron: Any) -> None:
+    """Event data brings its own number of frames; the network must run that many steps."""
+    if data.timesteps is not None and data.timesteps != neuron.timesteps:
+        raise UserInputError(f"data {data.name} has {data.timesteps} frames per sample but "
+                             f"neuron.timesteps={neuron.timesteps}; set both to the same T "
+                             f"(data.timesteps=<T> neuron.timesteps=<T>)")
 
 
 def seed_everything(seed: int) -> None:
@@ -276,34 +311,29 @@ def seed_everything(seed: int) -> None:
 # ---------------------------------------------------------------------------------------------
 
 class EpochProgress:
-    """Running means of per-step metrics; a bar on a terminal, one log line at each epoch end."""
+    """A tqdm bar per epoch on a terminal (rank 0), and one log line at every epoch end."""
 
     def __init__(self, *, enabled: bool, show_bar: bool | None = None) -> None:
         self.enabled = enabled
-        self.show_bar = sys.stderr.isatty() if show_bar is None else show_bar
+        self.show_bar = enabled and (sys.stderr.isatty() if show_bar is None else show_bar)
         self._bar: tqdm | None = None
-        self._sums: dict[str, float] = {}
-        self._steps = 0
+        self._title = ""
 
-    def step(self, metrics: Mapping[str, float], *, title: str, total: int | None) -> None:
-        if not self.enabled:
-            return
-        for key, value in metrics.items():
-            self._sums[key] = self._sums.get(key, 0.0) + float(value)
-        self._steps += 1
+    def start_epoch(self, title: str, *, total: int | None, done: int = 0) -> None:
+        self._title = title
         if self.show_bar:
-            if self._bar is None:
-                self._bar = tqdm(total=total, desc=title, leave=False, dynamic_ncols=True)
-            self._bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items()}, refresh=False)
-            self._bar.update()
+            self._bar = tqdm(total=total, initial=done, desc=title, leave=False,
+                             dynamic_ncols=True)
 
-    def end_epoch(self, title: str, extra: Mapping[str, float] | None = None) -> dict[str, float]:
-        """Close the bar, log ``title`` with the epoch's mean metrics; return those means."""
-        means = {k: v / max(self._steps, 1) for k, v in self._sums.items()}
+    def advance(self, steps: int = 1, shown: Mapping[str, float] | None = None) -> None:
+        if self._bar is not None:
+            if shown:
+                self._bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=False)
+            self._bar.update(steps)
+
+    def end_epoch(self, summary: Mapping[str, float]) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
         if self.enabled:
-            if self._bar is not None:
-                self._bar.close()
-            shown = {**means, **(extra or {})}
-            log.info("%s | %s", title, "  ".join(f"{k} {v:.4g}" for k, v in shown.items()))
-        self._bar, self._sums, self._steps = None, {}, 0
-        return means
+            log.info("%s | %s", self._title, "  ".join(f"{k} {v:.4g}" for k, v in summary.items()))

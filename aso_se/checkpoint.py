@@ -13,12 +13,13 @@ model or engine it is restored into.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -34,12 +35,21 @@ class CheckpointError(UserInputError):
 
 def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str], *, kind: str) -> None:
     """Atomically write ``state`` (plus a header naming ``kind`` and the format) to ``path``."""
-    path = Path(path)
+    payload = {_HEADER_KEY: {"kind": kind, "version": FORMAT_VERSION}, **state}
+    _write_atomically(Path(path), lambda f: torch.save(payload, f))
+
+
+def save_json(obj: Any, path: str | os.PathLike[str]) -> None:
+    """Atomically write ``obj`` as indented JSON (genotypes, metrics)."""
+    _write_atomically(Path(path), lambda f: f.write(json.dumps(obj, indent=2).encode() + b"\n"))
+
+
+def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Temp file beside ``path``, fsync, rename over ``path``, fsync the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    payload = {_HEADER_KEY: {"kind": kind, "version": FORMAT_VERSION}, **state}
     with open(tmp, "wb") as f:
-        torch.save(payload, f)
+        write(f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -92,3 +102,4 @@ def restore_errors(path: str | os.PathLike[str]) -> Iterator[None]:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+

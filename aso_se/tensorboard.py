@@ -54,23 +54,22 @@ class TensorBoardLogger:
         text = "\n".join(f"    {line}" for line in genotype.to_json().splitlines())
         self.writer.add_text("genotype", text, step)
 
-    def firing_rates(self, rates: Mapping[str, torch.Tensor], step: int) -> None:
-        """Per cell (or stem/head), a histogram of its neurons' firing rates and their mean.
+    def firing_rates(self, rates: Mapping[str, float], step: int) -> None:
+        """Per layer (cell, stem, head), a histogram of its neurons' firing rates and their mean.
 
-        Each neuron module reports one rate (the fraction of its neuron-steps that spiked);
-        a layer's histogram therefore shows how its neurons' rates spread.
+        Each neuron module reports one rate (the fraction of its neuron-steps that spiked), so
+        a layer's histogram shows how the rates of the neurons inside it spread.
         """
         if not rates:
             return
         grouped: dict[str, list[float]] = defaultdict(list)
-        values = torch.stack([rate.detach().float().cpu() for rate in rates.values()]).tolist()
-        for name, value in zip(rates, values):
-            grouped[_layer_of(name)].append(value)
+        for name, rate in rates.items():
+            grouped[layer_of(name)].append(rate)
         for layer, layer_rates in grouped.items():
             self.writer.add_histogram(f"firing_rate/{layer}", torch.tensor(layer_rates), step)
-            self.writer.add_scalar(f"firing_rate_mean/{layer}", sum(layer_rates) / len(layer_rates),
-                                   step)
-        self.writer.add_histogram("firing_rate/all", torch.tensor(values), step)
+            self.writer.add_scalar(f"firing_rate_mean/{layer}",
+                                   sum(layer_rates) / len(layer_rates), step)
+        self.writer.add_histogram("firing_rate/all", torch.tensor(list(rates.values())), step)
 
     def sparse_conv_paths(self, counters: Mapping[str, int], step: int) -> None:
         """How many convolution calls took each path of the sparse-conv dispatcher."""
@@ -84,7 +83,7 @@ class TensorBoardLogger:
         self.writer.close()
 
 
-def _layer_of(module_name: str) -> str:
+def layer_of(module_name: str) -> str:
     """``cells.3.edges.2.op.1`` → ``cells.3``: up to the first index, else the first name."""
     parts = module_name.split(".")
     for i, part in enumerate(parts):
