@@ -36,7 +36,9 @@ def split_train_test(
     order = stratified_order(labels, derive_seed(seed, "test split"))
     test_size = round(len(labels) * test_fraction)
     test, train = order[:test_size], order[test_size:]
-    return LoadedSplits(Subset(samples, train.tolist()), labels[train], Subset(samples, test.tolist()), labels[test], classes)
+    return LoadedSplits(
+        Subset(samples, train.tolist()), labels[train], Subset(samples, test.tolist()), labels[test], classes
+    )
 
 
 class ClassificationData(ABC):
@@ -102,7 +104,7 @@ class ClassificationData(ABC):
         order = stratified_order(self.splits.train_labels[train], derive_seed(self.split_seed, "search halves"))
         weights_half, arch_half = train[order[: len(order) // 2]], train[order[len(order) // 2 :]]
         dataset = SeededTransformDataset(self.splits.train, self.train_transform, seed)
-        log.info("%s search split: %d images for weights, %d for the architecture", self.name, len(weights_half), len(arch_half))
+        log.info("%s search halves: %d images for weights, %d for α", self.name, len(weights_half), len(arch_half))
         return (
             self._loader(dataset, weights_half, batch_size, seed=seed, rank=rank, world_size=world_size, shuffle=True),
             self._loader(dataset, arch_half, batch_size, seed=seed, rank=rank, world_size=world_size, shuffle=True),

@@ -7,7 +7,7 @@ import torch
 from torchvision import datasets
 
 from aso_se.data.base import ClassificationData, LoadedSplits
-from aso_se.data.errors import DataError
+from aso_se.data.errors import FIX_ROOT, DataError
 from aso_se.data.image_folder import LAYOUT, has_image_folder_layout, read_image_folder
 from aso_se.data.transforms import image_transforms
 
@@ -70,21 +70,24 @@ class CIFARData(ClassificationData):
             splits = self._read_torchvision()
         if len(splits.classes) != self.variant.num_classes:
             raise DataError(
-                f"{self.root} has {len(splits.classes)} class folders; expected the {self.variant.num_classes} "
-                f"classes of {self.variant.title}; fix: point data.root at a {self.variant.title} copy or use data=image_folder"
+                f"{self.root} has {len(splits.classes)} class folders; expected the {self.variant.num_classes} classes "
+                f"of {self.variant.title}; fix: point data.root at a {self.variant.title} copy or use data=image_folder"
             )
         return splits
 
     def _read_torchvision(self) -> LoadedSplits:
-        expected = f"{self.root / self.variant.torchvision_class.base_folder}/ (torchvision) or, in {self.root}, {LAYOUT}"
+        title, torchvision_class = self.variant.title, self.variant.torchvision_class
+        expected = f"{self.root / torchvision_class.base_folder}/ (torchvision) or, in {self.root}, {LAYOUT}"
         if not self.download and not self.root.is_dir():
-            raise DataError(f"data root {self.root} does not exist; expected {expected}; fix: set data.root or ASO_SE_DATA, or use data=mnist5k")
+            raise DataError(f"data root {self.root} does not exist; expected {expected}; fix: {FIX_ROOT}")
         try:
-            train = self.variant.torchvision_class(str(self.root), train=True, download=self.download)
-            test = self.variant.torchvision_class(str(self.root), train=False, download=self.download)
+            train = torchvision_class(str(self.root), train=True, download=self.download)
+            test = torchvision_class(str(self.root), train=False, download=self.download)
         except (OSError, RuntimeError) as error:  # URLError is an OSError
-            problem = f"could not download {self.variant.title} into {self.root} ({error})" if self.download else f"no {self.variant.title} under {self.root}"
-            raise DataError(
-                f"{problem}; expected {expected}; fix: put the files there and set data.root or ASO_SE_DATA, or use data=mnist5k"
-            ) from None
-        return LoadedSplits(train, torch.tensor(train.targets), test, torch.tensor(test.targets), tuple(train.classes))
+            if self.download:
+                problem = f"could not download {title} into {self.root} ({error})"
+            else:
+                problem = f"no {title} under {self.root}"
+            raise DataError(f"{problem}; expected {expected}; fix: put the files there and {FIX_ROOT}") from None
+        train_labels, test_labels = torch.tensor(train.targets), torch.tensor(test.targets)
+        return LoadedSplits(train, train_labels, test, test_labels, tuple(train.classes))

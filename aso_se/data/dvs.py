@@ -12,6 +12,7 @@ spikingjelly runs, because on a miss it would try to download and leave a ``.bui
 marker behind that blocks every later attempt.
 """
 from pathlib import Path
+from zipfile import BadZipFile
 
 import torch
 from torch.utils.data import Dataset
@@ -67,10 +68,10 @@ class NeuromorphicData(ClassificationData):
             return dataset_class(
                 str(self.root), data_type="frame", frames_number=self.timesteps, split_by="number", **kwargs
             )
-        except (OSError, RuntimeError, ValueError, NotImplementedError) as error:
+        except (OSError, EOFError, BadZipFile, RuntimeError, ValueError, NotImplementedError) as error:
             raise DataError(
-                f"spikingjelly could not prepare {self.name} under {self.root} ({error}); "
-                f"fix: check the files against {self.source_page}, delete {self.root}/events_np and retry"
+                f"spikingjelly could not prepare {self.name} under {self.root} ({error}); fix: check the files against "
+                f"{self.source_page}, delete half-written events_np/ or frames_number_*/ folders there and retry"
             ) from None
 
     def _check_files(self, dataset_class: type) -> None:
@@ -134,7 +135,9 @@ class CIFAR10DVSData(NeuromorphicData):
                 f"{', '.join(CIFAR10DVS_CLASS_NAMES)}; fix: remove other folders (e.g. a TEBN train/test split) from it"
             )
         labels = torch.tensor(frames.targets)
-        return split_train_test(frames, labels, CIFAR10DVS_CLASS_NAMES, test_fraction=self.test_fraction, seed=self.split_seed)
+        return split_train_test(
+            frames, labels, CIFAR10DVS_CLASS_NAMES, test_fraction=self.test_fraction, seed=self.split_seed
+        )
 
 
 class DVSGestureData(NeuromorphicData):

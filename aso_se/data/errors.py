@@ -1,6 +1,9 @@
 """The data layer's user-error type, and the argument checks the constructors share."""
 from search_space.errors import UserInputError
 
+# The usual way out when a dataset is not where the config points.
+FIX_ROOT = "set data.root or ASO_SE_DATA, or use data=mnist5k"
+
 
 class DataError(UserInputError):
     """Missing or malformed data: one line naming the path, what was expected and the fix.

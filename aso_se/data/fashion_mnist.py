@@ -9,7 +9,7 @@ from torch.utils.data import TensorDataset
 from torchvision import datasets
 
 from aso_se.data.base import ClassificationData, LoadedSplits
-from aso_se.data.errors import DataError
+from aso_se.data.errors import FIX_ROOT, DataError
 from aso_se.data.transforms import image_transforms
 
 # Where `apt-get install dataset-fashion-mnist` (Debian 12 / Ubuntu) puts the original files.
@@ -18,6 +18,7 @@ IDX_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
+REINSTALL = "apt-get install --reinstall dataset-fashion-mnist"
 # Mean and std of the 60k training images.
 FASHION_MEAN, FASHION_STD = (0.2860,), (0.3530,)
 
@@ -29,14 +30,16 @@ def read_idx_gz(path: Path) -> torch.Tensor:
         with gzip.open(path, "rb") as file:
             raw = file.read()
     except OSError as error:
-        raise DataError(f"cannot read {path} ({error}); expected a gzipped IDX file; fix: reinstall dataset-fashion-mnist") from None
+        raise DataError(f"cannot read {path} ({error}); expected a gzipped IDX file; fix: {REINSTALL}") from None
     if len(raw) < 4 or raw[:3] != b"\x00\x00\x08":
-        raise DataError(f"{path} is not an unsigned-byte IDX file; expected magic 00 00 08; fix: reinstall dataset-fashion-mnist")
+        raise DataError(f"{path} is not an unsigned-byte IDX file; expected magic 00 00 08; fix: {REINSTALL}")
     ndim = raw[3]
     shape = tuple(np.frombuffer(raw, ">i4", count=ndim, offset=4).tolist())
     data = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
     if data.size != np.prod(shape):
-        raise DataError(f"{path} holds {data.size} bytes for shape {shape}; expected {int(np.prod(shape))}; fix: reinstall dataset-fashion-mnist")
+        raise DataError(
+            f"{path} holds {data.size} bytes for shape {shape}; expected {np.prod(shape)}; fix: {REINSTALL}"
+        )
     return torch.from_numpy(data.reshape(shape).copy())
 
 
@@ -98,9 +101,13 @@ class FashionMNISTData(ClassificationData):
         try:
             dataset = datasets.FashionMNIST(str(self.root), train=split == "train", download=self.download)
         except (OSError, RuntimeError) as error:  # torchvision turns a failed download into RuntimeError
-            problem = f"could not download Fashion-MNIST into {self.root} ({error})" if self.download else f"no Fashion-MNIST under {self.root}"
+            if self.download:
+                problem = f"could not download Fashion-MNIST into {self.root} ({error})"
+            else:
+                problem = f"no Fashion-MNIST under {self.root}"
+            debian_files = ", ".join(name for files in IDX_FILES.values() for name in files)
             raise DataError(
-                f"{problem}; expected {self.root}/FashionMNIST/raw/ (torchvision) or {self.system_dir}/ with {', '.join(n for f in IDX_FILES.values() for n in f)}; "
-                "fix: apt-get install dataset-fashion-mnist, or set data.root or ASO_SE_DATA, or use data=mnist5k"
+                f"{problem}; expected {self.root}/FashionMNIST/raw/ (torchvision) or {self.system_dir}/ with "
+                f"{debian_files}; fix: apt-get install dataset-fashion-mnist, or {FIX_ROOT}"
             ) from None
         return dataset.data.unsqueeze(1), dataset.targets

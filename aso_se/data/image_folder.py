@@ -9,7 +9,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from aso_se.data.base import ClassificationData, LoadedSplits
-from aso_se.data.errors import DataError, check_positive
+from aso_se.data.errors import FIX_ROOT, DataError, check_positive
 from aso_se.data.transforms import image_transforms
 
 PIL_MODES = {1: "L", 3: "RGB"}
@@ -23,7 +23,9 @@ def load_image(path: str, mode: str) -> Image.Image:
         with Image.open(path) as image:
             return image.convert(mode)
     except (OSError, ValueError) as error:
-        raise DataError(f"cannot read image {path} ({error}); expected a readable image file; fix: replace or delete it") from None
+        raise DataError(
+            f"cannot read image {path} ({error}); expected a readable image file; fix: replace or delete it"
+        ) from None
 
 
 def has_image_folder_layout(root: Path) -> bool:
@@ -33,7 +35,10 @@ def has_image_folder_layout(root: Path) -> bool:
 def read_split(split_dir: Path, mode: str) -> ImageFolder:
     """One split folder; every class folder must hold at least one image."""
     if not any(entry.is_dir() for entry in split_dir.iterdir()):
-        raise DataError(f"{split_dir} has no class folders; expected {split_dir}/<class>/<images>; fix: put each class's images in its own folder")
+        raise DataError(
+            f"{split_dir} has no class folders; expected {split_dir}/<class>/<images>; "
+            "fix: put each class's images in a folder of its own"
+        )
     images = ImageFolder(str(split_dir), loader=partial(load_image, mode=mode), allow_empty=True)
     counts = torch.bincount(torch.tensor(images.targets, dtype=torch.long), minlength=len(images.classes))
     for name, count in zip(images.classes, counts.tolist()):
@@ -48,17 +53,22 @@ def read_split(split_dir: Path, mode: str) -> ImageFolder:
 def read_image_folder(root: Path, in_channels: int) -> LoadedSplits:
     """Train and test splits of an ImageFolder tree (``test/`` or else ``val/``)."""
     if not root.is_dir():
-        raise DataError(f"data root {root} does not exist; expected a folder with {LAYOUT}; fix: set data.root or ASO_SE_DATA, or use data=mnist5k")
+        raise DataError(f"data root {root} does not exist; expected a folder with {LAYOUT}; fix: {FIX_ROOT}")
     test_dir = next((root / name for name in ("test", "val") if (root / name).is_dir()), None)
     if not has_image_folder_layout(root) or test_dir is None:
         missing = "test/ (or val/)" if has_image_folder_layout(root) else "train/"
-        raise DataError(f"data root {root} has no {missing} folder; expected {LAYOUT}; fix: arrange the images so or point data.root at such a folder")
+        raise DataError(
+            f"data root {root} has no {missing} folder; expected {LAYOUT}; "
+            "fix: arrange the images so or point data.root at such a folder"
+        )
     train = read_split(root / "train", PIL_MODES[in_channels])
     test = read_split(test_dir, PIL_MODES[in_channels])
     if train.classes != test.classes:
+        only_train = sorted(set(train.classes) - set(test.classes)) or ["-"]
+        only_test = sorted(set(test.classes) - set(train.classes)) or ["-"]
         raise DataError(
-            f"class folders differ under {root}: train/ has {len(train.classes)} ({', '.join(train.classes[:5])}, ...), "
-            f"{test_dir.name}/ has {len(test.classes)} ({', '.join(test.classes[:5])}, ...); fix: use the same class folder names in both"
+            f"class folders differ under {root}: only in train/: {', '.join(only_train)}; only in "
+            f"{test_dir.name}/: {', '.join(only_test)}; fix: use the same class folder names in both"
         )
     return LoadedSplits(
         train, torch.tensor(train.targets), test, torch.tensor(test.targets), tuple(train.classes)
@@ -89,7 +99,9 @@ class ImageFolderData(ClassificationData):
         if in_channels not in PIL_MODES:
             raise DataError(f"data.in_channels={in_channels!r} is invalid; expected 1 (grayscale) or 3 (RGB)")
         if len(mean) != in_channels or len(std) != in_channels:
-            raise DataError(f"data.mean/data.std have {len(mean)}/{len(std)} values; expected one per channel ({in_channels})")
+            raise DataError(
+                f"data.mean/data.std have {len(mean)}/{len(std)} values; expected one per channel ({in_channels})"
+            )
         check_positive(image_size, "data.image_size")
         train_transform, test_transform = image_transforms(
             mean=mean, std=std, image_size=image_size, resize=True,

