@@ -89,10 +89,13 @@ def test_set_epoch_reorders_and_a_resumed_loader_repeats_it():
 
 def test_augmentation_is_independent_of_workers_and_leaves_the_global_rng_alone():
     def epoch_one(num_workers: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Epoch 1 of a loader that ran epoch 0 first (so persistent workers are reused)."""
         data = MNIST5kData(crop_padding=2, cutout_length=8, max_train_samples=200, num_workers=num_workers)
         loader = data.train_loaders(50, seed=9)[0]
-        loader.set_epoch(1)
-        return all_batches(loader)
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            batches = all_batches(loader)
+        return batches
 
     torch.manual_seed(0)
     expected_draw = torch.rand(3)
