@@ -1,0 +1,129 @@
+"""The neuron factory: flattened multi-step layout, fresh state per forward, firing rates, bad input."""
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from torch import nn
+
+from kernels.st_bif import level_bounds, st_bif_multistep
+from search_space.errors import UserInputError
+from search_space.neurons import (
+    NEURON_KINDS,
+    NeuronFactory,
+    SpikingNeuron,
+    firing_rates,
+    make_neuron,
+    set_firing_rate_recording,
+)
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+T, B = 3, 2
+
+
+def drive(*shape: int) -> torch.Tensor:
+    """A random drive strong enough to make every kind spike."""
+    return 2.0 * torch.randn(*shape)
+
+
+def test_st_bif_runs_time_first_over_the_flattened_batch():
+    neuron = make_neuron("st_bif", timesteps=T, q_threshold=0.5, level=8)
+    x = drive(T * B, 4, 5, 5)
+    pos_max, neg_min = level_bounds(8, sym=True)
+    expected = st_bif_multistep(x.view(T, B, 4, 5, 5), 0.5, pos_max, neg_min)
+    torch.testing.assert_close(neuron(x), expected.flatten(0, 1), rtol=0, atol=0)
+
+
+def test_lif_runs_time_first_from_rest():
+    neuron = make_neuron("lif", timesteps=T, tau=2.0, v_threshold=1.0)
+    x = drive(T * B, 7)
+    v = torch.zeros(B, 7)
+    expected = []
+    for x_t in x.view(T, B, 7):  # LIF by hand: decay toward the input, fire, hard reset to 0
+        v = v + (x_t - v) / 2.0
+        spike = (v >= 1.0).float()
+        v = v * (1 - spike)
+        expected.append(spike)
+    torch.testing.assert_close(neuron(x), torch.cat(expected), rtol=0, atol=0)
+
+
+def test_relu_is_plain_relu():
+    neuron = make_neuron("relu", timesteps=T)
+    assert type(neuron) is nn.ReLU and not neuron.inplace
+
+
+@pytest.mark.parametrize("kind", ["st_bif", "lif"])
+def test_every_forward_starts_from_the_initial_state(kind):
+    neuron = make_neuron(kind, timesteps=T)
+    x = drive(T * B, 3, 4, 4).requires_grad_()
+    first = neuron(x)
+    first.sum().backward()  # a second forward+backward must not reuse the first graph or state
+    second = neuron(x)
+    second.sum().backward()
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    assert torch.count_nonzero(first) > 0
+
+
+@pytest.mark.parametrize("kind", ["st_bif", "lif"])
+def test_firing_rate_is_recorded_and_collected(kind):
+    model = nn.Sequential(make_neuron(kind, timesteps=T), nn.Identity(), make_neuron(kind, timesteps=T))
+    x = drive(T * B, 16)
+    out = model(x)
+    rates = firing_rates(model)
+    assert set(rates) == {"0", "2"}
+    torch.testing.assert_close(rates["2"], (out != 0).float().mean())
+    assert 0 < rates["0"] < 1
+
+    set_firing_rate_recording(model, False)
+    model(torch.zeros_like(x))  # silent input: a recording neuron would drop to 0
+    torch.testing.assert_close(rates["2"], (out != 0).float().mean())
+
+
+def test_firing_rate_is_not_checkpointed():
+    neuron = make_neuron("lif", timesteps=T)
+    assert "firing_rate" not in neuron.state_dict()
+
+
+def test_batch_that_is_not_a_multiple_of_t_is_refused():
+    with pytest.raises(ValueError, match="not T\\*B"):
+        make_neuron("st_bif", timesteps=T)(drive(T * B + 1, 4))
+
+
+def test_factory_makes_fresh_neurons():
+    factory = NeuronFactory("st_bif", timesteps=T, learn_threshold=True)
+    first, second = factory(), factory()
+    assert isinstance(first, SpikingNeuron) and first is not second
+    assert first.neuron.q_threshold is not second.neuron.q_threshold
+    assert first.timesteps == T
+
+
+@pytest.mark.parametrize(
+    ("kind", "params", "message"),
+    [
+        ("izhikevich", {}, "unknown neuron kind 'izhikevich'"),
+        ("lif", {"threshold": 1.0}, r"no parameter\(s\) \['threshold'\]"),
+        ("relu", {"tau": 2.0}, r"no parameter\(s\) \['tau'\]"),
+        ("lif", {"surrogate": "gauss"}, "unknown LIF surrogate 'gauss'"),
+        ("lif", {"tau": 0.5}, "tau=0.5 must be greater than 1"),
+        ("st_bif", {"level": 1}, "neuron st_bif: level=1"),
+        ("st_bif", {"q_threshold": -1.0}, "neuron st_bif"),
+    ],
+)
+def test_bad_neuron_config_names_the_problem(kind, params, message):
+    with pytest.raises(UserInputError, match=message):
+        NeuronFactory(kind, timesteps=T, **params)
+
+
+@pytest.mark.parametrize("timesteps", [0, -2, 2.5, True])
+def test_bad_timesteps(timesteps):
+    with pytest.raises(UserInputError, match="timesteps"):
+        make_neuron("lif", timesteps=timesteps)
+
+
+@pytest.mark.parametrize("kind", sorted(NEURON_KINDS))
+def test_every_neuron_config_instantiates(kind):
+    factory = instantiate(OmegaConf.load(CONF / "neuron" / f"{kind}.yaml"))
+    assert isinstance(factory, NeuronFactory) and factory.kind == kind
+    x = drive(factory.timesteps * B, 4)
+    assert factory()(x).shape == x.shape

@@ -1,0 +1,173 @@
+"""The op registry: every registered op in every neuron mode, DARTS's definitions, the primitive list."""
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from torch import nn
+
+from kernels.sparse_conv import SparseConv2d
+from search_space.errors import UserInputError
+from search_space.neurons import NEURON_KINDS, NeuronFactory
+from search_space.ops import (
+    DARTS_PRIMITIVES,
+    OPS,
+    SPIKING_PRIMITIVES,
+    FactorizedReduce,
+    NeuronConvBN,
+    check_primitives,
+    register_op,
+)
+from search_space.space import SearchSpace
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+T, B, C, SIZE = 2, 2, 4, 8
+NEURON_PARAMS = {"st_bif": {"learn_threshold": True}, "lif": {}, "relu": {}}
+
+
+def factory(kind: str) -> NeuronFactory:
+    return NeuronFactory(kind, timesteps=T, **NEURON_PARAMS[kind])
+
+
+# Parametrized over the registry, so a newly registered op is tested here automatically.
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("kind", sorted(NEURON_KINDS))
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_op_forward_backward(name, kind, stride):
+    torch.manual_seed(0)
+    op = OPS[name](C, stride, True, factory(kind))
+    x = (2.0 * torch.randn(T * B, C, SIZE, SIZE)).requires_grad_()
+    y = op(x)
+    assert y.shape == (T * B, C, SIZE // stride, SIZE // stride)
+    (y * torch.randn_like(y)).sum().backward()
+    if name == "none":
+        assert torch.equal(x.grad, torch.zeros_like(x))
+    else:
+        assert x.grad.abs().sum() > 0
+    for param_name, param in op.named_parameters():
+        assert param.grad is not None, param_name
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_exactly_the_convs_that_read_spikes_are_sparse(name):
+    """With LIF, spikes are exactly 0/1: a conv whose input is binary follows a neuron."""
+    op = OPS[name](C, 2, True, factory("lif"))
+    seen = []
+    for conv in (m for m in op.modules() if isinstance(m, nn.Conv2d)):
+        conv.register_forward_hook(
+            lambda module, inputs, _: seen.append((isinstance(module, SparseConv2d), bool(((inputs[0] == 0) | (inputs[0] == 1)).all())))
+        )
+    op(2.0 * torch.randn(T * B, C, SIZE, SIZE))
+    assert all(is_sparse == reads_spikes for is_sparse, reads_spikes in seen), seen
+
+
+def conv_spec(module: nn.Module) -> list[tuple]:
+    """(kernel, stride, padding, dilation, depthwise) of every conv, in order."""
+    return [
+        (m.kernel_size, m.stride, m.padding, m.dilation, m.groups == m.in_channels > 1)
+        for m in module.modules() if isinstance(m, nn.Conv2d)
+    ]
+
+
+def square(k: int, s: int, p: int, d: int, depthwise: bool) -> tuple:
+    return ((k, k), (s, s), (p, p), (d, d), depthwise)
+
+
+# Transcribed from quark0/darts cnn/operations.py (SepConv, DilConv, FactorizedReduce, OPS); s = edge stride.
+DARTS_CONVS = {
+    "sep_conv_3x3": lambda s: [square(3, s, 1, 1, True), square(1, 1, 0, 1, False), square(3, 1, 1, 1, True), square(1, 1, 0, 1, False)],
+    "sep_conv_5x5": lambda s: [square(5, s, 2, 1, True), square(1, 1, 0, 1, False), square(5, 1, 2, 1, True), square(1, 1, 0, 1, False)],
+    "sep_conv_7x7": lambda s: [square(7, s, 3, 1, True), square(1, 1, 0, 1, False), square(7, 1, 3, 1, True), square(1, 1, 0, 1, False)],
+    "dil_conv_3x3": lambda s: [square(3, s, 2, 2, True), square(1, 1, 0, 1, False)],
+    "dil_conv_5x5": lambda s: [square(5, s, 4, 2, True), square(1, 1, 0, 1, False)],
+    "skip_connect": lambda s: [] if s == 1 else [square(1, 2, 0, 1, False)] * 2,
+    "conv_7x1_1x7": lambda s: [((1, 7), (1, s), (0, 3), (1, 1), False), ((7, 1), (s, 1), (3, 0), (1, 1), False)],
+}
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("name", sorted(DARTS_CONVS))
+def test_darts_conv_ops_have_darts_definitions(name, stride):
+    op = OPS[name](C, stride, True, factory("relu"))
+    assert conv_spec(op) == DARTS_CONVS[name](stride)
+    relus = [m for m in op.modules() if isinstance(m, nn.ReLU)]
+    assert len(relus) == darts_relu_count(name, stride)
+
+
+def darts_relu_count(name: str, stride: int) -> int:
+    if name == "skip_connect":
+        return 0 if stride == 1 else 1  # Identity, or FactorizedReduce's ReLU
+    return 2 if name.startswith("sep_conv") else 1
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_darts_pools_and_identity(stride):
+    avg = OPS["avg_pool_3x3"](C, stride, True, factory("relu"))
+    assert (type(avg), avg.kernel_size, avg.stride, avg.padding, avg.count_include_pad) == (nn.AvgPool2d, 3, stride, 1, False)
+    pool = OPS["max_pool_3x3"](C, stride, True, factory("relu"))
+    assert (type(pool), pool.kernel_size, pool.stride, pool.padding) == (nn.MaxPool2d, 3, stride, 1)
+    skip = OPS["skip_connect"](C, stride, True, factory("relu"))
+    assert type(skip) is (nn.Identity if stride == 1 else FactorizedReduce)
+
+
+def test_zero_subsamples_like_darts():
+    x = torch.randn(T * B, C, 7, 7)
+    assert OPS["none"](C, 2, True, factory("relu"))(x).shape == (T * B, C, 4, 4)  # x[:, :, ::2, ::2]
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_affine_reaches_every_batchnorm(affine):
+    for name in OPS:
+        for bn in (m for m in OPS[name](C, 2, affine, factory("relu")).modules() if isinstance(m, nn.BatchNorm2d)):
+            assert bn.affine == affine, name
+
+
+def test_spiking_convs_are_neuron_conv_bn():
+    for name, kernel in (("spike_conv_3x3", 3), ("spike_conv_1x1", 1)):
+        op = OPS[name](C, 2, True, factory("st_bif"))
+        assert isinstance(op, NeuronConvBN)
+        assert conv_spec(op) == [square(kernel, 2, kernel // 2, 1, False)]
+
+
+def test_primitive_lists():
+    assert DARTS_PRIMITIVES == (
+        "none", "max_pool_3x3", "avg_pool_3x3", "skip_connect",
+        "sep_conv_3x3", "sep_conv_5x5", "dil_conv_3x3", "dil_conv_5x5",
+    )
+    assert check_primitives(SPIKING_PRIMITIVES) == SPIKING_PRIMITIVES
+    assert check_primitives(list(DARTS_PRIMITIVES)) == DARTS_PRIMITIVES
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (["none", "conv_9x9"], r"unknown op\(s\) \['conv_9x9'\].*known ops are \['avg_pool_3x3'"),
+        ([], "must be non-empty"),
+        (["none", "none"], "without repeats"),
+        ("none", "got the string"),
+    ],
+)
+def test_bad_primitive_list(names, message):
+    with pytest.raises(UserInputError, match=message):
+        check_primitives(names)
+
+
+def test_registering_a_name_twice_is_refused():
+    with pytest.raises(ValueError, match="already registered"):
+        register_op("none")(lambda C, stride, affine, neuron: nn.Identity())
+
+
+@pytest.mark.parametrize("name", ["darts", "spiking"])
+def test_search_space_configs_instantiate(name):
+    space = instantiate(OmegaConf.load(CONF / "search_space" / f"{name}.yaml"))
+    assert isinstance(space, SearchSpace)
+    assert space.primitives == (DARTS_PRIMITIVES if name == "darts" else SPIKING_PRIMITIVES)
+    assert (space.steps, space.multiplier) == (4, 4)
+
+
+def test_search_space_validation():
+    with pytest.raises(UserInputError, match="unknown op"):
+        SearchSpace(["none", "conv_9x9"])
+    with pytest.raises(UserInputError, match="multiplier <= steps"):
+        SearchSpace(DARTS_PRIMITIVES, steps=2, multiplier=3)
