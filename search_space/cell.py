@@ -13,7 +13,8 @@ from torch import nn
 
 from search_space.genotypes import Genotype
 from search_space.multistep import drop_path
-from search_space.ops import OPS, FactorizedReduce, NeuronConvBN, NeuronFactoryFn
+from search_space.neurons import NeuronFactoryFn
+from search_space.ops import OPS, FactorizedReduce, NeuronConvBN
 
 
 @dataclass(frozen=True)

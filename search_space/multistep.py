@@ -14,7 +14,7 @@ from search_space.errors import UserInputError
 
 def mean_over_time(x: torch.Tensor, timesteps: int) -> torch.Tensor:
     """``[T*B, ...]`` → ``[B, ...]``, the average over the T steps (the readout)."""
-    return x.view(timesteps, -1, *x.shape[1:]).mean(0)
+    return x.unflatten(0, (timesteps, -1)).mean(0)
 
 
 def drop_path(x: torch.Tensor, drop_prob: float, timesteps: int) -> torch.Tensor:
@@ -24,9 +24,9 @@ def drop_path(x: torch.Tensor, drop_prob: float, timesteps: int) -> torch.Tensor
     which is in place; this one is not, so the input stays usable by autograd).
     """
     keep_prob = 1.0 - drop_prob
-    samples = x.view(timesteps, -1, *x.shape[1:])
+    samples = x.unflatten(0, (timesteps, -1))
     mask = samples.new_empty(1, samples.shape[1], *([1] * (x.dim() - 1))).bernoulli_(keep_prob)
-    return (samples / keep_prob * mask).view_as(x)
+    return (samples / keep_prob * mask).flatten(0, 1)
 
 
 class Stem(nn.Sequential):

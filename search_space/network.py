@@ -18,8 +18,7 @@ from search_space.cell import Cell, cell_layouts, reduction_indices
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype, load_genotype
 from search_space.multistep import Stem, mean_over_time
-from search_space.neurons import NeuronFactory
-from search_space.ops import NeuronFactoryFn
+from search_space.neurons import NeuronFactory, NeuronFactoryFn
 
 STEM_MULTIPLIER = 3  # DARTS: the stem has 3 * channels channels
 

@@ -61,7 +61,7 @@ class SpikingNeuron(nn.Module):
                 "which is not T*B: flatten multi-step tensors time-first to [T*B, ...]"
             )
         sj_functional.reset_net(self.neuron)
-        out = self.neuron(x.view(self.timesteps, -1, *x.shape[1:]))
+        out = self.neuron(x.unflatten(0, (self.timesteps, -1)))
         sj_functional.reset_net(self.neuron)
         if self.record_firing_rate:
             with torch.no_grad():

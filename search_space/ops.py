@@ -23,8 +23,8 @@ from torch import nn
 
 from kernels.sparse_conv import SparseConv2d
 from search_space.errors import UserInputError
+from search_space.neurons import NeuronFactoryFn
 
-NeuronFactoryFn = Callable[[], nn.Module]
 OpBuilder = Callable[[int, int, bool, NeuronFactoryFn], nn.Module]
 
 OPS: dict[str, OpBuilder] = {}
