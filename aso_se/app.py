@@ -37,9 +37,10 @@ from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from aso_se import checkpoint
-from aso_se.tensorboard import TensorBoardLogger
 from aso_se.distributed import (DistributedContext, any_rank, broadcast_from_main,
                                 init_distributed, shutdown_distributed)
+from aso_se.engine import NonFiniteLossError
+from aso_se.tensorboard import TensorBoardLogger
 from search_space.errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,16 @@ _MEMORY_KNOBS = {
 }
 
 
+# Read before main_guard sets HYDRA_FULL_ERROR for Hydra's sake: the user's own wish.
+_USER_WANTS_TRACEBACKS = os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or Inf; the message names where and which checkpoint was kept."""
+
+
+class OutOfMemory(RuntimeError):
+    """The GPU ran out of memory; the message names the knobs to lower."""
 
 
 class Interrupted(Exception):
@@ -74,33 +83,39 @@ class Interrupted(Exception):
 def main_guard(hydra_main: Callable[[], Any]) -> None:
     """Run a ``@hydra.main`` function; expected failures become one stderr line and an exit code.
 
-    Hydra prints its own multi-line report and exits 1 for composition errors; with
-    HYDRA_FULL_ERROR set it re-raises instead, which lets this guard reduce the message to one
-    line. Anything unexpected is a bug and keeps its full traceback (as it does when the user
-    sets HYDRA_FULL_ERROR=1 themselves).
+    Composition errors (a bad override) happen inside ``hydra_main`` before the task runs:
+    Hydra prints a multi-line report for them unless HYDRA_FULL_ERROR is set, when it re-raises
+    and this guard reduces the message to one line. Failures inside the task are reported by
+    `Run` (Hydra would add a line of its own if they left the task). Anything unexpected is a
+    bug and keeps its traceback.
     """
-    user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     register_resolvers()
     _quiet_nonzero_ranks()
     try:
         hydra_main()
-    except Interrupted as stop:
-        _fail(str(stop), 128 + stop.signum)
-    except KeyboardInterrupt:
-        _fail("interrupted twice: stopped without saving; the last epoch-end checkpoint is kept",
-              128 + signal.SIGINT)
-    except (UserInputError, hydra.errors.HydraException, OmegaConfBaseException) as err:
-        if user_wants_traceback:
-            raise
-        _fail(_one_line(err), EXIT_BAD_INPUT)
-    except TrainingDiverged as err:
-        _fail(str(err), EXIT_DIVERGED)
-    except torch.OutOfMemoryError as err:  # re-raised by Run with the knobs to lower
-        _fail(str(err), EXIT_OUT_OF_MEMORY)
+    except (Exception, KeyboardInterrupt) as err:
+        exit_on_expected_failure(err)
+        raise
 
 
-def _fail(message: str, code: int) -> None:
+def exit_on_expected_failure(err: BaseException) -> None:
+    """Write one ``error:`` line and exit with the failure's code; return for a bug."""
+    if isinstance(err, Interrupted):
+        message, code = str(err), 128 + err.signum
+    elif isinstance(err, KeyboardInterrupt):
+        message = "interrupted twice: stopped without saving; the last epoch-end checkpoint is kept"
+        code = 128 + signal.SIGINT
+    elif isinstance(err, (UserInputError, hydra.errors.HydraException, OmegaConfBaseException)):
+        if _USER_WANTS_TRACEBACKS:
+            return
+        message, code = _one_line(err), EXIT_BAD_INPUT
+    elif isinstance(err, TrainingDiverged):
+        message, code = str(err), EXIT_DIVERGED
+    elif isinstance(err, OutOfMemory):
+        message, code = str(err), EXIT_OUT_OF_MEMORY
+    else:
+        return
     sys.stderr.write(f"error: {message}\n")
     sys.exit(code)
 
@@ -198,6 +213,14 @@ class Run:
     def __enter__(self) -> Run:
         for signum in (signal.SIGINT, signal.SIGTERM):
             self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        try:
+            self._start()
+        except BaseException as err:
+            self.__exit__(type(err), err, err.__traceback__)
+            raise
+        return self
+
+    def _start(self) -> None:
         if self.cfg.get("resume"):
             self._load_resumed_state()
         trainer = self.cfg.trainer
@@ -211,23 +234,29 @@ class Run:
             log.info("%s run in %s (%s, %d process%s)%s", self.entry_point, self.run_dir,
                      self.ctx.device, self.ctx.world_size, "" if self.ctx.world_size == 1 else "es",
                      f", resumed from {self.checkpoint_path}" if self.resumed else "")
-        return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        """Restore the signal handlers, leave the process group, report an expected failure.
+
+        Expected failures exit here, inside the task, with one line: Hydra would print a line
+        of its own for an exception leaving the task. Bugs propagate with their traceback.
+        """
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
+        self._previous_handlers.clear()
         if self.ctx is not None:
             shutdown_distributed(self.ctx)
+        if exc is None:
+            return
         if isinstance(exc, torch.OutOfMemoryError):
-            raise torch.OutOfMemoryError(
-                f"out of GPU memory on {self.ctx.device if self.ctx else 'the GPU'}; lower "
-                f"{_MEMORY_KNOBS[self.entry_point]}, or spread the batch with trainer=ddp") from exc
-        if exc_type is not None and exc_type.__name__ == "NonFiniteLossError":
+            exc = OutOfMemory(f"out of GPU memory; lower {_MEMORY_KNOBS[self.entry_point]}, or "
+                              f"spread the batch over GPUs with trainer=ddp")
+        elif isinstance(exc, NonFiniteLossError | TrainingDiverged):
             kept = (f"last good checkpoint kept: {self.checkpoint_path}"
                     if self.checkpoint_path.is_file() else "no checkpoint was saved yet")
-            raise TrainingDiverged(f"{exc}; {kept}; lower the learning rate or use "
-                                   f"trainer.precision=fp32") from exc
+            exc = TrainingDiverged(f"{exc}; {kept}")
+        exit_on_expected_failure(exc)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._signum is not None:  # a second Ctrl-C quits at once

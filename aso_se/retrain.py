@@ -23,6 +23,7 @@ from torch import nn
 
 from aso_se.app import EpochProgress, TrainingDiverged
 from aso_se.distributed import DistributedContext, wrap_model
+from aso_se.rng_state import capture_rng_state, restore_rng_state
 from aso_se.tensorboard import TensorBoardLogger, layer_of
 from search_space.neurons import firing_rates
 
@@ -104,17 +105,16 @@ class Retrainer:
     def _train_epoch(self, loader: Any,
                      should_stop: Callable[[], bool]) -> dict[str, float] | None:
         self.model.train()
-        loader.set_epoch(self.epoch)
+        done, images = self.step_in_epoch, 0
+        loader.set_epoch(self.epoch, start_batch=done)  # a stopped epoch goes on where it was
+        steps = done + len(loader)
         device = self.ctx.device
         sums = torch.zeros(2, device=device)  # summed loss, correct predictions
         first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
-        steps, done, images = len(loader), self.step_in_epoch, 0
         self.progress.start_epoch(f"retrain epoch {self.epoch + 1}/{self.epochs}", total=steps,
                                   done=done)
         started = time.perf_counter()
-        for step, (inputs, labels) in enumerate(loader):
-            if step < done:  # trained before the run was stopped; same order via set_epoch
-                continue
+        for step, (inputs, labels) in enumerate(loader, start=done):
             loss, correct = self._train_step(inputs.to(device, non_blocking=True),
                                              labels.to(device, non_blocking=True))
             sums += torch.stack([loss * labels.numel(), correct])
@@ -228,8 +228,7 @@ class Retrainer:
             "history": self.history,
             "last_test": self.last_test,
             "throughput": [self.train_images, self.train_seconds],
-            "rng": {"torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+            "rng": capture_rng_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -240,6 +239,4 @@ class Retrainer:
         self.global_step, self.best_test_acc = state["global_step"], state["best_test_acc"]
         self.history, self.last_test = list(state["history"]), state["last_test"]
         self.train_images, self.train_seconds = state["throughput"]
-        torch.set_rng_state(state["rng"]["torch"])
-        if state["rng"]["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        restore_rng_state(state["rng"])

@@ -3,7 +3,6 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 
@@ -31,7 +30,7 @@ def _exit(failure: BaseException, capsys: pytest.CaptureFixture[str]) -> tuple[i
 @pytest.mark.parametrize(("failure", "code"), [
     (UserInputError("genotype x.json uses the unknown op 'conv_9x9'; known ops are [...]"), 2),
     (app.TrainingDiverged("loss became NaN/Inf at epoch 3, step 7; last good checkpoint kept"), 3),
-    (torch.OutOfMemoryError("out of GPU memory on cuda:0; lower batch_size"), 4),
+    (app.OutOfMemory("out of GPU memory; lower batch_size"), 4),
     (app.Interrupted(signal.SIGINT, Path("outputs/search/x"), "search"), 130),
     (app.Interrupted(signal.SIGTERM, Path("outputs/search/x"), "search"), 143),
 ])

@@ -1,0 +1,55 @@
+"""Search a spiking cell with ASO-SE.
+
+    python search.py [overrides]      e.g. experiment=cifar10_snn, trainer=ddp, resume=<run_dir>
+
+The run directory (outputs/search/<date>_<time>/) gets genotype.json, genotypes/cycle_<k>.json,
+checkpoints/last.pt, tb/ (TensorBoard), search.log and Hydra's config; ``python train.py``
+then retrains the newest genotype.json. Exit codes: see aso_se/app.py.
+"""
+import functools
+
+import hydra
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from aso_se import app, checkpoint
+from aso_se.engine import ASOSEEngine
+from aso_se.search_callbacks import SearchCallbacks
+
+
+@hydra.main(config_path="conf", config_name="search", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    with app.Run(cfg, entry_point="search") as run:
+        cfg, ctx = run.cfg, run.ctx
+        data, neuron = instantiate(cfg.data), instantiate(cfg.neuron)
+        app.check_timesteps(data, neuron)
+        search = instantiate(cfg.search, _convert_="object")
+        supernet = search["supernet"](search_space=instantiate(cfg.search_space), neuron=neuron,
+                                   num_classes=data.num_classes, in_channels=data.in_channels,
+                                   timesteps=neuron.timesteps)
+        engine = ASOSEEngine(
+            supernet, weights_optimizer=instantiate(cfg.optim.weights),
+            arch_optimizer=instantiate(cfg.optim.arch),
+            weights_scheduler=functools.partial(instantiate(cfg.optim.weights_scheduler),
+                                                T_max=search["schedule"].total_epochs),
+            schedule=search["schedule"], sampling=search["sampling"], evolution=search["evolution"],
+            second_order=search["second_order"], grad_clip=search["grad_clip"], device=ctx.device,
+            precision=cfg.trainer.precision, seed=cfg.seed)
+        if run.resumed:
+            with checkpoint.restore_errors(run.checkpoint_path):
+                engine.load_state_dict(run.state["engine"])
+        weights_loader, arch_loader = data.search_loaders(cfg.batch_size, seed=cfg.seed,
+                                                          rank=ctx.rank, world_size=ctx.world_size)
+        callbacks = SearchCallbacks(run, run.tensorboard(cfg.logger, step=engine.progress["global_step"]),
+                                    steps_per_epoch=len(weights_loader),
+                                    log_every_n_steps=cfg.trainer.log_every_n_steps)
+        genotype = engine.run(weights_loader, arch_loader, on_step=callbacks.on_step,
+                              on_epoch_end=callbacks.on_epoch_end,
+                              on_cycle_end=callbacks.on_cycle_end, should_stop=run.should_stop)
+        callbacks.save(engine)
+        run.raise_if_stopped()
+        callbacks.finish(genotype)
+
+
+if __name__ == "__main__":
+    app.main_guard(main)
