@@ -123,6 +123,22 @@ def test_mnist_digits_through_a_spiking_network_with_auxiliary_head(mnist_digits
     assert any(rate > 0 for rate in rates.values())
 
 
+def test_spiking_network_learns_real_digits(mnist_batch):
+    images, labels = mnist_batch
+    torch.manual_seed(0)
+    net = build_network("DARTS_V2", neuron="st_bif", channels=8, layers=3, num_classes=10, in_channels=1,
+                        timesteps=2, image_size=28)
+    optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(20):
+        loss = nn.functional.cross_entropy(net(images)[0], labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0], losses  # measured: 3.11 -> 1.72
+
+
 @pytest.mark.parametrize(("image_size", "pool"), [(32, (nn.AvgPool2d, 3)), (16, (nn.AdaptiveAvgPool2d, None))])
 def test_auxiliary_pool_fits_the_size_it_sees(image_size, pool):
     net = tiny("DARTS_V2", "relu", 1, image_size=image_size)
