@@ -1,0 +1,104 @@
+"""The ASO-SE cycle plan and the knob schedules (Gumbel temperature, entropy weight).
+
+A search runs ``cycles`` cycles of four phases (design §5):
+1. ``warmup``: weights trained, α frozen (ops still sampled from α, so each step trains a few paths);
+2. ``search``: alternating α steps (split B) and weight steps (split A), Gumbel exploration,
+   temperature annealed, entropy regularizer ramped;
+3. ``evolve``: derive the genotype, prune ops that stayed weak, grow the supernet (no training);
+4. ``restabilize``: weights trained, α frozen, to settle the grown and pruned supernet.
+The last cycle ends after its ``evolve`` (its derived genotype is the result; growing a supernet
+that is never trained again would be wasted), so it has no ``restabilize``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from search_space.errors import UserInputError
+
+
+class Phase(str, Enum):
+    WARMUP = "warmup"
+    SEARCH = "search"
+    EVOLVE = "evolve"
+    RESTABILIZE = "restabilize"
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One unit of the plan: a training epoch of a phase, or a cycle's (instant) evolution."""
+
+    cycle: int
+    phase: Phase
+    epoch_in_phase: int  # 0 for EVOLVE
+    epoch: int  # training epochs before this entry: the data order and LR schedule index
+
+
+@dataclass(frozen=True)
+class SearchSchedule:
+    """Cycles, phase lengths (epochs) and the annealed knobs of the search phase.
+
+    The temperature decays exponentially from ``temperature_start`` to ``temperature_end``
+    within every cycle's search phase (each cycle explores, then commits); warm-up uses
+    ``temperature_start`` and re-stabilization ``temperature_end``. The temperature sharpens
+    the relaxed weights (forward values of the top-k and the α gradients); which ops are
+    sampled follows ``softmax(α)`` itself, so a hot start cannot make the forward an
+    average of every op (what collapsed earlier searches to chance accuracy). The entropy
+    weight ramps linearly from ``entropy_weight_start`` to ``entropy_weight_end`` over the same
+    span; a positive weight pushes α towards a decision.
+    """
+
+    cycles: int = 2
+    warmup_epochs: int = 1
+    search_epochs: int = 2
+    restabilize_epochs: int = 1
+    temperature_start: float = 2.0
+    temperature_end: float = 0.2
+    entropy_weight_start: float = 0.0
+    entropy_weight_end: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.cycles < 1 or self.search_epochs < 1 or min(self.warmup_epochs, self.restabilize_epochs) < 0:
+            raise UserInputError(
+                f"search schedule cycles={self.cycles}, search_epochs={self.search_epochs}, warmup_epochs="
+                f"{self.warmup_epochs}, restabilize_epochs={self.restabilize_epochs}: need cycles >= 1, "
+                "search_epochs >= 1 and the others >= 0; fix search.schedule"
+            )
+        if not 0 < self.temperature_end <= self.temperature_start:
+            raise UserInputError(
+                f"search schedule temperatures {self.temperature_start} -> {self.temperature_end}: need "
+                "0 < temperature_end <= temperature_start; fix search.schedule.temperature_*"
+            )
+
+    def plan(self) -> tuple[PlanEntry, ...]:
+        entries: list[PlanEntry] = []
+        epoch = 0
+        for cycle in range(self.cycles):
+            last = cycle == self.cycles - 1
+            phases = [(Phase.WARMUP, self.warmup_epochs), (Phase.SEARCH, self.search_epochs), (Phase.EVOLVE, 1)]
+            if not last:
+                phases.append((Phase.RESTABILIZE, self.restabilize_epochs))
+            for phase, count in phases:
+                for epoch_in_phase in range(count):
+                    entries.append(PlanEntry(cycle, phase, epoch_in_phase, epoch))
+                    epoch += phase is not Phase.EVOLVE
+        return tuple(entries)
+
+    @property
+    def total_epochs(self) -> int:
+        """Training epochs of the whole search: set the weights' LR schedule length (e.g. T_max) to this."""
+        return sum(entry.phase is not Phase.EVOLVE for entry in self.plan())
+
+    def search_progress(self, epoch_in_phase: int, step: int, steps_per_epoch: int) -> float:
+        """Fraction in [0, 1) of the current search phase done before this step."""
+        return (epoch_in_phase + step / max(steps_per_epoch, 1)) / self.search_epochs
+
+    def temperature(self, phase: Phase, progress: float) -> float:
+        if phase is Phase.WARMUP:
+            return self.temperature_start
+        if phase is Phase.SEARCH:
+            return self.temperature_start * (self.temperature_end / self.temperature_start) ** progress
+        return self.temperature_end
+
+    def entropy_weight(self, progress: float) -> float:
+        return self.entropy_weight_start + (self.entropy_weight_end - self.entropy_weight_start) * progress

@@ -1,0 +1,225 @@
+"""Benchmark: one ASO-SE search step (one α step + one weight step) and its peak memory.
+
+One run, one supernet layout (8 cells, C = 16, batch 64, T = 4, 32x32 CIFAR-10 images, DARTS's 8
+ops, DARTS's optimizers), the same inputs for every row:
+  1. DARTS's MixedOp over all ops with spikingjelly LIF (k = all, no Gumbel: literally
+     ``sum(w * op(x))``, the hand-written baseline of design §6);
+  2. FastMixedOp top-2 (LIF);  3. + our ST-BIF;  4. + per-cell checkpointing;
+  5. + the spike-sparse conv dispatcher;  6. + bf16 autocast;
+  7./8. ReLU at T = 1 with top-2 and with all ops (the ANN reference).
+Convs run on cuDNN (SparseConv2d backend "torch") except in rows 5-6 (backend "auto").
+Each row: median wall time of ``--steps`` steps after ``--warmup`` (each step ends with a
+device sync), peak allocated memory over those steps, and, from one profiled step, the CUDA
+kernels launched, their summed GPU time, and the host syncs (torch.cuda.set_sync_debug_mode).
+With ``--anchor PATH`` the hand-written anchor script of design §6 also runs in this process.
+
+    python benchmarks/bench_search_step.py --images /tmp/cifar10/train [--anchor .gpu/anchors/darts_snn_supernet.py]
+    python benchmarks/bench_search_step.py --tiny     # CPU smoke run of the script itself
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import importlib.util
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+from PIL import Image
+from torchvision.transforms.functional import normalize, pil_to_tensor
+
+from aso_se.arch_params import SamplingConfig
+from aso_se.engine import ASOSEEngine
+from aso_se.schedule import SearchSchedule
+from aso_se.supernet import build_supernet
+from kernels.sparse_conv import SparseConv2d
+from search_space.neurons import NeuronFactory, set_firing_rate_recording
+from search_space.ops import DARTS_PRIMITIVES
+from search_space.space import SearchSpace
+
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+# conf/neuron/*.yaml defaults
+NEURON_PARAMS = {
+    "lif": {"tau": 2.0, "v_threshold": 1.0, "v_reset": 0.0, "surrogate": "sigmoid"},
+    "st_bif": {"q_threshold": 1.0, "level": 8, "sym": True, "learn_threshold": True, "surrogate": "sigmoid"},
+    "relu": {},
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    neuron: str
+    timesteps: int
+    k: int | None
+    checkpointing: bool = False
+    sparse_conv: bool = False
+    precision: str = "fp32"
+
+
+ROWS = (
+    Row("DARTS MixedOp all ops, LIF", "lif", 4, None),
+    Row("FastMixedOp top-2, LIF", "lif", 4, 2),
+    Row("top-2, ST-BIF", "st_bif", 4, 2),
+    Row("top-2, ST-BIF, checkpointing", "st_bif", 4, 2, checkpointing=True),
+    Row("top-2, ST-BIF, ckpt, sparse conv", "st_bif", 4, 2, checkpointing=True, sparse_conv=True),
+    Row("top-2, ST-BIF, ckpt, sparse, bf16", "st_bif", 4, 2, checkpointing=True, sparse_conv=True, precision="bf16"),
+    Row("top-2, ReLU (ANN)", "relu", 1, 2),
+    Row("DARTS MixedOp all ops, ReLU (ANN)", "relu", 1, None),
+)
+
+
+def load_images(folder: Path | None, count: int) -> torch.Tensor:
+    """``count`` CIFAR-10 training images, class by class in turn (so labels are ``i % 10``), normalized.
+    Random 32x32 images when no folder is given."""
+    if folder is None:
+        return torch.randn(count, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    per_class = [sorted(path.glob("*.jpg")) for path in sorted(folder.iterdir()) if path.is_dir()]
+    files = [per_class[i % len(per_class)][i // len(per_class)] for i in range(count)]
+    pixels = torch.stack([pil_to_tensor(Image.open(file).convert("RGB")) for file in files]).float() / 255
+    return normalize(pixels, CIFAR_MEAN, CIFAR_STD)
+
+
+def make_engine(row: Row, channels: int, layers: int, device: torch.device) -> ASOSEEngine:
+    torch.manual_seed(0)
+    neuron = NeuronFactory(row.neuron, timesteps=row.timesteps, **NEURON_PARAMS[row.neuron])
+    supernet = build_supernet(
+        search_space=SearchSpace(DARTS_PRIMITIVES), neuron=neuron, channels=channels, layers=layers,
+        num_classes=10, timesteps=row.timesteps, checkpointing=row.checkpointing,
+    )
+    set_firing_rate_recording(supernet, False)  # a logging option, not part of the search step
+    for module in supernet.modules():
+        if isinstance(module, SparseConv2d):
+            module.backend = "auto" if row.sparse_conv else "torch"
+    return ASOSEEngine(
+        supernet,
+        weights_optimizer=functools.partial(torch.optim.SGD, lr=0.025, momentum=0.9, weight_decay=3e-4),
+        arch_optimizer=functools.partial(torch.optim.Adam, lr=3e-4, betas=(0.5, 0.999), weight_decay=1e-3),
+        schedule=SearchSchedule(),
+        sampling=SamplingConfig(k=row.k, gumbel=row.k is not None),
+        device=device,
+        precision=row.precision,
+    )
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_step(step, device: torch.device) -> tuple[int, float, int]:
+    """(CUDA kernels launched, their summed GPU time in ms, host syncs) of one step."""
+    if device.type != "cuda":
+        return 0, 0.0, 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        step()
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    synchronize(device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        synchronize(device)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "Memcpy" not in e.name and "Memset" not in e.name]
+    return len(kernels), sum(e.device_time for e in kernels) / 1000, syncs
+
+
+def bench_row(row: Row, images: torch.Tensor, labels: torch.Tensor, args: argparse.Namespace, device: torch.device) -> dict:
+    engine = make_engine(row, args.channels, args.layers, device)
+    batch = args.batch
+    weights_batch = (images[:batch].to(device), labels[:batch].to(device))
+    arch_batch = (images[batch:].to(device), labels[batch:].to(device))
+
+    def step() -> None:
+        engine.train_step(weights_batch, arch_batch, temperature=1.0, entropy_weight=0.0)
+
+    for _ in range(args.warmup):
+        step()
+    synchronize(device)
+    kernels, gpu_ms, syncs = profile_step(step, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append((time.perf_counter() - start) * 1000)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+    result = {"row": row.name, "ms": statistics.median(times), "peak_gib": peak, "kernels": kernels,
+              "gpu_ms": gpu_ms, "syncs": syncs}
+    print(f"ROW | {row.name:36s} | {result['ms']:8.1f} ms | {peak:6.2f} GiB | {kernels:6d} kernels | "
+          f"{gpu_ms:7.1f} ms GPU | {syncs} syncs", flush=True)
+    del engine
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def run_anchor(path: Path) -> None:
+    """design §6's hand-written DARTS supernet (ReLU and LIF), timed by its own code in this process."""
+    spec = importlib.util.spec_from_file_location("darts_snn_supernet", path)
+    anchor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(anchor)
+    relu_ms = anchor.bench("relu", 1)
+    lif_ms = anchor.bench("lif", 4)
+    print(f"ANCHOR | hand-written DARTS supernet: ReLU T=1 {relu_ms:.1f} ms, LIF T=4 {lif_ms:.1f} ms", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=Path, default=None, help="CIFAR-10 train/ folder (class subfolders of JPEGs)")
+    parser.add_argument("--anchor", type=Path, default=None, help="design §6's darts_snn_supernet.py, run in-process")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rows", type=str, default=None, help="comma-separated row numbers (1-based) to run")
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke run: C=4, 3 cells, batch 2, 1 step")
+    args = parser.parse_args()
+    args.channels, args.layers, args.batch = (4, 3, 2) if args.tiny else (16, 8, 64)
+    if args.tiny:
+        args.steps, args.warmup = 1, 1
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    torch.backends.cudnn.benchmark = True
+    images = load_images(args.images, 2 * args.batch)
+    labels = torch.arange(2 * args.batch) % 10
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    print(f"{datetime.date.today()} | {name} | torch {torch.__version__} | triton {triton.__version__} | "
+          f"images: {'CIFAR-10 ' + str(args.images) if args.images else 'random'}", flush=True)
+    rows = ROWS if args.rows is None else [ROWS[int(i) - 1] for i in args.rows.split(",")]
+    results = []
+    for row in rows:
+        try:
+            results.append(bench_row(row, images, labels, args, device))
+        except Exception as error:  # one broken configuration must not cost the other rows their GPU time
+            print(f"ROW | {row.name:36s} | FAILED: {type(error).__name__}: {str(error).splitlines()[0]}", flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if args.anchor is not None and device.type == "cuda":
+        run_anchor(args.anchor)
+    by_name = {result["row"]: result for result in results}
+    print("\n| row | step (ms) | peak (GiB) | kernels/step | GPU busy (ms) | host syncs |")
+    print("|---|---|---|---|---|---|")
+    for result in results:
+        print(f"| {result['row']} | {result['ms']:.1f} | {result['peak_gib']:.2f} | {result['kernels']} | "
+              f"{result['gpu_ms']:.1f} | {result['syncs']} |")
+    ratios = [
+        ("all ops / top-2 (LIF)", "DARTS MixedOp all ops, LIF", "FastMixedOp top-2, LIF", "ms"),
+        ("peak memory, no ckpt / ckpt (ST-BIF)", "top-2, ST-BIF", "top-2, ST-BIF, checkpointing", "peak_gib"),
+        ("spiking (ST-BIF top-2) / ANN (ReLU top-2)", "top-2, ST-BIF", "top-2, ReLU (ANN)", "ms"),
+        ("baseline / best engine row", "DARTS MixedOp all ops, LIF", None, "ms"),
+    ]
+    best = min(results, key=lambda result: result["ms"])["row"] if results else None
+    for label, numerator, denominator, key in ratios:
+        denominator = denominator or best
+        if numerator in by_name and denominator in by_name and by_name[denominator][key] > 0:
+            print(f"RATIO | {label}: {by_name[numerator][key] / by_name[denominator][key]:.2f}x ({denominator})")
+
+
+if __name__ == "__main__":
+    main()
