@@ -7,6 +7,7 @@ classifier reads the T-averaged pooled features (= the T-averaged logits, the he
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -92,14 +93,11 @@ class RetrainNetwork(nn.Module):
         self.cells = nn.ModuleList(Cell(genotype, layout, neuron=neuron, timesteps=timesteps) for layout in layouts)
         self.auxiliary_index = reduction_indices(layers)[1]  # DARTS: after the second reduction cell
         if auxiliary:
-            # Each reduction halves the size (rounding up, as the stride-2 ops with padding do).
-            size = image_size
-            for _ in set(reduction_indices(layers)):
-                size = (size + 1) // 2
-            aux_cell = self.cells[self.auxiliary_index]
+            # Every reduction before the head halves the size, rounding up (stride-2 ops with padding).
+            size = math.ceil(image_size / 2 ** len(set(reduction_indices(layers))))
+            C_auxiliary = self.cells[self.auxiliary_index].multiplier * layouts[self.auxiliary_index].C
             self.auxiliary_head = AuxiliaryHead(
-                aux_cell.multiplier * layouts[self.auxiliary_index].C, num_classes,
-                input_size=size, neuron=neuron, timesteps=timesteps,
+                C_auxiliary, num_classes, input_size=size, neuron=neuron, timesteps=timesteps
             )
         else:
             self.auxiliary_head = None
