@@ -17,6 +17,7 @@ HBM traffic per neuron-step (b = bytes of the input dtype: 4 fp32, 2 bf16/fp16):
 plus, for a learnable threshold, one fp32 partial sum per program (deterministically summed).
 """
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -27,8 +28,6 @@ from .surrogates import get_surrogate
 
 # Steps kept in registers at once: bounds register use for long sequences.
 _MAX_CHUNK = 8
-_FWD_BLOCK, _FWD_WARPS = 1024, 4
-_BWD_BLOCK, _BWD_WARPS = 512, 4
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -38,7 +37,7 @@ def _st_bif_step(q, acc, x, theta, pos_max, neg_min):
     u = q + tl.math.div_rn(x, theta)  # IEEE division, as torch: the gates depend on u
     can_pos = acc < pos_max
     can_neg = acc > neg_min
-    s = ((u >= 1.0) & can_pos).to(tl.float32) - ((u < 0.0) & can_neg).to(tl.float32)
+    s = tl.where((u >= 1.0) & can_pos, 1.0, tl.where((u < 0.0) & can_neg, -1.0, 0.0))
     return u, s, can_pos, can_neg
 
 
@@ -46,8 +45,10 @@ def _st_bif_step(q, acc, x, theta, pos_max, neg_min):
 def _surrogate_derivative(z, SURROGATE: tl.constexpr, ALPHA: tl.constexpr):
     """σ′(z) of the surrogate named SURROGATE (same formulas as surrogates.py)."""
     if SURROGATE == "sigmoid":
-        sig = tl.sigmoid(ALPHA * z)
-        derivative = ALPHA * sig * (1.0 - sig)
+        # α·σ(αz)·(1 − σ(αz)) = α·e/(1 + e)² with e = exp(−α|z|) ≤ 1: one exp, no overflow.
+        e = tl.exp(-ALPHA * tl.abs(z))
+        r = 1.0 / (1.0 + e)
+        derivative = ALPHA * e * r * r
     elif SURROGATE == "atan":
         w = (1.5707963267948966 * ALPHA) * z  # π/2 · α · z
         derivative = (ALPHA / 2) / (1.0 + w * w)
@@ -125,6 +126,7 @@ def _st_bif_bwd_kernel(
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_neurons
     theta = tl.load(theta_ptr).to(tl.float32)
+    inv_theta = 1.0 / theta  # gradients need no IEEE division; the replayed forward does
     x_base = x_ptr + offs * x_stride_n
     g_base = grad_out_ptr + offs * g_stride_n
     gx_base = grad_x_ptr + offs
@@ -170,9 +172,8 @@ def _st_bif_bwd_kernel(
                 u, s, can_pos, can_neg = _st_bif_step(q, acc, xs[k], theta, pos_max, neg_min)
                 acc += s
                 q = u - s
-                ds_du = _surrogate_derivative(u - 1.0, SURROGATE, ALPHA) * can_pos.to(
-                    tl.float32
-                ) + _surrogate_derivative(-u, SURROGATE, ALPHA) * can_neg.to(tl.float32)
+                ds_du = tl.where(can_pos, _surrogate_derivative(u - 1.0, SURROGATE, ALPHA), 0.0)
+                ds_du += tl.where(can_neg, _surrogate_derivative(-u, SURROGATE, ALPHA), 0.0)
                 ds_dus += (ds_du,)
                 if GRAD_THRESHOLD:
                     grad_out_dot_s += grad_outs[k] * s
@@ -180,14 +181,14 @@ def _st_bif_bwd_kernel(
             if start + k < T:
                 # s_t feeds out_t = s_t·θ and q_t = u_t − s_t; u_t also feeds q_t directly.
                 grad_u = (grad_outs[k] * theta - grad_q) * ds_dus[k] + grad_q
-                grad_x = (grad_u / theta).to(grad_x_ptr.dtype.element_ty)
+                grad_x = (grad_u * inv_theta).to(grad_x_ptr.dtype.element_ty)
                 tl.store(gx_base + (start + k) * gx_stride_t, grad_x, mask=mask)
                 if GRAD_THRESHOLD:
                     grad_u_dot_x += grad_u * xs[k]
                 grad_q = grad_u
     if GRAD_THRESHOLD:
         # out_t = s_t·θ and u_t = q_{t-1} + x_t/θ: dL/dθ = Σ g_out·s − Σ g_u·x / θ².
-        grad_theta = grad_out_dot_s - grad_u_dot_x / (theta * theta)
+        grad_theta = grad_out_dot_s - grad_u_dot_x * inv_theta * inv_theta
         tl.store(grad_theta_partial_ptr + pid, tl.sum(grad_theta, axis=0))
 
 
@@ -213,9 +214,25 @@ def _chunk(num_steps: int) -> int:
     return min(num_steps, _MAX_CHUNK)
 
 
-def bwd_num_programs(x_seq: Tensor, block: int = _BWD_BLOCK) -> int:
-    """Programs of the backward launch: the length of its threshold-grad partials."""
-    return triton.cdiv(x_seq[0].numel(), block)
+class LaunchConfig(NamedTuple):
+    block: int  # neurons per program
+    num_warps: int = 4
+
+
+# From the launch sweep on an H200 (benchmarks/RESULTS.md): the more steps a chunk keeps in
+# registers, the fewer neurons per thread; the backward keeps ~3 values per step, the
+# forward 1, so the backward takes half the block.
+def fwd_config(num_steps: int) -> LaunchConfig:
+    return LaunchConfig(block=1024 if _chunk(num_steps) <= 4 else 512)
+
+
+def bwd_config(num_steps: int) -> LaunchConfig:
+    return LaunchConfig(block=512 if _chunk(num_steps) <= 4 else 256)
+
+
+def bwd_num_programs(x_seq: Tensor) -> int:
+    """Programs of the default backward launch: the length of its threshold-grad partials."""
+    return triton.cdiv(x_seq[0].numel(), bwd_config(x_seq.shape[0]).block)
 
 
 def st_bif_fwd(
@@ -225,12 +242,12 @@ def st_bif_fwd(
     neg_min: int,
     *,
     with_state: bool = False,
-    block: int = _FWD_BLOCK,
-    num_warps: int = _FWD_WARPS,
+    config: LaunchConfig | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Forward over x_seq [T, ...]; returns (out, q_T, acc_T), the states only if with_state."""
     _check_triton_input(x_seq)
     num_steps = x_seq.shape[0]
+    block, num_warps = config or fwd_config(num_steps)
     x2d = x_seq.reshape(num_steps, -1)  # a view whenever the strides allow
     n = x2d.shape[1]
     out = torch.empty(x_seq.shape, dtype=x_seq.dtype, device=x_seq.device)
@@ -259,13 +276,13 @@ def st_bif_bwd(
     surrogate: str,
     grad_threshold: bool,
     *,
-    block: int = _BWD_BLOCK,
-    num_warps: int = _BWD_WARPS,
+    config: LaunchConfig | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Returns (grad_x, partials): partials sum to grad θ (empty unless grad_threshold)."""
     _check_triton_input(x_seq)
     sg = get_surrogate(surrogate)
     num_steps = x_seq.shape[0]
+    block, num_warps = config or bwd_config(num_steps)
     x2d = x_seq.reshape(num_steps, -1)
     g2d = grad_out.reshape(num_steps, -1)  # may be non-contiguous, even stride 0
     n = x2d.shape[1]

@@ -1,0 +1,284 @@
+"""Benchmark of the fused ST-BIF neuron (claim: issue 3). Needs a CUDA GPU.
+
+    PYTHONPATH=. python benchmarks/bench_st_bif.py [--sweep]
+
+First checks on the GPU that the Triton path matches the torch reference (outputs, final
+states, grads of x and θ), that it runs inside a CUDA graph and under
+torch.compile(fullgraph=True). Then prints one table: ours vs spikingjelly 2.0's Triton
+ST-BIF (inference only), torch.compile of our reference, a compiled plain loop, the eager
+reference; forward and forward+backward (grads of x and a learnable θ); fp32 and bf16;
+T in {4, 8}; N = 64·128·32·32 neurons. Times are medians of triton.testing.do_bench, which
+zeroes a 256 MB buffer before every timed call, so no input is served from L2. Bandwidths
+count the bytes the job needs (forward: read x, write out; forward+backward: also read x and
+grad_out and write grad_x) against a device-to-device copy measured in the same run.
+--sweep also times the kernels' launch configurations (block size, warps).
+"""
+import argparse
+import datetime
+import functools
+from importlib.metadata import version
+
+import torch
+import triton
+from spikingjelly.activation_based import functional as sj_functional
+from triton.testing import do_bench
+
+from kernels.st_bif import STBIFNeuron, level_bounds, st_bif_multistep
+from kernels.st_bif.reference import st_bif_loop, st_bif_reference
+from kernels.st_bif.surrogates import SURROGATES
+from kernels.st_bif.triton import LaunchConfig, st_bif_bwd, st_bif_fwd
+
+NEURON_SHAPE = (64, 128, 32, 32)
+POS_MAX, NEG_MIN = level_bounds(8, sym=True)
+SURROGATE = "sigmoid"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def median_us(fn) -> float:
+    return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+
+
+def hard_spike(u, can_pos, can_neg):
+    return (u >= 1).to(u.dtype) * can_pos - (u < 0).to(u.dtype) * can_neg
+
+
+def ours(x_seq, theta):
+    return st_bif_multistep(x_seq, theta, POS_MAX, NEG_MIN, surrogate=SURROGATE, backend="triton")
+
+
+def reference(x_seq, theta):
+    return st_bif_reference(x_seq, theta, POS_MAX, NEG_MIN, SURROGATES[SURROGATE])[0]
+
+
+def plain_loop(x_seq, theta):
+    """The loop with fp32 state and no surrogate: what torch.compile does best (forward only)."""
+    return st_bif_loop(x_seq, theta, POS_MAX, NEG_MIN, hard_spike)[0]
+
+
+# ---------------------------------------------------------------- checks on the GPU
+def check_matches_reference() -> None:
+    # Every dtype on an odd 4-D shape and on a long (two-pass backward) one; every surrogate
+    # on a larger fp32 shape. Fewer cases than the CPU tests: each is a kernel compilation.
+    cases = [
+        (shape, dtype, SURROGATE) for shape in [(4, 3, 5, 7), (11, 2, 37)] for dtype in DTYPES.values()
+    ] + [((8, 64, 33, 17), torch.float32, surrogate) for surrogate in SURROGATES]
+    grad_x_tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+    for shape, dtype, surrogate in cases:
+        x_seq = (torch.randn(shape, device="cuda") * 1.5).to(dtype)
+        grad_out = torch.randn(shape, device="cuda").to(dtype)
+        results = []
+        for backend in ("torch", "triton"):
+            x = x_seq.clone().requires_grad_()
+            theta = torch.tensor(0.7, device="cuda", requires_grad=True)
+            out = st_bif_multistep(
+                x, theta, POS_MAX, NEG_MIN, surrogate=surrogate, backend=backend
+            )
+            results.append((out, *torch.autograd.grad(out, (x, theta), grad_out)))
+        (ref_out, ref_gx, ref_gt), (out, gx, gt) = results
+        assert torch.equal(out, ref_out), (shape, dtype, surrogate)
+        tol = grad_x_tol[dtype]
+        torch.testing.assert_close(gx, ref_gx, rtol=tol, atol=tol)
+        torch.testing.assert_close(gt, ref_gt, rtol=1e-4, atol=1e-5 * x.numel())
+        ref = st_bif_reference(x_seq, theta.detach(), POS_MAX, NEG_MIN, SURROGATES[SURROGATE])
+        _, q, acc = st_bif_fwd(x_seq, theta.detach(), POS_MAX, NEG_MIN, with_state=True)
+        assert torch.equal(q, ref[1]) and torch.equal(acc, ref[2]), (shape, dtype)
+    # The stride-0 gradient of .sum() and a transposed input.
+    x = torch.randn(6, 7, 5, device="cuda", requires_grad=True)
+    grads = [
+        torch.autograd.grad(
+            st_bif_multistep(x.transpose(1, 2), 0.45, POS_MAX, NEG_MIN, backend=b).sum(), x
+        )[0]
+        for b in ("torch", "triton")
+    ]
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+def count_mismatches_with_spikingjelly(num_steps: int) -> tuple[int, int]:
+    x_seq = torch.randn(num_steps, *NEURON_SHAPE, device="cuda")
+    with torch.no_grad():
+        sj_out = spikingjelly_forward(x_seq)()
+        out = ours(x_seq, torch.tensor(1.0, device="cuda"))
+    return int((out != sj_out).sum()), out.numel()
+
+
+def check_cuda_graph() -> None:
+    """Forward+backward of the module captured once, replayed on a new input."""
+    neuron = STBIFNeuron(q_threshold=0.8, learn_threshold=True, backend="triton").cuda()
+    static_x = torch.randn(4, 8, 16, 9, 9, device="cuda", requires_grad=True)
+    static_g = torch.randn_like(static_x)
+
+    def step():
+        out = neuron(static_x)
+        return (out, *torch.autograd.grad(out, (static_x, neuron.q_threshold), static_g))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compiles the kernels outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    with torch.no_grad():
+        static_x.copy_(torch.randn_like(static_x))
+    graph.replay()
+    for replayed, eager in zip(captured, step()):
+        torch.testing.assert_close(replayed, eager)
+
+
+def check_compile_fullgraph() -> None:
+    neuron = STBIFNeuron(q_threshold=0.8, learn_threshold=True, backend="triton").cuda()
+    compiled = torch.compile(neuron, fullgraph=True)
+    x = torch.randn(4, 8, 16, 9, 9, device="cuda", requires_grad=True)
+    g = torch.randn_like(x)
+    results = []
+    for module in (neuron, compiled):
+        out = module(x)
+        results.append((out, *torch.autograd.grad(out, (x, module.q_threshold), g)))
+    for traced, eager in zip(results[1], results[0]):
+        torch.testing.assert_close(traced, eager)
+
+
+# ---------------------------------------------------------------- the benchmark
+def spikingjelly_forward(x_seq):
+    """spikingjelly 2.0's registered (Triton on CUDA) inference op, θ = 1; its initial states
+    and parameters are made once, outside the timed call. It also reads and writes states."""
+    shape, dev = x_seq.shape[1:], x_seq.device
+    q_init = torch.full(shape, 0.5, device=dev)
+    acc_init = torch.zeros(shape, device=dev)
+    params = [torch.tensor(float(v), device=dev) for v in (1.0, POS_MAX, NEG_MIN)]
+    return lambda: sj_functional.stbif_multi_step(x_seq, q_init, acc_init, *params)[0]
+
+
+def forward_only(fn, x_seq, theta):
+    def run():
+        with torch.no_grad():
+            return fn(x_seq, theta)
+
+    return run
+
+
+def forward_backward(fn, x_seq, theta, grad_out):
+    x = x_seq.detach().requires_grad_()
+    theta = theta.detach().requires_grad_()
+    return lambda: torch.autograd.grad(fn(x, theta), (x, theta), grad_out)
+
+
+def bench_one(num_steps: int, dtype_name: str, rows: list) -> None:
+    dtype = DTYPES[dtype_name]
+    x_seq = torch.randn(num_steps, *NEURON_SHAPE, device="cuda").to(dtype)
+    grad_out = torch.randn_like(x_seq)
+    theta = torch.tensor(1.0, device="cuda")
+    step_bytes = num_steps * x_seq[0].numel() * x_seq.element_size()
+    copy_dst = torch.empty_like(x_seq)
+    copy_us = median_us(lambda: copy_dst.copy_(x_seq))
+    copy_gbs = 2 * step_bytes / copy_us / 1e3
+
+    compiled_reference = torch.compile(reference)
+    compiled_plain = torch.compile(plain_loop)
+    candidates = {
+        "forward": (
+            2 * step_bytes,
+            {
+                "ours (Triton)": forward_only(ours, x_seq, theta),
+                "ours, also writing final states": forward_only(
+                    lambda x, t: st_bif_fwd(x, t, POS_MAX, NEG_MIN, with_state=True)[0],
+                    x_seq,
+                    theta,
+                ),
+                "spikingjelly 2.0 Triton (inference)": spikingjelly_forward(x_seq),
+                "torch.compile, reference": forward_only(compiled_reference, x_seq, theta),
+                "torch.compile, plain fp32 loop": forward_only(compiled_plain, x_seq, theta),
+                "eager reference": forward_only(reference, x_seq, theta),
+            },
+        ),
+        "fwd+bwd": (
+            5 * step_bytes,
+            {
+                "ours (Triton)": forward_backward(ours, x_seq, theta, grad_out),
+                "torch.compile, reference": forward_backward(
+                    compiled_reference, x_seq, theta, grad_out
+                ),
+                "eager reference": forward_backward(reference, x_seq, theta, grad_out),
+            },
+        ),
+    }
+    for pass_name, (nbytes, fns) in candidates.items():
+        times = {name: median_us(fn) for name, fn in fns.items()}
+        floor_us = nbytes / copy_gbs / 1e3
+        rows.append((num_steps, dtype_name, pass_name, "byte floor at copy bandwidth", floor_us,
+                     None, None, None))  # fmt: skip
+        for name, us in times.items():
+            gbs = nbytes / us / 1e3
+            rows.append((num_steps, dtype_name, pass_name, name, us, us / times["ours (Triton)"],
+                         gbs, 100 * gbs / copy_gbs))  # fmt: skip
+    rows.append((num_steps, dtype_name, "copy", "device-to-device copy (x -> out)", copy_us,
+                 None, copy_gbs, 100.0))  # fmt: skip
+
+
+def print_table(rows: list) -> None:
+    print("| T | dtype | pass | implementation | median µs | time / ours | GB/s | % of copy |")
+    print("|---|---|---|---|---:|---:|---:|---:|")
+    fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
+    for steps, dtype, pass_name, name, us, ratio, gbs, pct in rows:
+        print(f"| {steps} | {dtype} | {pass_name} | {name} | {us:.1f} | {fmt(ratio, '.2f')} | "
+              f"{fmt(gbs, '.0f')} | {fmt(pct, '.1f')} |")  # fmt: skip
+
+
+def sweep() -> None:
+    """Launch configurations of both kernels (fwd: x -> out; bwd: x, grad_out -> grad_x, θ)."""
+    print("\n| kernel | T | dtype | block | warps | median µs | GB/s |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    theta = torch.tensor(1.0, device="cuda")
+    for num_steps in (4, 8):
+        for dtype_name in ("fp32", "bf16"):
+            x_seq = torch.randn(num_steps, *NEURON_SHAPE, device="cuda").to(DTYPES[dtype_name])
+            grad_out = torch.randn_like(x_seq)
+            step_bytes = x_seq.numel() * x_seq.element_size()
+            copy_dst = torch.empty_like(x_seq)
+            us = median_us(lambda: copy_dst.copy_(x_seq))
+            print(f"| copy | {num_steps} | {dtype_name} | | | {us:.1f} | {2 * step_bytes / us / 1e3:.0f} |")
+            for block, warps in ((512, 4), (1024, 4), (1024, 8)):
+                config = LaunchConfig(block, warps)
+                us = median_us(lambda: st_bif_fwd(x_seq, theta, POS_MAX, NEG_MIN, config=config))
+                print(f"| fwd | {num_steps} | {dtype_name} | {block} | {warps} | {us:.1f} | "
+                      f"{2 * step_bytes / us / 1e3:.0f} |")  # fmt: skip
+            for block, warps in ((256, 4), (512, 4), (512, 8)):
+                config = LaunchConfig(block, warps)
+                us = median_us(lambda: st_bif_bwd(grad_out, x_seq, theta, POS_MAX, NEG_MIN,
+                                                  SURROGATE, True, config=config))  # fmt: skip
+                print(f"| bwd | {num_steps} | {dtype_name} | {block} | {warps} | {us:.1f} | "
+                      f"{3 * step_bytes / us / 1e3:.0f} |")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", action="store_true", help="also time launch configurations")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
+          f"{triton.__version__} | spikingjelly {version('spikingjelly')} | "
+          f"{datetime.date.today()}")  # fmt: skip
+    print("spikingjelly stbif implementation:",
+          sj_functional.neuron_implementation("stbif", torch.device("cuda")))  # fmt: skip
+    check_matches_reference()
+    print("check: Triton == reference on CUDA (out, final states exact; grads of x and θ close)")
+    check_cuda_graph()
+    print("check: forward+backward captured in a CUDA graph and replayed: matches eager")
+    check_compile_fullgraph()
+    print("check: torch.compile(fullgraph=True) forward+backward matches eager")
+    for num_steps in (4, 8):
+        differ, total = count_mismatches_with_spikingjelly(num_steps)
+        print(f"check: T={num_steps} fp32 outputs differing from spikingjelly's kernel: "
+              f"{differ} of {total}")  # fmt: skip
+    rows = []
+    for num_steps in (4, 8):
+        for dtype_name in ("fp32", "bf16"):
+            bench_one(num_steps, dtype_name, rows)
+    print_table(rows)
+    if args.sweep:
+        sweep()
+
+
+if __name__ == "__main__":
+    main()
