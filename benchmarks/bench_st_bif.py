@@ -174,6 +174,7 @@ def bench_one(num_steps: int, dtype_name: str, rows: list) -> None:
     copy_us = median_us(lambda: copy_dst.copy_(x_seq))
     copy_gbs = 2 * step_bytes / copy_us / 1e3
 
+    torch._dynamo.reset()  # fresh compile caches: no recompile limit falls back to eager
     compiled_reference = torch.compile(reference)
     compiled_plain = torch.compile(plain_loop)
     candidates = {
