@@ -346,10 +346,8 @@ class EpochProgress:
         self.enabled = enabled
         self.show_bar = enabled and (sys.stderr.isatty() if show_bar is None else show_bar)
         self._bar: tqdm | None = None
-        self._title = ""
 
     def start_epoch(self, title: str, *, total: int | None, done: int = 0) -> None:
-        self._title = title
         if self.show_bar:
             self._bar = tqdm(total=total, initial=done, desc=title, leave=False,
                              dynamic_ncols=True)
@@ -360,9 +358,9 @@ class EpochProgress:
                 self._bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=False)
             self._bar.update(steps)
 
-    def end_epoch(self, summary: Mapping[str, float]) -> None:
+    def end_epoch(self, title: str, summary: Mapping[str, float]) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
         if self.enabled:
-            log.info("%s | %s", self._title, "  ".join(f"{k} {v:.4g}" for k, v in summary.items()))
+            log.info("%s | %s", title, "  ".join(f"{k} {v:.4g}" for k, v in summary.items()))

@@ -92,7 +92,8 @@ class Retrainer:
             self.history.append(record)
             is_best = test["acc"] > self.best_test_acc
             self.best_test_acc = max(self.best_test_acc, test["acc"])
-            self.progress.end_epoch({k: v for k, v in record.items() if k != "epoch"})
+            self.progress.end_epoch(f"retrain epoch {self.epoch + 1}/{self.epochs}",
+                                    {k: v for k, v in record.items() if k != "epoch"})
             if self.board is not None:
                 self.board.scalars("test", {"loss": test["loss"], "acc": test["acc"]},
                                    self.global_step)

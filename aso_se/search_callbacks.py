@@ -45,9 +45,8 @@ class SearchCallbacks:
         key = (metrics["cycle"], metrics["phase"], metrics["epoch"])
         if key != self._epoch_key:
             self._epoch_key = key
-            self.progress.start_epoch(
-                f"cycle {key[0]} {key[1]} (epoch {key[2] + 1})", total=self.steps_per_epoch,
-                done=metrics["step"])
+            self.progress.start_epoch(_epoch_title(metrics), total=self.steps_per_epoch,
+                                      done=metrics["step"])
         scalars = {name: metrics[name] for name in _STEP_SCALARS if name in metrics}
         self.progress.advance(1, {k: scalars[k] for k in ("loss", "accuracy") if k in scalars})
         if self.board is not None and (metrics["global_step"] + 1) % self.log_every == 0:
@@ -55,7 +54,7 @@ class SearchCallbacks:
 
     def on_epoch_end(self, engine: ASOSEEngine, info: dict[str, Any]) -> None:
         self._epoch_key = None
-        self.progress.end_epoch({k: info[k] for k in _EPOCH_SUMMARY if k in info})
+        self.progress.end_epoch(_epoch_title(info), {k: info[k] for k in _EPOCH_SUMMARY if k in info})
         if self.board is not None:
             step = engine.progress["global_step"]
             epoch_scalars = {k: v for k, v in info.items()
@@ -94,6 +93,10 @@ class SearchCallbacks:
             save_json(_genotype_json(genotype), self.run.run_dir / "genotype.json")
         if self.board is not None:
             self.board.close()
+
+
+def _epoch_title(position: dict[str, Any]) -> str:
+    return f"cycle {position['cycle']} {position['phase']} (epoch {position['epoch'] + 1})"
 
 
 def _genotype_json(genotype: Genotype) -> Any:
