@@ -12,12 +12,14 @@ from aso_se.data.base import ClassificationData, LoadedSplits
 from aso_se.data.errors import FIX_ROOT, DataError
 from aso_se.data.transforms import image_transforms
 
-# Where `apt-get install dataset-fashion-mnist` (Debian 12 / Ubuntu) puts the original files.
+# Where Debian's package dataset-fashion-mnist installs the original gzipped files (listed
+# from its .deb, version 0.0~git20200523.55506a9-1 in bookworm).
 DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 IDX_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
+ALL_IDX_FILES = [name for files in IDX_FILES.values() for name in files]
 REINSTALL = "apt-get install --reinstall dataset-fashion-mnist"
 # Mean and std of the 60k training images.
 FASHION_MEAN, FASHION_STD = (0.2860,), (0.3530,)
@@ -87,14 +89,19 @@ class FashionMNISTData(ClassificationData):
 
     def _has_torchvision_copy(self) -> bool:
         raw = self.root / "FashionMNIST" / "raw"  # torchvision keeps the files unzipped there
-        return all((raw / name.removesuffix(".gz")).is_file() for files in IDX_FILES.values() for name in files)
+        return all((raw / name.removesuffix(".gz")).is_file() for name in ALL_IDX_FILES)
 
     def _has_system_copy(self) -> bool:
-        return all((self.system_dir / name).is_file() for files in IDX_FILES.values() for name in files)
+        return all((self.system_dir / name).is_file() for name in ALL_IDX_FILES)
 
     def _read_system_copy(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         images_file, labels_file = IDX_FILES[split]
         images, labels = read_idx_gz(self.system_dir / images_file), read_idx_gz(self.system_dir / labels_file)
+        if images.dim() != 3 or labels.dim() != 1 or len(images) != len(labels):
+            raise DataError(
+                f"{self.system_dir}: {images_file} has shape {tuple(images.shape)} and {labels_file} "
+                f"{tuple(labels.shape)}; expected [N, H, W] images and N labels; fix: {REINSTALL}"
+            )
         return images.unsqueeze(1), labels.long()
 
     def _read_torchvision(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,9 +112,8 @@ class FashionMNISTData(ClassificationData):
                 problem = f"could not download Fashion-MNIST into {self.root} ({error})"
             else:
                 problem = f"no Fashion-MNIST under {self.root}"
-            debian_files = ", ".join(name for files in IDX_FILES.values() for name in files)
             raise DataError(
                 f"{problem}; expected {self.root}/FashionMNIST/raw/ (torchvision) or {self.system_dir}/ with "
-                f"{debian_files}; fix: apt-get install dataset-fashion-mnist, or {FIX_ROOT}"
+                f"{', '.join(ALL_IDX_FILES)}; fix: apt-get install dataset-fashion-mnist, or {FIX_ROOT}"
             ) from None
         return dataset.data.unsqueeze(1), dataset.targets

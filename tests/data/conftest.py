@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.data.files import pick
+from tests.data.helpers import pick
 
 
 @pytest.fixture(scope="session")

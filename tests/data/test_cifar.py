@@ -6,14 +6,16 @@ import urllib.request
 import pytest
 import torch
 
-from aso_se.data import CIFARData, DataError
+from aso_se.data import CIFARData
+from tests.data.helpers import error_of
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
-@pytest.mark.skipif(not os.environ.get("ASO_SE_CIFAR10"), reason="ASO_SE_CIFAR10 (the unpacked CIFAR-10 JPEG copy) is not set")
+@pytest.mark.skipif(not os.environ.get("ASO_SE_CIFAR10"), reason="ASO_SE_CIFAR10 (the unpacked JPEG copy) is unset")
 def test_cifar10_jpeg_copy():
-    data = CIFARData(name="cifar10", root=os.environ["ASO_SE_CIFAR10"], download=False, max_train_samples=600, max_test_samples=500)
+    root = os.environ["ASO_SE_CIFAR10"]
+    data = CIFARData(name="cifar10", root=root, download=False, max_train_samples=600, max_test_samples=500)
     assert (data.num_classes, data.in_channels, data.image_size, data.timesteps) == (10, 3, 32, None)
     assert data.splits.classes == CIFAR10_CLASSES
     assert (len(data.splits.train), len(data.splits.test)) == (50_000, 10_000)
@@ -32,36 +34,39 @@ def test_cifar10_jpeg_copy():
     assert mean.abs().max() < 0.1 and ((std > 0.85) & (std < 1.15)).all()
 
 
-def test_offline_download_is_one_line(tmp_path, monkeypatch):
+def test_offline_download(tmp_path, monkeypatch):
     def offline(*args, **kwargs):
         raise urllib.error.URLError("[Errno -2] Name or service not known")
 
     monkeypatch.setattr(urllib.request, "urlopen", offline)  # what torchvision meets with no network
-    data = CIFARData(name="cifar10", root=str(tmp_path / "data"), download=True)
-    with pytest.raises(DataError) as caught:
-        data.train_loaders(8, seed=0)
-    message = str(caught.value)
-    assert message.startswith(f"could not download CIFAR-10 into {tmp_path / 'data'} (") and "Name or service not known" in message
-    assert f"cifar-10-batches-py/ (torchvision) or, in {tmp_path / 'data'}, train/<class>/" in message and message.endswith("or use data=mnist5k")
-    assert "\n" not in message
+    root = tmp_path / "data"
+    message = error_of(lambda: CIFARData(name="cifar10", root=str(root), download=True).train_loaders(8, seed=0))
+    assert message.startswith(f"could not download CIFAR-10 into {root} (<urlopen error [Errno -2] Name or service")
+    assert f"expected {root}/cifar-10-batches-py/ (torchvision) or, in {root}, train/<class>/<images>" in message
+    assert message.endswith("fix: put the files there and set data.root or ASO_SE_DATA, or use data=mnist5k")
 
 
 def test_missing_root_without_download(tmp_path):
-    with pytest.raises(DataError, match=rf"data root {tmp_path / 'nowhere'} does not exist; expected .*fix: set data.root or ASO_SE_DATA, or use data=mnist5k"):
-        CIFARData(name="cifar10", root=str(tmp_path / "nowhere"), download=False).splits
+    root = tmp_path / "nowhere"
+    message = error_of(lambda: CIFARData(name="cifar10", root=str(root), download=False).splits)
+    assert message.startswith(f"data root {root} does not exist; expected {root}/cifar-10-batches-py/")
+    assert message.endswith("fix: set data.root or ASO_SE_DATA, or use data=mnist5k")
 
 
 def test_wrong_layout_without_download(tmp_path):
     (tmp_path / "images").mkdir()
-    with pytest.raises(DataError, match=rf"no CIFAR-100 under {tmp_path}; expected {tmp_path / 'cifar-100-python'}/ \(torchvision\) or, in {tmp_path}, train/"):
-        CIFARData(name="cifar100", root=str(tmp_path), download=False).splits
+    message = error_of(lambda: CIFARData(name="cifar100", root=str(tmp_path), download=False).splits)
+    assert message.startswith(f"no CIFAR-100 under {tmp_path}; expected {tmp_path}/cifar-100-python/ (torchvision) or")
 
 
 def test_wrong_number_of_classes(digit_folder):
-    with pytest.raises(DataError, match=r"has 10 class folders; expected the 100 classes of CIFAR-100; fix: .* or use data=image_folder"):
-        CIFARData(name="cifar100", root=str(digit_folder)).num_classes
+    message = error_of(lambda: CIFARData(name="cifar100", root=str(digit_folder)).num_classes)
+    assert message == (
+        f"{digit_folder} has 10 class folders; expected the 100 classes of CIFAR-100; "
+        "fix: point data.root at a CIFAR-100 copy or use data=image_folder"
+    )
 
 
 def test_unknown_variant():
-    with pytest.raises(DataError, match="data.name='cifar1000' is invalid; expected one of cifar10, cifar100"):
-        CIFARData(name="cifar1000", root="data")
+    message = error_of(lambda: CIFARData(name="cifar1000", root="data"))
+    assert message == "data.name='cifar1000' is invalid; expected one of cifar10, cifar100"

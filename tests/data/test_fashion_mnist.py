@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from aso_se.data import DataError, FashionMNISTData
-from aso_se.data.fashion_mnist import DEBIAN_DIR, IDX_FILES
-from tests.data.files import pick, write_idx_gz
+from aso_se.data import FashionMNISTData
+from aso_se.data.fashion_mnist import ALL_IDX_FILES, DEBIAN_DIR, IDX_FILES
+from tests.data.helpers import error_of, pick, write_idx_gz
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +42,12 @@ def test_a_torchvision_copy_under_root_comes_first(tmp_path, idx_digits):
     folder, written = idx_digits
     raw = tmp_path / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
-    for files in IDX_FILES.values():
-        for name in files:  # torchvision keeps them unzipped; only the training labels differ
-            content = gzip.decompress((folder / name).read_bytes())
-            (raw / name.removesuffix(".gz")).write_bytes(content)
+    for name in ALL_IDX_FILES:  # torchvision keeps the files unzipped
+        (raw / name.removesuffix(".gz")).write_bytes(gzip.decompress((folder / name).read_bytes()))
+    # Only the training labels differ between the two copies, so they show which one was read.
     shifted = (written["train"][1] + 1) % 10
-    (raw / "train-labels-idx1-ubyte").write_bytes(gzip.decompress((folder / IDX_FILES["train"][1]).read_bytes())[:8] + shifted.numpy().astype("uint8").tobytes())
+    write_idx_gz(tmp_path / "labels.gz", shifted.numpy())
+    (raw / "train-labels-idx1-ubyte").write_bytes(gzip.decompress((tmp_path / "labels.gz").read_bytes()))
     data = FashionMNISTData(root=str(tmp_path), download=False, system_dir=str(folder))
     assert torch.equal(data.splits.train_labels, shifted)
 
@@ -66,17 +66,32 @@ def test_real_fashion_mnist_from_the_debian_package(tmp_path):
     assert images.shape == (2000, 1, 28, 28) and torch.bincount(labels).tolist() == [200] * 10
 
 
-def test_corrupt_idx_file(tmp_path, idx_digits):
-    folder, _ = idx_digits
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    for files in IDX_FILES.values():
-        for name in files:
-            (broken / name).write_bytes((folder / name).read_bytes())
-    images_file = broken / IDX_FILES["train"][0]
+def copy_of(folder: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ALL_IDX_FILES:
+        (copy / name).write_bytes((folder / name).read_bytes())
+    return copy
+
+
+def test_truncated_idx_file(tmp_path, idx_digits):
+    folder = copy_of(idx_digits[0], tmp_path)
+    images_file = folder / IDX_FILES["train"][0]
     images_file.write_bytes(gzip.compress(gzip.decompress(images_file.read_bytes())[:-100]))
-    with pytest.raises(DataError, match=rf"{images_file} holds 235100 bytes for shape \(300, 28, 28\); expected 235200"):
-        FashionMNISTData(root=str(tmp_path / "empty"), download=False, system_dir=str(broken)).splits
+    data = FashionMNISTData(root=str(tmp_path / "empty"), download=False, system_dir=str(folder))
+    assert error_of(lambda: data.splits) == (
+        f"{images_file} holds 235100 bytes for shape (300, 28, 28); expected 235200; "
+        "fix: apt-get install --reinstall dataset-fashion-mnist"
+    )
+
+
+def test_labels_that_do_not_match_the_images(tmp_path, idx_digits, digits):
+    folder = copy_of(idx_digits[0], tmp_path)
+    write_idx_gz(folder / IDX_FILES["test"][1], digits[1][:7])
+    data = FashionMNISTData(root=str(tmp_path / "empty"), download=False, system_dir=str(folder))
+    message = error_of(lambda: data.splits)
+    assert message.startswith(f"{folder}: t10k-images-idx3-ubyte.gz has shape (100, 28, 28) and ")
+    assert "t10k-labels-idx1-ubyte.gz (7,); expected [N, H, W] images and N labels" in message
 
 
 def test_no_copy_and_no_network(tmp_path, monkeypatch):
@@ -85,9 +100,7 @@ def test_no_copy_and_no_network(tmp_path, monkeypatch):
 
     monkeypatch.setattr(urllib.request, "urlopen", offline)
     data = FashionMNISTData(root=str(tmp_path / "data"), download=True, system_dir=str(tmp_path / "no-package"))
-    with pytest.raises(DataError) as caught:
-        data.splits
-    message = str(caught.value)
-    assert message.startswith(f"could not download Fashion-MNIST into {tmp_path / 'data'} (") and "\n" not in message
+    message = error_of(lambda: data.splits)
+    assert message.startswith(f"could not download Fashion-MNIST into {tmp_path / 'data'} (Error downloading ")
     assert f"{tmp_path / 'no-package'}/ with train-images-idx3-ubyte.gz" in message
     assert "fix: apt-get install dataset-fashion-mnist, or set data.root or ASO_SE_DATA, or use data=mnist5k" in message

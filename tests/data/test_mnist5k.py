@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from aso_se.data import DataError, MNIST5kData
+from aso_se.data import MNIST5kData
 from aso_se.data.mnist5k import MNIST_MEAN, MNIST_STD
+from tests.data.helpers import error_of
 
 
 def all_batches(loader) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,30 +130,40 @@ def test_caps_take_stratified_subsets():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"test_fraction": 1.5}, "data.test_fraction=1.5 is invalid"),
-        ({"num_workers": -1}, "data.num_workers=-1 is invalid"),
-        ({"max_train_samples": 0}, "data.max_train_samples=0 is invalid"),
-        ({"cutout_length": -4}, "data.cutout_length=-4 is invalid"),
+        ({"test_fraction": 1.5}, "data.test_fraction=1.5 is invalid; expected a number between 0 and 1, e.g. 0.2"),
+        ({"num_workers": -1}, "data.num_workers=-1 is invalid; expected an integer >= 0"),
+        ({"max_train_samples": 0}, "data.max_train_samples=0 is invalid; expected an integer >= 1 or null"),
+        ({"cutout_length": 2.5}, "data.cutout_length=2.5 is invalid; expected an integer >= 0"),
     ],
 )
 def test_bad_arguments_name_the_key(kwargs, message):
-    with pytest.raises(DataError, match=message):
-        MNIST5kData(**kwargs)
+    assert error_of(lambda: MNIST5kData(**kwargs)) == message
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        ({"batch_size": 0, "seed": 0}, "batch_size=0 is invalid"),
-        ({"batch_size": 8, "seed": 0, "rank": 2, "world_size": 2}, "rank=2 is invalid for world_size=2"),
+        ({"batch_size": 0, "seed": 0}, "batch_size=0 is invalid; expected an integer >= 1"),
+        ({"batch_size": 8, "seed": -1}, "seed=-1 is invalid; expected an integer >= 0"),
+        (
+            {"batch_size": 8, "seed": 0, "rank": 2, "world_size": 2},
+            "rank=2 is invalid for world_size=2; expected 0 <= rank < world_size",
+        ),
     ],
 )
 def test_bad_loader_calls_name_the_argument(mnist5k, call, message):
-    with pytest.raises(DataError, match=message):
-        mnist5k.train_loaders(**call)
+    assert error_of(lambda: mnist5k.train_loaders(**call)) == message
 
 
 def test_too_few_samples_for_the_processes():
     data = MNIST5kData(max_train_samples=3)
-    with pytest.raises(DataError, match="3 images cannot be shared by 4 processes"):
-        data.train_loaders(8, seed=0, rank=0, world_size=4)
+    assert error_of(lambda: data.train_loaders(8, seed=0, rank=0, world_size=4)) == (
+        "mnist5k: 3 images cannot be shared by 4 processes; "
+        "fix: raise data.max_train_samples/max_test_samples or use fewer processes"
+    )
+
+
+def test_bad_start_batch(mnist5k):
+    loader = mnist5k.search_loaders(8, seed=0)[0]
+    message = error_of(lambda: loader.set_epoch(0, start_batch=-1))
+    assert message == "start_batch=-1 is invalid; expected an integer >= 0"

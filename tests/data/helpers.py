@@ -1,8 +1,23 @@
-"""Files made from real MNIST-5k digits, in the formats the data layer reads."""
+"""Shared by the data tests: files made from real MNIST-5k digits in the formats the data layer
+reads, and the check that a user error is one ``DataError`` line."""
 import gzip
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+from aso_se.data import DataError
+from search_space.errors import UserInputError
+
+
+def error_of(action: Callable[[], object]) -> str:
+    """The message of the ``DataError`` that ``action()`` raises; it must be one line."""
+    with pytest.raises(DataError) as caught:
+        action()
+    message = str(caught.value)
+    assert isinstance(caught.value, UserInputError) and message and "\n" not in message
+    return message
 
 
 def pick(labels: np.ndarray, per_class: int, offset: int = 0) -> np.ndarray:
@@ -27,4 +42,9 @@ def digit_events(image: np.ndarray, rng: np.random.Generator) -> dict[str, np.nd
     p = np.repeat(image[rows, cols] % 2, counts)
     order = rng.permutation(len(x))
     t = np.sort(rng.integers(0, 1_000_000, len(x)))
-    return {"t": t.astype(np.int64), "x": x[order].astype(np.int16), "y": y[order].astype(np.int16), "p": p[order].astype(np.uint8)}
+    return {
+        "t": t.astype(np.int64),
+        "x": x[order].astype(np.int16),
+        "y": y[order].astype(np.int16),
+        "p": p[order].astype(np.uint8),
+    }
