@@ -64,14 +64,21 @@ class CIFARData(ClassificationData):
         self.download = download
 
     def _load(self) -> LoadedSplits:
-        if has_image_folder_layout(self.root):
-            splits = read_image_folder(self.root, self.in_channels)
-        else:
-            splits = self._read_torchvision()
+        if not has_image_folder_layout(self.root):
+            return self._read_torchvision()
+        splits = read_image_folder(self.root, self.in_channels)
+        title = self.variant.title
         if len(splits.classes) != self.variant.num_classes:
             raise DataError(
                 f"{self.root} has {len(splits.classes)} class folders; expected the {self.variant.num_classes} classes "
-                f"of {self.variant.title}; fix: point data.root at a {self.variant.title} copy or use data=image_folder"
+                f"of {title}; fix: point data.root at a {title} copy or use data=image_folder"
+            )
+        first_path, _ = splits.train.samples[0]
+        width, height = splits.train[0][0].size
+        if (width, height) != (self.image_size, self.image_size):
+            raise DataError(
+                f"{first_path} is {width}x{height}; expected {self.image_size}x{self.image_size} {title} images; "
+                "fix: use data=image_folder, which resizes to data.image_size"
             )
         return splits
 

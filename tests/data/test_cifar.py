@@ -70,3 +70,10 @@ def test_wrong_number_of_classes(digit_folder):
 def test_unknown_variant():
     message = error_of(lambda: CIFARData(name="cifar1000", root="data"))
     assert message == "data.name='cifar1000' is invalid; expected one of cifar10, cifar100"
+
+
+def test_images_of_the_wrong_size(digit_folder):
+    message = error_of(lambda: CIFARData(name="cifar10", root=str(digit_folder)).splits)
+    assert message.startswith(f"{digit_folder}/train/0/") and message.endswith(
+        ".png is 28x28; expected 32x32 CIFAR-10 images; fix: use data=image_folder, which resizes to data.image_size"
+    )
