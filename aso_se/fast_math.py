@@ -39,16 +39,18 @@ def _kl_divergence(logits_p: Tensor, logits_q: Tensor) -> Tensor:
     return (probs_p * (log_p - log_q)).sum(dim=-1)
 
 
-class _CompiledOnCuda:
-    """Calls ``torch.compile(fn)`` for CUDA inputs and ``fn`` otherwise, or after a compile failure."""
+class CompiledWithFallback:
+    """Calls ``torch.compile(fn)`` for inputs on ``devices`` and ``fn`` itself otherwise, or for
+    good after the first compile failure (logged once)."""
 
-    def __init__(self, fn: Callable[..., Tensor]) -> None:
+    def __init__(self, fn: Callable[..., Tensor], devices: frozenset[str] = frozenset({"cuda"})) -> None:
         self._eager = fn
+        self._devices = devices
         self._compiled: Callable[..., Tensor] | None = None
         self._compile_failed = False
 
     def __call__(self, *tensors: Tensor) -> Tensor:
-        if self._compile_failed or not tensors[0].is_cuda:
+        if self._compile_failed or tensors[0].device.type not in self._devices:
             return self._eager(*tensors)
         try:
             if self._compiled is None:
@@ -60,8 +62,8 @@ class _CompiledOnCuda:
             return self._eager(*tensors)
 
 
-_compiled_entropy = _CompiledOnCuda(_entropy)
-_compiled_kl_divergence = _CompiledOnCuda(_kl_divergence)
+_compiled_entropy = CompiledWithFallback(_entropy)
+_compiled_kl_divergence = CompiledWithFallback(_kl_divergence)
 
 
 def entropy(logits: Tensor) -> Tensor:
