@@ -37,7 +37,7 @@ def _st_bif_step(q, acc, x, theta, pos_max, neg_min):
     u = q + tl.math.div_rn(x, theta)  # IEEE division, as torch: the gates depend on u
     can_pos = acc < pos_max
     can_neg = acc > neg_min
-    s = tl.where((u >= 1.0) & can_pos, 1.0, tl.where((u < 0.0) & can_neg, -1.0, 0.0))
+    s = ((u >= 1.0) & can_pos).to(tl.float32) - ((u < 0.0) & can_neg).to(tl.float32)
     return u, s, can_pos, can_neg
 
 
@@ -45,10 +45,8 @@ def _st_bif_step(q, acc, x, theta, pos_max, neg_min):
 def _surrogate_derivative(z, SURROGATE: tl.constexpr, ALPHA: tl.constexpr):
     """σ′(z) of the surrogate named SURROGATE (same formulas as surrogates.py)."""
     if SURROGATE == "sigmoid":
-        # α·σ(αz)·(1 − σ(αz)) = α·e/(1 + e)² with e = exp(−α|z|) ≤ 1: one exp, no overflow.
-        e = tl.exp(-ALPHA * tl.abs(z))
-        r = 1.0 / (1.0 + e)
-        derivative = ALPHA * e * r * r
+        sig = tl.sigmoid(ALPHA * z)
+        derivative = ALPHA * sig * (1.0 - sig)
     elif SURROGATE == "atan":
         w = (1.5707963267948966 * ALPHA) * z  # π/2 · α · z
         derivative = (ALPHA / 2) / (1.0 + w * w)
@@ -126,7 +124,6 @@ def _st_bif_bwd_kernel(
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_neurons
     theta = tl.load(theta_ptr).to(tl.float32)
-    inv_theta = 1.0 / theta  # gradients need no IEEE division; the replayed forward does
     x_base = x_ptr + offs * x_stride_n
     g_base = grad_out_ptr + offs * g_stride_n
     gx_base = grad_x_ptr + offs
@@ -172,8 +169,9 @@ def _st_bif_bwd_kernel(
                 u, s, can_pos, can_neg = _st_bif_step(q, acc, xs[k], theta, pos_max, neg_min)
                 acc += s
                 q = u - s
-                ds_du = tl.where(can_pos, _surrogate_derivative(u - 1.0, SURROGATE, ALPHA), 0.0)
-                ds_du += tl.where(can_neg, _surrogate_derivative(-u, SURROGATE, ALPHA), 0.0)
+                ds_du = _surrogate_derivative(u - 1.0, SURROGATE, ALPHA) * can_pos.to(
+                    tl.float32
+                ) + _surrogate_derivative(-u, SURROGATE, ALPHA) * can_neg.to(tl.float32)
                 ds_dus += (ds_du,)
                 if GRAD_THRESHOLD:
                     grad_out_dot_s += grad_outs[k] * s
@@ -181,14 +179,14 @@ def _st_bif_bwd_kernel(
             if start + k < T:
                 # s_t feeds out_t = s_t·θ and q_t = u_t − s_t; u_t also feeds q_t directly.
                 grad_u = (grad_outs[k] * theta - grad_q) * ds_dus[k] + grad_q
-                grad_x = (grad_u * inv_theta).to(grad_x_ptr.dtype.element_ty)
+                grad_x = (grad_u / theta).to(grad_x_ptr.dtype.element_ty)
                 tl.store(gx_base + (start + k) * gx_stride_t, grad_x, mask=mask)
                 if GRAD_THRESHOLD:
                     grad_u_dot_x += grad_u * xs[k]
                 grad_q = grad_u
     if GRAD_THRESHOLD:
         # out_t = s_t·θ and u_t = q_{t-1} + x_t/θ: dL/dθ = Σ g_out·s − Σ g_u·x / θ².
-        grad_theta = grad_out_dot_s - grad_u_dot_x * inv_theta * inv_theta
+        grad_theta = grad_out_dot_s - grad_u_dot_x / (theta * theta)
         tl.store(grad_theta_partial_ptr + pid, tl.sum(grad_theta, axis=0))
 
 
