@@ -64,7 +64,9 @@ def check_matches_reference() -> None:
     # Every dtype on an odd 4-D shape and on a long (two-pass backward) one; every surrogate
     # on a larger fp32 shape. Fewer cases than the CPU tests: each is a kernel compilation.
     cases = [
-        (shape, dtype, SURROGATE) for shape in [(4, 3, 5, 7), (11, 2, 37)] for dtype in DTYPES.values()
+        (shape, dtype, SURROGATE)
+        for shape in [(4, 3, 5, 7), (11, 2, 37)]
+        for dtype in DTYPES.values()
     ] + [((8, 64, 33, 17), torch.float32, surrogate) for surrogate in SURROGATES]
     grad_x_tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
     for shape, dtype, surrogate in cases:
@@ -197,7 +199,10 @@ def bench_one(num_steps: int, dtype_name: str, rows: list) -> None:
     compiled_reference = torch.compile(reference)
     compiled_plain = torch.compile(plain_loop)
     candidates = {
-        "copy": (2 * step_bytes, {"device-to-device copy (x -> out)": lambda: copy_dst.copy_(x_seq)}),
+        "copy": (
+            2 * step_bytes,
+            {"device-to-device copy (x -> out)": lambda: copy_dst.copy_(x_seq)},
+        ),
         "forward": (
             2 * step_bytes,
             {
@@ -267,7 +272,8 @@ def sweep() -> None:
             step_bytes = x_seq.numel() * x_seq.element_size()
             copy_dst = torch.empty_like(x_seq)
             us = median_us(lambda: copy_dst.copy_(x_seq))
-            print(f"| copy | {num_steps} | {dtype_name} | | | {us:.1f} | {2 * step_bytes / us / 1e3:.0f} |")
+            print(f"| copy | {num_steps} | {dtype_name} | | | {us:.1f} | "
+                  f"{2 * step_bytes / us / 1e3:.0f} |")  # fmt: skip
             for block, warps in ((512, 4), (1024, 4), (1024, 8)):
                 config = LaunchConfig(block, warps)
                 us = median_us(lambda: st_bif_fwd(x_seq, theta, POS_MAX, NEG_MIN, config=config))

@@ -32,14 +32,16 @@ _BACKENDS: dict[str, Callable[[Tensor, Tensor, int, int, str], Tensor]] = {
 _AUTO_BACKEND: dict[str, str] = {"cuda": "triton", "cpu": "torch"}
 
 
-def _resolve_backend(backend: str, device: torch.device) -> str:
-    if backend == "auto":
-        return _AUTO_BACKEND.get(device.type, "torch")
-    if backend not in _BACKENDS:
+def _check_backend(backend: str) -> None:
+    if backend != "auto" and backend not in _BACKENDS:
         raise ValueError(
             f"unknown backend {backend!r}: expected 'auto' or one of {sorted(_BACKENDS)}"
         )
-    return backend
+
+
+def _resolve_backend(backend: str, device: torch.device) -> str:
+    _check_backend(backend)
+    return _AUTO_BACKEND.get(device.type, "torch") if backend == "auto" else backend
 
 
 def level_bounds(level: int, sym: bool) -> tuple[int, int]:
@@ -94,7 +96,7 @@ class STBIFNeuron(nn.Module):
         super().__init__()
         check_threshold_value(q_threshold)
         get_surrogate(surrogate)
-        _resolve_backend(backend, torch.device("cpu"))
+        _check_backend(backend)
         self.pos_max, self.neg_min = level_bounds(level, sym)
         self.level, self.sym = level, sym
         self.surrogate, self.backend = surrogate, backend

@@ -23,7 +23,8 @@ SpikeRule = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 class SurrogateSpike(torch.autograd.Function):
-    """s = [u >= 1]·can_pos − [u < 0]·can_neg, with ds/du = σ′(u−1)·can_pos + σ′(−u)·can_neg."""
+    """s = [u >= 1]·can_pos − [u < 0]·can_neg; its backward uses
+    ds/du = σ′(u−1)·can_pos + σ′(−u)·can_neg in place of the steps' Dirac deltas."""
 
     @staticmethod
     def forward(ctx, u: Tensor, can_pos: Tensor, can_neg: Tensor, surrogate: Surrogate) -> Tensor:

@@ -44,7 +44,8 @@ def test_triton_matches_reference(shape, dtype, surrogate):
     x_seq = random_sequence(shape, dtype, seed)
     grad_out = random_sequence(shape, dtype, seed + 1)
     theta = torch.tensor(0.7)
-    (ref_out, ref_gx, ref_gt), (out, gx, gt) = reference_and_triton(x_seq, theta, grad_out, surrogate)
+    results = reference_and_triton(x_seq, theta, grad_out, surrogate)
+    (ref_out, ref_gx, ref_gt), (out, gx, gt) = results
 
     assert out.dtype == dtype and gx.dtype == dtype and out.shape == x_seq.shape
     assert (ref_out != 0).any() and (ref_gx != 0).any()

@@ -1,4 +1,6 @@
 """The torch reference of ST-BIF is the ground truth: check it against spikingjelly and autograd."""
+import functools
+
 import pytest
 import torch
 from spikingjelly.activation_based.functional import stbif_multi_step
@@ -70,7 +72,8 @@ def test_surrogate_derivative_is_the_derivative_of_its_primitive(name):
     # Keep away from the rectangular box's edges, where the primitive has kinks.
     z = z[((z.abs() - surrogate.alpha / 2).abs() > 1e-3)].requires_grad_()
     (autograd_derivative,) = torch.autograd.grad(surrogate.primitive(z, surrogate.alpha).sum(), z)
-    torch.testing.assert_close(surrogate.derivative(z.detach(), surrogate.alpha), autograd_derivative)
+    derivative = surrogate.derivative(z.detach(), surrogate.alpha)
+    torch.testing.assert_close(derivative, autograd_derivative)
 
 
 @pytest.mark.parametrize("name", sorted(SURROGATES))
@@ -94,8 +97,8 @@ def soft_spike_rule(surrogate):
     """The spike with each step replaced by the surrogate's primitive: smooth, for gradcheck."""
 
     def fire(u, can_pos, can_neg):
-        alpha = surrogate.alpha
-        return surrogate.primitive(u - 1, alpha) * can_pos - surrogate.primitive(-u, alpha) * can_neg
+        soft_step = functools.partial(surrogate.primitive, alpha=surrogate.alpha)
+        return soft_step(u - 1) * can_pos - soft_step(-u) * can_neg
 
     return fire
 
