@@ -21,13 +21,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from triton.runtime.interpreter import InterpretedFunction
-
 from kernels.sparse_conv.calibration import CrossoverCache, call_key, default_cache_file
 from kernels.sparse_conv.function import conv_geometry, sparse_conv2d_triton
 from kernels.sparse_conv.geometry import ConvGeometry
 from kernels.sparse_conv.reference import sparse_conv2d_reference
-from kernels.sparse_conv.triton import _block_activity_kernel, prescan, work_fractions
+from kernels.sparse_conv.triton import interpreted, prescan, work_fractions
 
 IntPair = int | tuple[int, int] | list[int]
 SAMPLE_EVERY = 16
@@ -161,7 +159,7 @@ def _run_reference(call: ConvCall) -> torch.Tensor:
 
 
 def _run_triton(call: ConvCall) -> torch.Tensor:
-    if not call.x.is_cuda and not isinstance(_block_activity_kernel, InterpretedFunction):
+    if not call.x.is_cuda and not interpreted():
         raise ValueError("sparse_conv2d: backend='triton' on CPU tensors needs Triton's interpreter; set "
                          "TRITON_INTERPRET=1 before triton is imported, or use a CUDA tensor")
     if unsupported_reason(call) is not None:

@@ -1,7 +1,8 @@
 """Triton kernels of the spike-sparse convolution and their launchers.
 
 Stage 1 (prescan), two small kernels without host syncs:
-  `_block_activity_kernel`  reads x once: int8 [N, C, H/8, W/8] "block holds a non-zero";
+  `_block_activity_kernel`  reads x once: int8 [N, H/8, W/8, C] "block holds a non-zero"
+                            (channels innermost, so the next kernel reads them contiguously);
   `_tile_activity_kernel`   per (sample, output tile): ORs the flags of the blocks under the
                             tile's input window -> `active` [N, tiles, C] (int8), and compacts
                             the active channels into `index` [N, tiles, C] with `count` [N, tiles].
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 from kernels.sparse_conv.geometry import BLOCK, ConvGeometry
 
@@ -51,6 +53,11 @@ DEFAULT_CONFIG = KernelConfig()
 _MAX_WGRAD_PARTIAL_BYTES = 8 << 20  # bound on the split reduction's scratch buffer
 
 
+# Conv parameters stay run-time values: specializing on them (Triton does for ints equal to 1)
+# would compile a variant per stride/padding/dilation combination without a faster kernel.
+_CONV_ARGS = ["stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w"]
+
+
 def _next_pow2(value: int) -> int:
     return triton.next_power_of_2(max(int(value), 1))
 
@@ -61,8 +68,17 @@ def _memory_format(x: torch.Tensor) -> torch.memory_format:
     return torch.contiguous_format
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    return "tf32" if dtype == torch.float32 else "ieee"
+def interpreted() -> bool:
+    """True when the kernels run under Triton's CPU interpreter (TRITON_INTERPRET=1)."""
+    return isinstance(_block_activity_kernel, InterpretedFunction)
+
+
+def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
+    """Operand type of tl.dot: the input's own. Triton 3.6's interpreter multiplies the raw bit
+    patterns of bf16 operands, so there bf16 is widened to fp32 (exact products, fp32 sums)."""
+    if dtype == torch.bfloat16 and interpreted():
+        return tl.float32
+    return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}[dtype]
 
 
 # ----------------------------------------------------------------------------------- stage 1
@@ -87,11 +103,11 @@ def _block_activity_kernel(
     per_block = tl.reshape(nonzero, (BLOCK_C, BLOCK, TILE_W // BLOCK, BLOCK))
     any_nonzero = tl.max(tl.max(per_block, axis=3), axis=1)
     offs_bc = tl.program_id(2) * (TILE_W // BLOCK) + tl.arange(0, TILE_W // BLOCK)
-    out = blocks_ptr + ((n * channels + offs_c[:, None]) * block_rows + block_row) * block_cols + offs_bc[None, :]
+    out = blocks_ptr + ((n * block_rows + block_row) * block_cols + offs_bc[None, :]) * channels + offs_c[:, None]
     tl.store(out, any_nonzero.to(tl.int8), mask=c_ok[:, None] & (offs_bc < block_cols)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_h", "stride_w", "pad_h", "pad_w"])
 def _tile_activity_kernel(
     blocks_ptr, active_ptr, index_ptr, count_ptr,
     channels, block_rows, block_cols, tiles_w, out_h, out_w, height, width,
@@ -121,7 +137,7 @@ def _tile_activity_kernel(
             for j in tl.static_range(MAX_BLOCKS_W):
                 block_c = lo_w // BLOCK + j
                 in_window = window_ok & (block_r <= hi_h // BLOCK) & (block_c <= hi_w // BLOCK)
-                flag = tl.load(blocks_ptr + ((n * channels + offs_c) * block_rows + block_r) * block_cols + block_c,
+                flag = tl.load(blocks_ptr + ((n * block_rows + block_r) * block_cols + block_c) * channels + offs_c,
                                mask=c_ok & in_window, other=0)
                 active = tl.maximum(active, flag.to(tl.int32))
         tl.store(active_ptr + pair * channels + offs_c, active.to(tl.int8), mask=c_ok)
@@ -133,10 +149,10 @@ def _tile_activity_kernel(
 
 
 def block_activity(x: torch.Tensor) -> torch.Tensor:
-    """int8 [N, C, ceil(H/8), ceil(W/8)]: 1 where the block of x holds a non-zero."""
+    """int8 [N, ceil(H/8), ceil(W/8), C]: 1 where the block of x holds a non-zero."""
     batch, channels, height, width = x.shape
     block_rows, block_cols = triton.cdiv(height, BLOCK), triton.cdiv(width, BLOCK)
-    blocks = torch.empty((batch, channels, block_rows, block_cols), device=x.device, dtype=torch.int8)
+    blocks = torch.empty((batch, block_rows, block_cols, channels), device=x.device, dtype=torch.int8)
     if _memory_format(x) == torch.channels_last:  # channels are contiguous: many per program
         block_c, tile_w = min(64, _next_pow2(channels)), BLOCK
     else:  # rows are contiguous: whole rows, few channels per program
@@ -194,14 +210,15 @@ def work_fractions(active: torch.Tensor, count: torch.Tensor, geometry: ConvGeom
 
 
 # ----------------------------------------------------------------------------------- stage 2
-@triton.jit
+@triton.jit(do_not_specialize=_CONV_ARGS)
 def _sparse_conv_fwd_kernel(
     x_ptr, wt_ptr, bias_ptr, y_ptr, index_ptr, count_ptr,
     in_channels, out_channels, height, width, out_h, out_w, tiles_w,
     sx_n, sx_c, sx_h, sx_w, sy_n, sy_c, sy_h, sy_w,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     KH: tl.constexpr, KW: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     co_block = tl.program_id(0)
     tile = tl.program_id(1)
@@ -231,7 +248,7 @@ def _sparse_conv_fwd_kernel(
                             mask=a_ok, other=0.0)
                 b = tl.load(wt_ptr + ((kh * KW + kw) * in_channels + ci[:, None]) * out_channels + offs_co[None, :],
                             mask=k_ok[:, None] & co_ok[None, :], other=0.0)
-                acc = tl.dot(a, b, acc, input_precision=PRECISION)
+                acc = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc, input_precision="tf32")  # TF32: fp32 only
         k0 += BLOCK_K
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_co, mask=co_ok, other=0.0).to(tl.float32)[None, :]
@@ -239,7 +256,7 @@ def _sparse_conv_fwd_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=pix_ok[:, None] & co_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_CONV_ARGS)
 def _sparse_depthwise_fwd_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, active_ptr,
     channels, height, width, out_h, out_w, tiles_w,
@@ -300,7 +317,7 @@ def sparse_conv_fwd(
         cols.tiles, *x.stride(), *y.stride(), *_conv_args(geometry),
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
         BLOCK_K=config.block_k, BLOCK_N=block_n, HAS_BIAS=bias is not None,
-        PRECISION=_dot_precision(x.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
+        DOT_DTYPE=_dot_dtype(x.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return y
 
@@ -326,14 +343,15 @@ def sparse_depthwise_fwd(
 
 
 # ---------------------------------------------------------------------------- weight gradient
-@triton.jit
+@triton.jit(do_not_specialize=_CONV_ARGS)
 def _sparse_conv_wgrad_kernel(
     x_ptr, g_ptr, active_ptr, partial_ptr,
     in_channels, out_channels, height, width, out_h, out_w, tiles, tiles_w, pairs,
     sx_n, sx_c, sx_h, sx_w, sg_n, sg_c, sg_h, sg_w,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     KH: tl.constexpr, KW: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
-    CHUNK_C: tl.constexpr, TAPS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    CHUNK_C: tl.constexpr, TAPS_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     # One program: a chunk of CHUNK_C input channels x all taps (rows) by BLOCK_N output
     # channels, summed over its share of the (sample, tile) pairs; pairs where none of its
@@ -367,13 +385,13 @@ def _sparse_conv_wgrad_kernel(
             iw = ow[:, None] * stride_w - pad_w + kw[None, :] * dil_w
             a_ok = pix_ok[:, None] & r_active[None, :] & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
             a = tl.load(x_ptr + n.to(tl.int64) * sx_n + ci[None, :] * sx_c + ih * sx_h + iw * sx_w, mask=a_ok, other=0.0)
-            acc = tl.dot(tl.trans(a), g, acc, input_precision=PRECISION)
+            acc = tl.dot(tl.trans(a).to(DOT_DTYPE), g.to(DOT_DTYPE), acc, input_precision="tf32")
         pair += splits
     out = partial_ptr + ((split * KH * KW + tap[:, None]) * in_channels + ci[:, None]) * out_channels + offs_co[None, :]
     tl.store(out, acc, mask=r_ok[:, None] & co_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_CONV_ARGS)
 def _sparse_depthwise_wgrad_kernel(
     x_ptr, g_ptr, active_ptr, partial_ptr,
     channels, height, width, out_h, out_w, tiles, tiles_w, pairs,
@@ -446,7 +464,8 @@ def sparse_conv_wgrad(
         c_in, c_out, rows.size, cols.size, rows.out_size, cols.out_size, geometry.tiles, cols.tiles, pairs,
         *x.stride(), *grad_y.stride(), *_conv_args(geometry),
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
-        CHUNK_C=chunk, TAPS_PAD=_next_pow2(taps), BLOCK_N=block_n, PRECISION=_dot_precision(x.dtype),
+        CHUNK_C=chunk, TAPS_PAD=_next_pow2(taps), BLOCK_N=block_n,
+        DOT_DTYPE=_dot_dtype(x.dtype),
         num_warps=config.num_warps,
     )
     grad_w = partial.sum(dim=0).view(rows.kernel, cols.kernel, c_in, c_out).permute(3, 2, 0, 1)

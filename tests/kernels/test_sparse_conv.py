@@ -1,0 +1,245 @@
+"""Spike-sparse convolution: Triton kernels (under TRITON_INTERPRET=1 on CPU), the torch reference
+and the dispatcher against F.conv2d, forward and both gradients."""
+import copy
+import itertools
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts, sparse_conv2d
+from kernels.sparse_conv import triton as sparse_triton
+from kernels.sparse_conv.calibration import Crossover, CrossoverCache, _crossing
+from kernels.sparse_conv.dispatch import SAMPLE_EVERY, DensityTracker
+from kernels.sparse_conv.function import conv_geometry
+from kernels.sparse_conv.reference import block_activity, sparse_conv2d_reference, tile_activity
+
+# Relative to the largest reference magnitude. fp32 is exact on the interpreter (TF32 on GPUs
+# only); half types round inputs once and the output once, accumulating in fp32.
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def spikes(shape, density: float, generator: torch.Generator, plane_silence: float = 0.0) -> torch.Tensor:
+    """ST-BIF-like output: values in {-θ, 0, +θ}, non-zero with probability `density`, and a
+    fraction `plane_silence` of the (sample, channel) planes silent."""
+    theta = 0.5 + torch.rand((), generator=generator)
+    values = torch.where(torch.rand(shape, generator=generator) < 0.5, -theta, theta)
+    x = values * (torch.rand(shape, generator=generator) < density)
+    planes = torch.rand(shape[:2], generator=generator) >= plane_silence
+    return x * planes[:, :, None, None]
+
+
+def layout(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    return x.to(memory_format=torch.channels_last) if channels_last else x.contiguous()
+
+
+def assert_matches_conv2d(x, weight, bias, stride, padding, dilation, groups, backend="triton"):
+    """Output and all three gradients of `sparse_conv2d` vs F.conv2d in fp32 on the same values."""
+    dtype = x.dtype
+    x, weight, bias = (t.detach().requires_grad_() for t in (x, weight, bias))
+    y = sparse_conv2d(x, weight, bias, stride, padding, dilation, groups, backend=backend)
+    generator = torch.Generator().manual_seed(7)
+    grad_y = torch.randn(y.shape, generator=generator).to(dtype)
+    grads = torch.autograd.grad(y, (x, weight, bias), grad_y)
+    ref_inputs = [t.detach().float().requires_grad_() for t in (x, weight, bias)]
+    ref = F.conv2d(*ref_inputs, stride, padding, dilation, groups)
+    ref_grads = torch.autograd.grad(ref, ref_inputs, grad_y.float())
+    assert y.dtype == dtype and y.shape == ref.shape
+    expected_format = torch.channels_last if (x.is_contiguous(memory_format=torch.channels_last)
+                                              and not x.is_contiguous()) else torch.contiguous_format
+    assert y.is_contiguous(memory_format=expected_format)
+    for name, got, want in zip(("y", "grad_x", "grad_w", "grad_b"), (y, *grads), (ref, *ref_grads)):
+        scale = want.abs().max().clamp_min(1.0)
+        error = (got.float() - want).abs().max() / scale
+        assert error <= TOLERANCE[dtype], f"{name}: relative error {error:.2e}"
+
+
+def conv_case(kind: str, kernel: int, channels_last: bool, dtype=torch.float32, seed: int = 0,
+              density: float = 0.3, plane_silence: float = 0.5, size=(9, 11)):
+    generator = torch.Generator().manual_seed(seed)
+    c_in = 6
+    c_out, groups = (c_in, c_in) if kind == "depthwise" else (5, 1)
+    x = spikes((2, c_in, *size), density, generator, plane_silence)
+    weight = torch.randn((c_out, c_in // groups, kernel, kernel), generator=generator)
+    bias = torch.randn(c_out, generator=generator)
+    return layout(x.to(dtype), channels_last), weight.to(dtype), bias.to(dtype), groups
+
+
+# Every supported (kind, kernel, stride, dilation); padding cycles through none, "same" and
+# more, the layout alternates (each kind, kernel and stride sees both layouts).
+SUPPORTED = [("dense", k, s, d) for k, s, d in itertools.product((1, 3, 5), (1, 2), (1, 2))] + \
+            [("depthwise", k, s, d) for k, s, d in itertools.product((3, 5), (1, 2), (1, 2))]
+
+
+@pytest.mark.parametrize("kind,kernel,stride,dilation", SUPPORTED)
+def test_every_supported_config_matches_conv2d(kind, kernel, stride, dilation):
+    case_index = SUPPORTED.index((kind, kernel, stride, dilation))
+    padding = (0, kernel // 2 * dilation, kernel // 2 * dilation + 1)[case_index % 3]
+    x, weight, bias, groups = conv_case(kind, kernel, channels_last=case_index % 2 == 1, seed=case_index)
+    assert_matches_conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("padding", [0, 1, 2, 3])
+@pytest.mark.parametrize("kind,kernel,stride,dilation", SUPPORTED)
+def test_every_config_layout_and_padding(kind, kernel, stride, dilation, padding, channels_last):
+    x, weight, bias, groups = conv_case(kind, kernel, channels_last, seed=padding, size=(13, 8))
+    assert_matches_conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+
+INPUTS = {
+    "zeros": dict(density=0.0, plane_silence=0.0),
+    "density_0.01": dict(density=0.01, plane_silence=0.0),
+    "density_0.1": dict(density=0.1, plane_silence=0.0),
+    "density_1": dict(density=1.0, plane_silence=0.0),
+    "silent_planes_90%": dict(density=0.5, plane_silence=0.9),
+}
+
+
+@pytest.mark.parametrize("kind", ["dense", "depthwise"])
+@pytest.mark.parametrize("inputs", list(INPUTS) + ["real_values"])
+def test_sparsity_never_changes_the_result(kind, inputs):
+    x, weight, bias, groups = conv_case(kind, 3, channels_last=False, seed=3, size=(17, 10),
+                                        **INPUTS.get(inputs, {}))
+    if inputs == "real_values":  # not spikes: any values, a few exact zeros
+        x = torch.randn(x.shape, generator=torch.Generator().manual_seed(4)).relu()
+    assert_matches_conv2d(x, weight, bias, 1, 1, 1, groups)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("kind", ["dense", "depthwise"])
+def test_half_precision(kind, dtype):
+    x, weight, bias, groups = conv_case(kind, 3, channels_last=True, dtype=dtype, seed=5)
+    assert_matches_conv2d(x, weight, bias, 2, 1, 1, groups)
+
+
+def test_flattened_multistep_input_and_strided_view():
+    """[T, B, C, H, W] flattened to [T*B, ...], then a non-contiguous slice (FactorizedReduce)."""
+    generator = torch.Generator().manual_seed(11)
+    x = spikes((6, 6, 10, 10), 0.2, generator).view(3, 2, 6, 10, 10).flatten(0, 1)[:, :, 1:, 1:]
+    weight, bias = torch.randn((4, 6, 1, 1), generator=generator), torch.randn(4, generator=generator)
+    assert_matches_conv2d(x, weight, bias, 2, 0, 1, 1)
+
+
+def test_non_finite_inputs_propagate_like_conv2d():
+    x, weight, bias, _ = conv_case("dense", 3, channels_last=False, plane_silence=0.0, density=0.0)
+    x[1, 2, 4, 4] = float("nan")
+    y = sparse_conv2d(x, weight, bias, 1, 1, backend="triton")
+    assert torch.equal(y.isnan(), F.conv2d(x, weight, bias, 1, 1).isnan())
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_prescan_matches_reference(channels_last):
+    generator = torch.Generator().manual_seed(1)
+    x = layout(spikes((2, 7, 19, 13), 0.01, generator, plane_silence=0.5), channels_last)
+    weight = torch.zeros(3, 7, 3, 3)
+    blocks = sparse_triton.block_activity(x)
+    assert torch.equal(blocks.bool(), block_activity(x).permute(0, 2, 3, 1))
+    assert 0 < blocks.float().mean() < 1  # the case exercises both kinds of block
+    for stride, padding, dilation in [(1, 1, 1), (2, 2, 2), (1, 0, 1)]:
+        geometry = conv_geometry(x, weight, [stride] * 2, [padding] * 2, [dilation] * 2, 1)
+        active, index, count = sparse_triton.tile_activity(blocks, geometry)
+        expected = tile_activity(block_activity(x), geometry)
+        assert torch.equal(active.bool(), expected)
+        assert torch.equal(count, expected.sum(dim=2).int())
+        for pair in range(count.numel()):  # index lists the active channels in ascending order
+            n, tile = divmod(pair, geometry.tiles)
+            listed = index[n, tile, : count[n, tile]]
+            assert torch.equal(listed.long(), expected[n, tile].nonzero().flatten())
+
+
+@pytest.mark.parametrize("kind,kernel,stride,dilation", SUPPORTED[::3])
+def test_reference_matches_conv2d(kind, kernel, stride, dilation):
+    x, weight, bias, groups = conv_case(kind, kernel, channels_last=False, seed=2)
+    padding = kernel // 2 * dilation
+    geometry = conv_geometry(x, weight, [stride] * 2, [padding] * 2, [dilation] * 2, groups)
+    expected = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    torch.testing.assert_close(sparse_conv2d_reference(x, weight, bias, geometry), expected)
+    assert_matches_conv2d(x, weight, bias, stride, padding, dilation, groups, backend="reference")
+
+
+def test_work_fractions_follow_the_activity():
+    x, weight, _, _ = conv_case("dense", 3, channels_last=False, density=1.0, plane_silence=0.0)
+    geometry = conv_geometry(x, weight, [1, 1], [1, 1], [1, 1], 1)
+    full = sparse_triton.work_fractions(*sparse_triton.prescan(x, geometry)[::2], geometry)
+    none = sparse_triton.work_fractions(*sparse_triton.prescan(torch.zeros_like(x), geometry)[::2], geometry)
+    assert full.tolist() == [1.0, 1.0] and none.tolist() == [0.0, 0.0]
+
+
+# ---------------------------------------------------------------------------- module and API
+def test_from_dense_reproduces_the_conv_and_state_dict_round_trips():
+    conv = torch.nn.Conv2d(6, 5, 3, stride=2, padding=1, dilation=1, bias=True)
+    sparse = SparseConv2d.from_dense(conv, backend="triton")
+    x = spikes((2, 6, 9, 9), 0.3, torch.Generator().manual_seed(0), plane_silence=0.5)
+    torch.testing.assert_close(sparse(x), conv(x), rtol=1e-5, atol=1e-5)
+    assert list(sparse.state_dict()) == list(conv.state_dict())
+    back = torch.nn.Conv2d(6, 5, 3, stride=2, padding=1)
+    back.load_state_dict(sparse.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), conv.state_dict().values()))
+    assert isinstance(copy.deepcopy(sparse).density, DensityTracker)
+
+
+def test_auto_on_cpu_is_exactly_conv2d():
+    reset_path_counts()
+    x, weight, bias, groups = conv_case("dense", 3, channels_last=False)
+    assert torch.equal(sparse_conv2d(x, weight, bias, 1, 1), F.conv2d(x, weight, bias, 1, 1))
+    assert path_counts() == {"dense:cpu": 1}
+
+
+@pytest.mark.parametrize("weight_shape,groups,stride", [
+    ((6, 3, 3, 3), 2, 1),  # grouped, not depthwise
+    ((5, 6, 7, 7), 1, 1),  # k = 7
+    ((5, 6, 1, 7), 1, 1),  # 1x7
+    ((5, 6, 3, 3), 1, 3),  # stride 3
+    ((12, 1, 3, 3), 6, 1),  # depthwise with a channel multiplier
+])
+def test_unsupported_configs_fall_back_and_are_counted(weight_shape, groups, stride):
+    reset_path_counts()
+    x = spikes((2, 6, 9, 9), 0.3, torch.Generator().manual_seed(0))
+    weight = torch.randn(weight_shape)
+    y = sparse_conv2d(x, weight, None, stride, 1, 1, groups, backend="triton")
+    torch.testing.assert_close(y, F.conv2d(x, weight, None, stride, 1, 1, groups))
+    assert path_counts() == {"dense:unsupported": 1}
+
+
+@pytest.mark.parametrize("make_call,message", [
+    (lambda x, w: sparse_conv2d(x, w.double()), "weight is torch.float64"),
+    (lambda x, w: sparse_conv2d(x, w.to("meta")), "on meta"),
+    (lambda x, w: sparse_conv2d(x, w, torch.zeros(5, dtype=torch.float16)), "bias is torch.float16"),
+    (lambda x, w: sparse_conv2d(x[0], w), "4-D input"),
+    (lambda x, w: sparse_conv2d(x, w[:, :3]), "expects 3"),
+    (lambda x, w: sparse_conv2d(x, w, backend="cudnn"), "unknown backend"),
+    (lambda x, w: sparse_conv2d(x, w, padding="same"), "padding must be numeric"),
+    (lambda x, w: sparse_conv2d(x, w, stride=(1, 2, 3)), "stride must be"),
+    (lambda x, w: SparseConv2d(6, 5, 3, padding_mode="reflect"), "padding_mode"),
+])
+def test_bad_input_raises_a_clear_value_error(make_call, message):
+    x, weight = torch.randn(2, 6, 9, 9), torch.randn(5, 6, 3, 3)
+    with pytest.raises(ValueError, match=message):
+        make_call(x, weight)
+
+
+# --------------------------------------------------------------------- dispatcher internals
+def test_crossing_of_the_linear_time_model():
+    assert _crossing(budget=50.0, at_zero=10.0, at_full=90.0) == pytest.approx(0.5)
+    assert _crossing(budget=50.0, at_zero=60.0, at_full=90.0) < 0  # never wins
+    assert _crossing(budget=50.0, at_zero=10.0, at_full=40.0) == 1.0  # always wins
+
+
+def test_density_tracker_samples_every_nth_call():
+    tracker = DensityTracker()
+    due = [tracker.sample_due() for _ in range(2 * SAMPLE_EVERY)]
+    assert due == ([True] + [False] * (SAMPLE_EVERY - 1)) * 2
+    tracker.poll()  # nothing in flight: no measurement, no wait
+    assert tracker.forward is None and tracker.wgrad is None
+
+
+def test_crossover_cache_reads_back_and_ignores_garbage(tmp_path):
+    path = tmp_path / "crossovers.json"
+    crossover = Crossover(0.2, -1.0, 100.0, 20.0, 10.0, 300.0, 120.0, 5.0, 400.0)
+    path.write_text(json.dumps({"key": crossover.__dict__}))
+    assert CrossoverCache(path).get("key") == crossover
+    path.write_text("{not json")
+    assert CrossoverCache(path).get("key") is None

@@ -1,0 +1,90 @@
+"""Spike-sparse convolution on a CUDA GPU (compiled Triton, TF32, the calibrated dispatcher).
+Run with `pytest -m gpu tests/kernels/test_sparse_conv_gpu.py` on a machine with a GPU."""
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts, sparse_conv2d
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+# ‖out − ref‖ / ‖ref‖ against float64: TF32 for fp32 inputs, fp32 accumulation for half types.
+TOLERANCE = {torch.float32: 2e-3, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+CONFIGS = [("dense", k, s, d) for k, s, d in itertools.product((1, 3, 5), (1, 2), (1, 2))] + \
+          [("depthwise", k, s, d) for k, s, d in itertools.product((3, 5), (1, 2), (1, 2))]
+
+
+def spiking_input(shape, dtype, channels_last, generator, density=0.3, plane_silence=0.6):
+    x = torch.randn(shape, generator=generator, device="cuda").sign()
+    x *= torch.rand(shape, generator=generator, device="cuda") < density
+    x *= (torch.rand(shape[:2], generator=generator, device="cuda") >= plane_silence)[:, :, None, None]
+    x = x.to(dtype)
+    return x.to(memory_format=torch.channels_last) if channels_last else x
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert not got.isnan().any()
+    return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Every config once (dtype and layout cycling), and every dtype x layout for the 3x3 convs.
+CASES = [(*config, DTYPES[i % 3], i % 2 == 1) for i, config in enumerate(CONFIGS)] + \
+        [(kind, 3, 1, 1, dtype, cl) for kind in ("dense", "depthwise") for dtype in DTYPES for cl in (False, True)]
+
+
+@pytest.mark.parametrize("kind,kernel,stride,dilation,dtype,channels_last", CASES)
+def test_matches_float64_conv(kind, kernel, stride, dilation, dtype, channels_last):
+    generator = torch.Generator("cuda").manual_seed(CASES.index((kind, kernel, stride, dilation, dtype, channels_last)))
+    c_in, size = 40, (19, 37)
+    c_out, groups = (c_in, c_in) if kind == "depthwise" else (72, 1)
+    padding = kernel // 2 * dilation
+    x = spiking_input((6, c_in, *size), dtype, channels_last, generator).requires_grad_()
+    weight = (torch.randn((c_out, c_in // groups, kernel, kernel), generator=generator, device="cuda") / kernel)
+    weight = weight.to(dtype).requires_grad_()
+    bias = torch.randn(c_out, generator=generator, device="cuda").to(dtype).requires_grad_()
+    y = sparse_conv2d(x, weight, bias, stride, padding, dilation, groups, backend="triton")
+    grad_y = torch.randn(y.shape, generator=generator, device="cuda").to(dtype)
+    grads = torch.autograd.grad(y, (x, weight, bias), grad_y)
+    ref_inputs = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+    ref = F.conv2d(*ref_inputs, stride, padding, dilation, groups)
+    ref_grads = torch.autograd.grad(ref, ref_inputs, grad_y.double())
+    for name, got, want in zip(("y", "grad_x", "grad_w", "grad_b"), (y, *grads), (ref, *ref_grads)):
+        assert relative_error(got, want) < TOLERANCE[dtype], name
+
+
+def test_sparse_path_is_graph_capturable():
+    generator = torch.Generator("cuda").manual_seed(0)
+    x = spiking_input((8, 64, 32, 32), torch.float16, True, generator)
+    weight = torch.randn((64, 64, 3, 3), device="cuda", dtype=torch.float16)
+    expected = sparse_conv2d(x, weight, None, 1, 1, backend="triton")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = sparse_conv2d(x, weight, None, 1, 1, backend="triton")
+    x.copy_(spiking_input(x.shape, torch.float16, True, generator))  # new data, same buffers
+    graph.replay()
+    torch.testing.assert_close(captured, F.conv2d(x, weight, None, 1, 1), rtol=2e-3, atol=2e-2)
+    assert not torch.equal(captured, expected)
+
+
+@pytest.mark.parametrize("plane_silence", [0.0, 0.95])
+def test_auto_module_calibrates_decides_and_stays_exact(plane_silence):
+    generator = torch.Generator("cuda").manual_seed(1)
+    conv = torch.nn.Conv2d(128, 128, 3, padding=1, bias=False).cuda().half().to(memory_format=torch.channels_last)
+    sparse = SparseConv2d.from_dense(conv)
+    x = spiking_input((64, 128, 32, 32), torch.float16, True, generator, density=0.5, plane_silence=plane_silence)
+    reset_path_counts()
+    for _ in range(40):  # enough calls for the site's density measurement to come back
+        y = sparse(x)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, conv(x), rtol=2e-3, atol=2e-2)
+    counts = path_counts()
+    assert sum(v for k, v in counts.items() if k != "probe" and k != "sparse_wgrad") == 40
+    assert sparse.density.forward is not None
+    if plane_silence == 0.0:  # dense spikes: the dispatcher must end on cuDNN
+        assert counts.get("dense:too_dense", 0) + counts.get("dense:never_wins", 0) > 0
