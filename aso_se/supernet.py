@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from aso_se.arch_params import ArchSample, BatchedArchitectureUpdate, draw_samples
 from aso_se.memory_efficient import MemoryEfficientCell
-from aso_se.mixed_op import FastMixedOp
+from aso_se.mixed_op import FastMixedOp, sum_terms
 from search_space.cell import CellLayout, cell_preprocessing, edge_stride, reduction_indices
 from search_space.errors import UserInputError
 from search_space.multistep import Stem, mean_over_time
@@ -81,7 +81,7 @@ class SearchCell(nn.Module):
         states = [self.preprocess0(s0), self.preprocess1(s1)]
         offset = 0
         for _ in range(self.steps):
-            states.append(sum(
+            states.append(sum_terms(
                 self.edges[offset + j](h, weights[offset + j], active_ops[offset + j]) for j, h in enumerate(states)
             ))
             offset += len(states) - 1
