@@ -151,5 +151,6 @@ class SamplingConfig:
             raise UserInputError(f"sampling k={self.k}: need k >= 1 or null (every op); fix search.sampling.k")
         if not 0.0 <= self.weight_threshold < 1.0:
             raise UserInputError(
-                f"sampling weight_threshold={self.weight_threshold}: need 0 <= threshold < 1; fix search.sampling.weight_threshold"
+                f"sampling weight_threshold={self.weight_threshold}: need 0 <= threshold < 1; "
+                "fix search.sampling.weight_threshold"
             )

@@ -21,12 +21,10 @@ def _grads(loss: Tensor, params: Sequence[nn.Parameter]) -> list[Tensor]:
     return list(torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True))
 
 
-def first_order_arch_step(arch_loss: LossFn, alphas: Sequence[nn.Parameter]) -> Tensor:
-    """Sets ``alpha.grad`` to d arch_loss / d α at the current weights; returns the loss."""
-    loss = arch_loss()
-    for alpha, grad in zip(alphas, _grads(loss, alphas)):
+def first_order_arch_step(arch_loss: LossFn, alphas: Sequence[nn.Parameter]) -> None:
+    """Sets ``alpha.grad`` to d arch_loss / d α at the current weights."""
+    for alpha, grad in zip(alphas, _grads(arch_loss(), alphas)):
         alpha.grad = grad
-    return loss.detach()
 
 
 @torch.no_grad()
@@ -37,7 +35,7 @@ def _add_(params: Sequence[nn.Parameter], deltas: Sequence[Tensor], scale: Tenso
 def second_order_arch_step(
     arch_loss: LossFn, train_loss: LossFn, alphas: Sequence[nn.Parameter], weights: Sequence[nn.Parameter],
     weights_optimizer: Optimizer,
-) -> Tensor:
+) -> None:
     """DARTS's unrolled α gradient, with its finite-difference Hessian-vector product::
 
         w'    = w - ξ (momentum·buf + ∇w L_train(w) + wd·w)        (one virtual SGD step)
@@ -47,7 +45,7 @@ def second_order_arch_step(
     ξ, momentum and weight decay are read from ``weights_optimizer`` (SGD's keys; missing ones
     count as 0). The weights are modified in place and restored exactly from a copy (no model
     copy, so grown supernets need nothing special). BatchNorm running statistics are updated by
-    the extra forwards, as in DARTS. Sets ``alpha.grad``; returns L_arch(w').
+    the extra forwards, as in DARTS. Sets ``alpha.grad``.
     """
     group = weights_optimizer.param_groups[0]
     lr, momentum, weight_decay = group["lr"], group.get("momentum", 0.0), group.get("weight_decay", 0.0)
@@ -62,11 +60,11 @@ def second_order_arch_step(
             if buffer is not None:
                 step.add_(buffer, alpha=momentum)
         _add_(weights, steps, -lr)
-    loss = arch_loss()
-    grads = _grads(loss, [*alphas, *weights])
+    grads = _grads(arch_loss(), [*alphas, *weights])
     alpha_grads, weight_grads = grads[: len(alphas)], grads[len(alphas):]
     # ∇α L_train at w ± ε·dw, then back to w exactly.
-    epsilon = 0.01 / torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in weight_grads])).clamp_min(1e-12)
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in weight_grads]))
+    epsilon = 0.01 / norm.clamp_min(1e-12)
     with torch.no_grad():
         torch._foreach_copy_(weights, backup)
     _add_(weights, weight_grads, epsilon)
@@ -77,4 +75,3 @@ def second_order_arch_step(
         torch._foreach_copy_(weights, backup)
         for alpha, grad, plus, minus in zip(alphas, alpha_grads, grads_plus, grads_minus):
             alpha.grad = grad - lr * (plus - minus) / (2 * epsilon)
-    return loss.detach()

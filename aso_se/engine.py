@@ -73,7 +73,7 @@ SchedulerFactory = Callable[[Optimizer], LRScheduler]
 STATE_VERSION = 1
 
 
-class EpochLoader(Protocol):
+class ResumableLoader(Protocol):
     """What ``run`` needs from a loader (``aso_se.data``'s loaders have it)."""
 
     def __iter__(self) -> Any: ...
@@ -89,7 +89,8 @@ class NonFiniteLossError(RuntimeError):
     def __init__(self, metrics: dict[str, Any], name: str) -> None:
         super().__init__(
             f"{name} is {metrics[name]} at cycle {metrics['cycle']}, {metrics['phase']} epoch {metrics['epoch']}, "
-            f"step {metrics['step']}: lower the learning rate (optim) or the entropy weight, or use trainer.precision=fp32"
+            f"step {metrics['step']}: lower the learning rate (optim) or the entropy weight, "
+            "or use trainer.precision=fp32"
         )
         self.metrics = metrics
 
@@ -155,8 +156,8 @@ class ASOSEEngine:
     # ----------------------------------------------------------------------------- the loop
     def run(
         self,
-        weights_loader: EpochLoader,
-        arch_loader: EpochLoader,
+        weights_loader: ResumableLoader,
+        arch_loader: ResumableLoader,
         *,
         on_step: Callable[[dict[str, Any]], None] | None = None,
         on_epoch_end: Callable[[ASOSEEngine, dict[str, Any]], None] | None = None,
@@ -180,7 +181,7 @@ class ASOSEEngine:
         return self.genotypes[-1]
 
     def _train_epoch(
-        self, entry: PlanEntry, weights_loader: EpochLoader, arch_loader: EpochLoader,
+        self, entry: PlanEntry, weights_loader: ResumableLoader, arch_loader: ResumableLoader,
         on_step: Callable[[dict[str, Any]], None] | None, should_stop: Callable[[], bool],
     ) -> bool:
         searching = entry.phase is Phase.SEARCH
@@ -197,7 +198,8 @@ class ASOSEEngine:
             self.temperature = self.schedule.temperature(entry.phase, progress)
             entropy_weight = self.schedule.entropy_weight(progress) if searching else 0.0
             scalars = self.train_step(
-                batches[0], batches[1] if searching else None, temperature=self.temperature, entropy_weight=entropy_weight
+                batches[0], batches[1] if searching else None,
+                temperature=self.temperature, entropy_weight=entropy_weight,
             )
             now = time.perf_counter()
             images = sum(len(batch[1]) for batch in batches)
@@ -290,7 +292,9 @@ class ASOSEEngine:
         inputs, labels = batch[0], batch[1]
         return inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
 
-    def _loss(self, batch: tuple[Tensor, Tensor], sample: Sequence[ArchSample], *, arch_grad: bool) -> tuple[Tensor, Tensor]:
+    def _loss(
+        self, batch: tuple[Tensor, Tensor], sample: Sequence[ArchSample], *, arch_grad: bool
+    ) -> tuple[Tensor, Tensor]:
         """(cross-entropy loss, accuracy) of one supernet forward with ``sample``."""
         inputs, labels = batch
         with self._autocast():
@@ -312,25 +316,25 @@ class ASOSEEngine:
         self, batch: tuple[Tensor, Tensor], weights_batch: tuple[Tensor, Tensor], sample: Sequence[ArchSample],
         entropy_weight: float,
     ) -> dict[str, Tensor]:
-        outputs: dict[str, Tensor] = {}
+        outputs: dict[str, Tensor] = {}  # the last arch_loss() call's parts, for the metrics
 
         def arch_loss() -> Tensor:
-            loss, outputs["arch_accuracy"] = self._loss(batch, sample, arch_grad=True)
-            outputs["entropy"] = self._mean_entropy(torch.stack([self.supernet.arch[kind].logits() for kind in CELL_TYPES]))
-            return loss + entropy_weight * outputs["entropy"]
+            outputs["arch_loss"], outputs["arch_accuracy"] = self._loss(batch, sample, arch_grad=True)
+            logits = torch.stack([self.supernet.arch[kind].logits() for kind in CELL_TYPES])
+            outputs["entropy"] = self._mean_entropy(logits)
+            return outputs["arch_loss"] + entropy_weight * outputs["entropy"]
 
         def train_loss() -> Tensor:
             return self._loss(weights_batch, sample, arch_grad=True)[0]
 
         alphas = self.supernet.arch_parameters()
-        self.arch_optimizer.zero_grad(set_to_none=True)
         if self.second_order:
-            loss = second_order_arch_step(arch_loss, train_loss, alphas, self._weight_params, self.weights_optimizer)
+            second_order_arch_step(arch_loss, train_loss, alphas, self._weight_params, self.weights_optimizer)
         else:
-            loss = first_order_arch_step(arch_loss, alphas)
+            first_order_arch_step(arch_loss, alphas)
         all_reduce_gradients(alphas)
         self.arch_optimizer.step()
-        return {"arch_loss": loss, "arch_accuracy": outputs["arch_accuracy"], "entropy": outputs["entropy"].detach()}
+        return {name: value.detach() for name, value in outputs.items()}
 
     # ----------------------------------------------------------------------------- evolution
     def _evolve(self, cycle: int) -> CycleResult:
@@ -339,7 +343,8 @@ class ASOSEEngine:
         pruned = 0
         if cycle < self.schedule.cycles - 1:  # the last cycle's supernet is not trained again
             if self.evolution.prune_threshold > 0:
-                pruned = sum(prune_weak_ops(self.supernet.arch[kind], self.supernet.search_space.primitives) for kind in CELL_TYPES)
+                primitives = self.supernet.search_space.primitives
+                pruned = sum(prune_weak_ops(self.supernet.arch[kind], primitives) for kind in CELL_TYPES)
             self._grow(cycle)
         structure = self.supernet.structure
         logger.info("cycle %d: genotype %s; pruned %d ops; supernet %s", cycle, genotype, pruned, structure)
@@ -358,7 +363,8 @@ class ASOSEEngine:
         old_net, old_optimizers = self.supernet, (self.weights_optimizer, self.arch_optimizer)
         old_scheduler = self.weights_scheduler
         # Seeded by (seed, cycle): a resumed search grows exactly the same supernet.
-        grown, old_name = grow_supernet(old_net, new_cells=new_cells, width_factor=width_factor, seed=self.seed + 7919 * (cycle + 1))
+        seed = self.seed + 7919 * (cycle + 1)
+        grown, old_name = grow_supernet(old_net, new_cells=new_cells, width_factor=width_factor, seed=seed)
         self._use_supernet(grown)
         if old_scheduler is not None:
             self.weights_scheduler.load_state_dict(old_scheduler.state_dict())
@@ -439,10 +445,13 @@ class ASOSEEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a ``state_dict()``; the global RNGs are set when ``run`` reaches the saved step."""
         if state.get("version") != STATE_VERSION:
-            raise UserInputError(f"engine state version {state.get('version')}, expected {STATE_VERSION}; start a new search")
+            raise UserInputError(
+                f"engine state version {state.get('version')}, expected {STATE_VERSION}; start a new search"
+            )
         if state["schedule"] != asdict(self.schedule):
             raise UserInputError(
-                f"the checkpoint's search schedule {state['schedule']} differs from this run's {asdict(self.schedule)}; "
+                f"the checkpoint's search schedule {state['schedule']} differs from this run's "
+                f"{asdict(self.schedule)}; "
                 "resume with the same search.schedule"
             )
         structure = SupernetStructure.from_dict(state["structure"])

@@ -120,5 +120,6 @@ class EvolutionConfig:
             )
         if not 0.0 <= self.prune_threshold < 1.0:
             raise UserInputError(
-                f"evolution prune_threshold={self.prune_threshold}: need 0 <= threshold < 1; fix search.evolution.prune_threshold"
+                f"evolution prune_threshold={self.prune_threshold}: need 0 <= threshold < 1; "
+                "fix search.evolution.prune_threshold"
             )

@@ -35,7 +35,9 @@ from aso_se.supernet import SearchNetwork, SupernetStructure
 NameMap = Callable[[str], "str | None"]
 
 
-def grow_structure(structure: SupernetStructure, new_cells: int, width_factor: int) -> tuple[SupernetStructure, list[int]]:
+def grow_structure(
+    structure: SupernetStructure, new_cells: int, width_factor: int
+) -> tuple[SupernetStructure, list[int]]:
     """The grown structure and, for every old cell, its position in the new one.
 
     Each new cell goes to the end of the stage (a reduction cell and the cells up to the next)
@@ -122,6 +124,11 @@ def rebind_optimizer(
             continue
         old_param = old_params[source]
         new_optimizer.state[param] = {
-            key: widen_tensor(value, param.shape, width_factor) if torch.is_tensor(value) and value.shape == old_param.shape else value
+            key: widen_tensor(value, param.shape, width_factor) if _shaped_like(value, old_param) else value
             for key, value in old_optimizer.state[old_param].items()
         }
+
+
+def _shaped_like(value: object, param: Tensor) -> bool:
+    """A per-element state tensor (momentum, Adam moments), as opposed to a step count."""
+    return torch.is_tensor(value) and value.shape == param.shape

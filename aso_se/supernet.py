@@ -135,7 +135,9 @@ class SearchNetwork(nn.Module):
                 C_prev_prev, C_prev = C_prev, search_space.multiplier * C
         self.classifier = nn.Linear(C_prev, num_classes)
         edges = num_edges(search_space.steps)
-        self.arch = nn.ModuleDict({kind: BatchedArchitectureUpdate(edges, search_space.primitives) for kind in CELL_TYPES})
+        self.arch = nn.ModuleDict(
+            {kind: BatchedArchitectureUpdate(edges, search_space.primitives) for kind in CELL_TYPES}
+        )
 
     @property
     def checkpointing(self) -> bool:
@@ -171,7 +173,7 @@ class SearchNetwork(nn.Module):
         )
 
     def argmax_sample(self) -> list[ArchSample]:
-        """Every edge's most likely op alone, with weight 1: the supernet evaluated as its current genotype-like path."""
+        """Every edge's most likely op alone, with weight 1 (eval: the supernet's single best path)."""
         return self.draw(1, k=1, weight_threshold=0.0, temperature=1.0, generator=None)[0]
 
     def forward(self, x: Tensor, samples: Sequence[ArchSample] | None = None, *, arch_grad: bool = True) -> Tensor:

@@ -127,11 +127,16 @@ def profile_step(step, device: torch.device) -> tuple[int, float, int]:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         step()
         synchronize(device)
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "Memcpy" not in e.name and "Memset" not in e.name]
+    kernels = [
+        event for event in prof.events()
+        if event.device_type == torch.autograd.DeviceType.CUDA and not event.name.startswith(("Memcpy", "Memset"))
+    ]
     return len(kernels), sum(e.device_time for e in kernels) / 1000, syncs
 
 
-def bench_row(row: Row, images: torch.Tensor, labels: torch.Tensor, args: argparse.Namespace, device: torch.device) -> dict:
+def bench_row(
+    row: Row, images: torch.Tensor, labels: torch.Tensor, args: argparse.Namespace, device: torch.device
+) -> dict:
     engine = make_engine(row, args.channels, args.layers, device)
     batch = args.batch
     weights_batch = (images[:batch].to(device), labels[:batch].to(device))

@@ -6,6 +6,7 @@ import functools
 import pytest
 import torch
 
+from aso_se.arch_params import ArchSample
 from aso_se.engine import ASOSEEngine
 from aso_se.supernet import SearchNetwork, build_supernet
 from search_space.neurons import NeuronFactory
@@ -15,7 +16,9 @@ from search_space.space import SearchSpace
 # Tiny tensors: one thread avoids OpenMP spin-waits on a busy 2-core machine (10-100x slower).
 torch.set_num_threads(1)
 
-SMALL_SPACE = SearchSpace(("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3", "dil_conv_3x3"), steps=2, multiplier=2)
+SMALL_SPACE = SearchSpace(
+    ("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3", "dil_conv_3x3"), steps=2, multiplier=2
+)
 
 
 def tiny_supernet(
@@ -46,6 +49,12 @@ def digits() -> tuple[torch.Tensor, torch.Tensor]:
     loader.set_epoch(0)
     images, labels = next(iter(loader))
     return images, labels
+
+
+def sample_ops(supernet: SearchNetwork, k: int | None, seed: int | None = 0) -> list[ArchSample]:
+    """One draw of ``k`` ops per edge for both cell types (no Gumbel noise when ``seed`` is None)."""
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    return supernet.draw(1, k=k, weight_threshold=0.0, temperature=1.0, generator=generator)[0]
 
 
 def make_engine(supernet: SearchNetwork, **kwargs) -> ASOSEEngine:

@@ -5,10 +5,13 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from aso_se.arch_params import BatchedArchitectureUpdate, draw_samples
-from aso_se.schedule import SearchSchedule
-from conftest import make_engine, tiny_supernet
+from conftest import make_engine, sample_ops, tiny_supernet
 
 PRIMITIVES = ("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3", "dil_conv_3x3")
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
 
 
 def arch(seed: int = 0, edges: int = 5) -> BatchedArchitectureUpdate:
@@ -27,7 +30,7 @@ def test_alpha_is_one_parameter_per_cell_type_in_the_state_dict() -> None:
 
 def test_draw_picks_the_top_k_of_alpha_plus_noise_for_every_edge_at_once() -> None:
     archs = [arch(0), arch(1)]
-    samples = draw_samples(archs, 3, k=2, weight_threshold=0.0, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    samples = draw_samples(archs, 3, k=2, weight_threshold=0.0, temperature=1.0, generator=seeded(0))
     assert len(samples) == 3 and all(len(sample) == 2 for sample in samples)
     for draw in samples:
         for module, sample in zip(archs, draw):
@@ -36,7 +39,7 @@ def test_draw_picks_the_top_k_of_alpha_plus_noise_for_every_edge_at_once() -> No
     # independent noise for every sample and cell type
     assert not torch.equal(samples[0][0].noise, samples[1][0].noise)
     assert not torch.equal(samples[0][0].noise, samples[0][1].noise)
-    again = draw_samples(archs, 3, k=2, weight_threshold=0.0, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    again = draw_samples(archs, 3, k=2, weight_threshold=0.0, temperature=1.0, generator=seeded(0))
     assert [s.active_ops for d in again for s in d] == [s.active_ops for d in samples for s in d]
 
 
@@ -52,7 +55,7 @@ def test_threshold_drops_weak_chosen_ops_but_never_the_best() -> None:
 def test_pruned_ops_are_never_chosen() -> None:
     module = arch()
     module.op_mask[:, 1:4] = False
-    for draw in draw_samples([module], 20, k=3, weight_threshold=0.0, temperature=1.0, generator=torch.Generator().manual_seed(1)):
+    for draw in draw_samples([module], 20, k=3, weight_threshold=0.0, temperature=1.0, generator=seeded(1)):
         assert all(set(ops) <= {0, 4} for ops in draw[0].active_ops)
 
 
@@ -65,7 +68,7 @@ def test_every_op_chosen_without_noise_gives_darts_softmax() -> None:
 
 def test_top_k_weights_are_renormalized_forward_and_straight_through_backward() -> None:
     module = arch()
-    (sample,) = draw_samples([module], 1, k=2, weight_threshold=0.0, temperature=0.5, generator=torch.Generator().manual_seed(2))[0]
+    (sample,) = draw_samples([module], 1, k=2, weight_threshold=0.0, temperature=0.5, generator=seeded(2))[0]
     weights = module.edge_weights(sample, arch_grad=True)
     soft = torch.softmax((module.alpha + sample.noise) / 0.5, dim=-1)
     chosen = torch.zeros_like(soft, dtype=torch.bool)
@@ -90,9 +93,8 @@ def test_every_alpha_gets_a_nonzero_gradient_with_top_1(digits) -> None:
     """Only one op per edge runs, yet every α entry moves: through the straight-through softmax."""
     images, labels = digits
     supernet = tiny_supernet("st_bif")
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(3):
-        sample = supernet.draw(1, k=1, weight_threshold=0.0, temperature=1.0, generator=generator)[0]
+    for seed in range(3):
+        sample = sample_ops(supernet, k=1, seed=seed)
         torch.nn.functional.cross_entropy(supernet(images[:8], sample), labels[:8]).backward()
     for alpha in supernet.arch_parameters():
         assert (alpha.grad != 0).all(), alpha.grad
@@ -102,7 +104,7 @@ def test_one_sample_can_drive_two_backward_passes(digits) -> None:
     """A sample holds no graph: reusing it (e.g. second-order passes) never backpropagates twice."""
     images, labels = digits
     supernet = tiny_supernet("relu", timesteps=1)
-    sample = supernet.draw(1, k=2, weight_threshold=0.0, temperature=1.0, generator=torch.Generator())[0]
+    sample = sample_ops(supernet, k=2)
     for _ in range(2):
         torch.nn.functional.cross_entropy(supernet(images[:4], sample), labels[:4]).backward()
 
@@ -120,7 +122,9 @@ def test_consecutive_engine_steps(digits) -> None:
 class HostSyncCounter(TorchFunctionMode):
     """Counts the calls that move a tensor's value to the host (a device sync on a GPU)."""
 
-    SYNCING = {"tolist", "item", "__bool__", "__float__", "__int__", "__index__", "nonzero", "cpu", "numpy", "any", "all"}
+    SYNCING = {
+        "tolist", "item", "__bool__", "__float__", "__int__", "__index__", "nonzero", "cpu", "numpy", "any", "all",
+    }
 
     def __init__(self) -> None:
         super().__init__()
@@ -142,5 +146,5 @@ def test_a_search_step_reads_the_device_once(digits) -> None:
     engine = make_engine(tiny_supernet("st_bif"), arch_optimizer=lambda params: torch.optim.SGD(params, lr=0.1))
     engine.train_step((images[:8], labels[:8]), (images[8:], labels[8:]), temperature=1.0)  # lazy init
     with HostSyncCounter() as counter:
-        engine.train_step((images[:8], labels[:8]), (images[8:], labels[8:]), temperature=SearchSchedule().temperature_start)
+        engine.train_step((images[:8], labels[:8]), (images[8:], labels[8:]), temperature=2.0)
     assert counter.calls == ["tolist"]

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.optim.lr_scheduler import CosineAnnealingLR
 
 from aso_se.arch_params import SamplingConfig
 from aso_se.data import MNIST5kData
@@ -28,7 +29,7 @@ def loaders(samples: int = 32, batch: int = 8):
 def new_engine(**kwargs: Any) -> ASOSEEngine:
     return make_engine(
         tiny_supernet("st_bif"), schedule=SCHEDULE, sampling=SamplingConfig(k=2), evolution=EVOLUTION, seed=3,
-        weights_scheduler=lambda optimizer: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, SCHEDULE.total_epochs),
+        weights_scheduler=lambda optimizer: CosineAnnealingLR(optimizer, SCHEDULE.total_epochs),
         **kwargs,
     )
 
@@ -47,7 +48,8 @@ def test_two_cycle_search_on_digits_yields_a_trainable_genotype() -> None:
     assert [info["phase"] for info in epochs] == ["warmup", "search", "restabilize", "warmup", "search"]
     assert len(steps) == 10 and [m["global_step"] for m in steps] == list(range(10))
     search_steps = [m for m in steps if m["phase"] == "search"]
-    assert all({"arch_loss", "arch_accuracy", "entropy", "loss", "accuracy", "temperature"} <= set(m) for m in search_steps)
+    keys = {"arch_loss", "arch_accuracy", "entropy", "loss", "accuracy", "temperature"}
+    assert all(keys <= set(metrics) for metrics in search_steps)
     assert epochs[-1]["lr"] < epochs[0]["lr"] and epochs[1]["arch_kl"] > 0
     assert all(op in SMALL_SPACE.primitives and op != "none" for op, _ in genotype.normal + genotype.reduce)
     assert sum(op == "skip_connect" for op, _ in genotype.normal) <= 1
@@ -125,7 +127,7 @@ def test_search_config_composes_into_the_engine() -> None:
     with initialize_config_dir(config_dir=str(Path(__file__).parents[2] / "conf" / "search"), version_base="1.3"):
         config = compose("aso_se")
     knobs = instantiate(config, _convert_="object")
-    supernet = knobs["supernet"](search_space=SMALL_SPACE, neuron=lambda: torch.nn.ReLU(), num_classes=10, in_channels=1)
+    supernet = knobs["supernet"](search_space=SMALL_SPACE, neuron=torch.nn.ReLU, num_classes=10, in_channels=1)
     engine = make_engine(supernet, schedule=knobs["schedule"], sampling=knobs["sampling"], evolution=knobs["evolution"],
                          second_order=knobs["second_order"], grad_clip=knobs["grad_clip"])
     assert engine.sampling.k == 2 and engine.schedule.cycles >= 1 and engine.evolution.max_skip_connect == 2

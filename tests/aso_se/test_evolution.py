@@ -17,7 +17,9 @@ def darts_parse(weights: list[list[float]], primitives: tuple[str, ...], steps: 
     for i in range(steps):
         end = start + n
         W = weights[start:end]
-        edges = sorted(range(i + 2), key=lambda x: -max(W[x][k] for k in range(len(W[x])) if k != primitives.index("none")))[:2]
+        edges = sorted(
+            range(i + 2), key=lambda x: -max(W[x][k] for k in range(len(W[x])) if k != primitives.index("none"))
+        )[:2]
         for j in edges:
             k_best = None
             for k in range(len(W[j])):

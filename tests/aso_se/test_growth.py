@@ -9,7 +9,7 @@ import torch
 from aso_se.arch_params import ArchSample
 from aso_se.growth import grow_structure, grow_supernet, rebind_optimizer, widen_tensor
 from aso_se.supernet import SupernetStructure
-from conftest import tiny_supernet
+from conftest import sample_ops, tiny_supernet
 
 
 def double_sample(sample: list[ArchSample]) -> list[ArchSample]:
@@ -26,7 +26,7 @@ def test_growth_preserves_the_function(neuron: str, training: bool, digits) -> N
         supernet(images)  # BatchNorm running statistics that are not the initial ones
         for alpha in supernet.arch_parameters():
             alpha.normal_()
-    sample = double_sample(supernet.draw(1, k=3, weight_threshold=0.0, temperature=1.0, generator=torch.Generator().manual_seed(0))[0])
+    sample = double_sample(sample_ops(supernet, k=3))
     supernet.train(training)
     grown, _ = grow_supernet(supernet, new_cells=2, width_factor=2, seed=1)
     assert grown.structure == SupernetStructure(8, ("normal", "grown", "reduction", "grown", "reduction"))
@@ -40,7 +40,7 @@ def test_growth_preserves_the_function(neuron: str, training: bool, digits) -> N
 def test_grown_cells_start_learning_at_once(digits) -> None:
     images, labels = digits
     grown, _ = grow_supernet(tiny_supernet("st_bif"), new_cells=1, width_factor=1, seed=0)
-    sample = grown.draw(1, k=2, weight_threshold=0.0, temperature=1.0, generator=torch.Generator().manual_seed(0))[0]
+    sample = sample_ops(grown, k=2)
     torch.nn.functional.cross_entropy(grown(images[:8], sample), labels[:8]).backward()
     gate = grown.cells[1].cell.gate
     assert gate.item() == 0.0 and gate.grad.abs().item() > 0
@@ -87,7 +87,7 @@ def test_optimizer_state_follows_its_parameters(digits) -> None:
     supernet = tiny_supernet("relu", timesteps=1)
     make = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
     optimizer = make(supernet.parameters())
-    sample = supernet.draw(1, k=None, weight_threshold=0.0, temperature=1.0, generator=None)[0]
+    sample = sample_ops(supernet, k=None, seed=None)
     torch.nn.functional.cross_entropy(supernet(images[:4], sample), labels[:4]).backward()
     optimizer.step()
     optimizer.param_groups[0]["lr"] = 0.05  # as a scheduler would

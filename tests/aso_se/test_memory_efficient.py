@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_supernet
+from conftest import sample_ops, tiny_supernet
 
 
 def step(supernet: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, generator_seed: int) -> torch.Tensor:
-    sample = supernet.draw(1, k=2, weight_threshold=0.0, temperature=1.0, generator=torch.Generator().manual_seed(generator_seed))[0]
+    sample = sample_ops(supernet, k=2, seed=generator_seed)
     logits = supernet(images, sample)
     torch.nn.functional.cross_entropy(logits, labels).backward()
     return logits.detach()

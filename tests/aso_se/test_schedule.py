@@ -26,10 +26,13 @@ def test_temperature_anneals_within_each_search_phase() -> None:
     assert schedule.temperature(Phase.SEARCH, 1.0) == pytest.approx(0.25)
     assert schedule.temperature(Phase.SEARCH, 0.5) == pytest.approx(1.0)  # exponential: the geometric mean
     assert schedule.temperature(Phase.WARMUP, 0.7) == 4.0 and schedule.temperature(Phase.RESTABILIZE, 0.0) == 0.25
-    assert schedule.entropy_weight(0.5) == pytest.approx((schedule.entropy_weight_start + schedule.entropy_weight_end) / 2)
+    middle = (schedule.entropy_weight_start + schedule.entropy_weight_end) / 2
+    assert schedule.entropy_weight(0.5) == pytest.approx(middle)
 
 
-@pytest.mark.parametrize("fields", [{"cycles": 0}, {"search_epochs": 0}, {"temperature_end": 5.0}, {"warmup_epochs": -1}])
+@pytest.mark.parametrize(
+    "fields", [{"cycles": 0}, {"search_epochs": 0}, {"temperature_end": 5.0}, {"warmup_epochs": -1}]
+)
 def test_bad_schedules_name_the_knob(fields: dict) -> None:
     with pytest.raises(UserInputError, match="search.schedule"):
         SearchSchedule(**fields)
