@@ -109,7 +109,7 @@ def draw_samples(
     if generator is None:
         noise = torch.zeros(shape, device=logits.device)
     else:
-        # Gumbel(0, 1) = -log(Exponential(1)); exponential_ never returns 0, so no log(0).
+        # Gumbel(0, 1) = -log(Exponential(1)), drawn as torch.nn.functional.gumbel_softmax draws it.
         noise = -torch.empty(shape, device=logits.device).exponential_(generator=generator).log()
     perturbed = logits + noise
     num_ops = logits.shape[-1]

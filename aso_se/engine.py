@@ -343,8 +343,7 @@ class ASOSEEngine:
         pruned = 0
         if cycle < self.schedule.cycles - 1:  # the last cycle's supernet is not trained again
             if self.evolution.prune_threshold > 0:
-                primitives = self.supernet.search_space.primitives
-                pruned = sum(prune_weak_ops(self.supernet.arch[kind], primitives) for kind in CELL_TYPES)
+                pruned = sum(prune_weak_ops(self.supernet.arch[kind]) for kind in CELL_TYPES)
             self._grow(cycle)
         structure = self.supernet.structure
         logger.info("cycle %d: genotype %s; pruned %d ops; supernet %s", cycle, genotype, pruned, structure)

@@ -77,16 +77,16 @@ def track_weak_ops(arch: BatchedArchitectureUpdate, prune_threshold: float) -> N
 
 
 @torch.no_grad()
-def prune_weak_ops(arch: BatchedArchitectureUpdate, primitives: Sequence[str]) -> int:
+def prune_weak_ops(arch: BatchedArchitectureUpdate) -> int:
     """Prunes (masks for good) the ops that stayed under the threshold at every check since the last
     reset, except each edge's most likely op and most likely non-none op (so sampling and
     derivation always have a candidate); resets the tracking; returns how many ops were pruned."""
     probs = arch.probabilities()
     keep = torch.zeros_like(arch.op_mask)
     keep.scatter_(1, probs.argmax(dim=1, keepdim=True), True)
-    if NONE_OP in primitives:
+    if NONE_OP in arch.primitives:
         probs_without_none = probs.clone()
-        probs_without_none[:, primitives.index(NONE_OP)] = -1.0
+        probs_without_none[:, arch.primitives.index(NONE_OP)] = -1.0
         keep.scatter_(1, probs_without_none.argmax(dim=1, keepdim=True), True)
     pruned = arch.stayed_below & arch.op_mask & ~keep
     arch.op_mask &= ~pruned

@@ -148,3 +148,22 @@ def test_a_search_step_reads_the_device_once(digits) -> None:
     with HostSyncCounter() as counter:
         engine.train_step((images[:8], labels[:8]), (images[8:], labels[8:]), temperature=2.0)
     assert counter.calls == ["tolist"]
+
+
+def test_without_a_sample_each_edge_runs_only_its_most_likely_op(digits) -> None:
+    """Evaluation: the supernet as its single best path, every weight 1."""
+    supernet = tiny_supernet("st_bif").eval()
+    with torch.no_grad():
+        for alpha in supernet.arch_parameters():
+            alpha.normal_()
+    ran: list[tuple[int, int]] = []
+    for edge_index, edge in enumerate(supernet.cells[0].cell.edges):  # a normal cell
+        for op_index, op in enumerate(edge.ops):
+            op.register_forward_hook(lambda *args, key=(edge_index, op_index): ran.append(key))
+    with torch.no_grad():
+        supernet(digits[0][:4])
+    best = supernet.arch["normal"].alpha.argmax(dim=-1).tolist()
+    assert ran == [(edge, op) for edge, op in enumerate(best)]
+    (sample, _) = supernet.argmax_sample()
+    weights = supernet.arch["normal"].edge_weights(sample, arch_grad=False)
+    torch.testing.assert_close(weights.max(dim=-1).values, torch.ones(len(best)))

@@ -74,7 +74,7 @@ def test_pruning_drops_ops_that_stayed_weak_but_keeps_each_edges_best() -> None:
     with torch.no_grad():
         arch.alpha[1, 6] = 3.0  # op 6 of edge 1 rises above the threshold at the second check: kept
     track_weak_ops(arch, prune_threshold=0.05)
-    pruned = prune_weak_ops(arch, DARTS_PRIMITIVES)
+    pruned = prune_weak_ops(arch)
     assert arch.op_mask.tolist() == [
         [True, True, False, False, False, False, False, False],
         [False, False, False, False, True, True, True, False],
