@@ -49,8 +49,9 @@ EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_OUT_OF_MEMORY = 2, 3, 4
 CHECKPOINT = Path("checkpoints") / "last.pt"
 # Knobs that shrink activation memory, named in the out-of-memory line per entry point.
 _MEMORY_KNOBS = {
-    "search": "batch_size, search.init_channels, search.init_layers, timesteps or search.k",
-    "train": "batch_size, model.channels, model.layers or timesteps",
+    "search": ("batch_size, search.supernet.channels, search.supernet.layers, neuron.timesteps "
+               "or search.sampling.k (or set search.supernet.checkpointing=true)"),
+    "train": "batch_size, model.network.channels, model.network.layers or neuron.timesteps",
 }
 
 

@@ -71,7 +71,7 @@ def load_checkpoint(path: str | os.PathLike[str], *, kind: str) -> dict[str, Any
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
         raise CheckpointError(f"checkpoint {path} is unreadable (truncated or corrupt: "
-                              f"{_first_line(err)}); "
+                              f"{_one_line(err)}); "
                               f"resume from another run, or delete it to start again") from err
     header = payload.get(_HEADER_KEY) if isinstance(payload, dict) else None
     if not isinstance(header, dict):
@@ -95,11 +95,13 @@ def restore_errors(path: str | os.PathLike[str]) -> Iterator[None]:
         raise
     except (RuntimeError, KeyError, ValueError, TypeError) as err:
         raise CheckpointError(f"checkpoint {path} does not fit this code or config "
-                              f"({_first_line(err)}); "
+                              f"({_one_line(err)}); "
                               f"start a new run, or resume with the code that wrote it") from err
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    """The error's message on one line (torch puts the useful part on its second line)."""
+    text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    text = text or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
