@@ -11,11 +11,13 @@ Columns (median µs of triton.testing.do_bench, which clears L2 before every cal
   ours            sparse_conv2d(backend="triton") on the fp16 channels_last input: prescan included
   ours compute    the stage-2 kernel alone (activity lists given, as if the neuron made them)
   dispatcher      SparseConv2d(backend="auto") in steady state (calibrated, tracker warmed up)
-  ×ours, ×disp    speedup of ours / of the dispatcher over the best cuDNN column
+  ×ours           speedup of ours over the best cuDNN column
+  ×disp           speedup of the dispatcher over cuDNN on the same input (fp16 channels_last):
+                  the dispatcher cannot change the caller's dtype or layout
   wgrad cuDNN / wgrad ours   weight gradient alone: aten.convolution_backward vs our sparse kernel
   zero blocks     fraction of the input's 8x8 (sample, channel) blocks that are all zero
 
-Usage: python benchmarks/bench_sparse_conv.py [--sweep] [--train-seconds 45] [--markdown FILE]
+Usage: python benchmarks/bench_sparse_conv.py [--train-seconds 45] [--markdown FILE] | --sweep
 """
 from __future__ import annotations
 
@@ -130,7 +132,7 @@ def measure(layer: Layer, x: torch.Tensor, generator: torch.Generator) -> dict[s
         )
     best = min(row["cudnn_fp16_cl"], row["cudnn_fp32"])
     row["speedup_ours"] = best / row["ours"]
-    row["speedup_dispatcher"] = best / row["dispatcher"]
+    row["speedup_dispatcher"] = row["cudnn_fp16_cl"] / row["dispatcher"]
     return row
 
 
@@ -198,11 +200,10 @@ def host_us_per_call(fn, calls: int = 200) -> float:
 
 
 def sweep(generator: torch.Generator) -> None:
-    """Tile sizes of the stage-2 kernels on the 90%-silent-planes conv3x3 / dw3x3 and wgrad,
+    """Tile sizes of the conv3x3 stage-2 and weight-gradient kernels on 90%-silent-planes input,
     the prescan alone, and the host time per call."""
     x = spikes((BATCH, CHANNELS, SIZE, SIZE), 0.5, 0.9, generator).half().to(memory_format=torch.channels_last)
     dense_w = torch.randn((CHANNELS, CHANNELS, 3, 3), device="cuda").half()
-    dw_w = torch.randn((CHANNELS, 1, 3, 3), device="cuda").half()
     print("\nsweep (fp16, 90% silent planes; µs)")
     geometry = conv_geometry(x, dense_w, [1, 1], [1, 1], [1, 1], 1)
     for name, x_ in (("channels_last", x), ("nchw", x.contiguous())):
@@ -213,20 +214,19 @@ def sweep(generator: torch.Generator) -> None:
     print(f"host µs per call: F.conv2d {host_us_per_call(lambda: F.conv2d(x, dense_w, None, 1, 1)):.1f}, "
           f"sparse_conv2d(triton) {host_us_per_call(lambda: sparse_conv2d(x, dense_w, None, 1, 1, backend='triton')):.1f}, "
           f"SparseConv2d(auto) {host_us_per_call(lambda: module(x)):.1f}")
-    for tile, block_k, warps in itertools.product(((8, 8), (8, 16), (16, 16)), (16, 32), (4, 8)):
-        config = replace(DEFAULT_CONFIG, tile_h=tile[0], tile_w=tile[1], block_k=block_k, num_warps=warps)
+    dense_x = spikes(x.shape, 0.5, 0.0, generator).half().to(memory_format=torch.channels_last)
+    for taps, tile, block_k, warps in itertools.product((1, 4, 8), ((8, 8), (8, 16)), (16,), (4, 8)):
+        config = replace(DEFAULT_CONFIG, tile_h=tile[0], tile_w=tile[1], block_k=block_k, taps_per_dot=taps,
+                         num_warps=warps)
         geometry = ConvGeometry.of(x, dense_w, 1, 1, 1, 1, tile=tile)
-        print(f"conv3x3 tile={tile} block_k={block_k} warps={warps}: "
-              f"{median_us(_stage2(x, dense_w, geometry, config)):.1f}")
-    for tile, block_c in itertools.product(((8, 8), (8, 16)), (32, 64)):
-        config = replace(DEFAULT_CONFIG, tile_h=tile[0], tile_w=tile[1], depthwise_block_c=block_c)
-        geometry = ConvGeometry.of(x, dw_w, 1, 1, 1, CHANNELS, tile=tile)
-        print(f"dw3x3 tile={tile} block_c={block_c}: {median_us(_stage2(x, dw_w, geometry, config)):.1f}")
+        print(f"conv3x3 taps/dot={taps} tile={tile} block_k={block_k} warps={warps}: "
+              f"90% silent planes {median_us(_stage2(x, dense_w, geometry, config)):.1f}, "
+              f"dense {median_us(_stage2(dense_x, dense_w, geometry, config)):.1f}")
     geometry = conv_geometry(x, dense_w, [1, 1], [1, 1], [1, 1], 1)
     active = prescan(x, geometry)[0]
     grad_y = torch.randn_like(F.conv2d(x, dense_w, None, 1, 1))
-    for rows, block_n, warps in ((128, 64, 4), (128, 128, 4), (256, 64, 8), (256, 128, 8)):
-        config = replace(DEFAULT_CONFIG, wgrad_rows=rows, wgrad_block_n=block_n, num_warps=warps)
+    for rows, block_n, warps in ((128, 128, 4), (128, 128, 8), (256, 128, 8)):
+        config = replace(DEFAULT_CONFIG, wgrad_rows=rows, wgrad_block_n=block_n, wgrad_num_warps=warps)
         us = median_us(lambda: sparse_conv_wgrad(x, grad_y, geometry, active, x.dtype, config))
         print(f"wgrad3x3 rows={rows} block_n={block_n} warps={warps}: {us:.1f}")
 
@@ -250,7 +250,7 @@ def table(rows: list[tuple[str, str, dict[str, float]]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sweep", action="store_true", help="also time a few tile sizes")
+    parser.add_argument("--sweep", action="store_true", help="time tile sizes (instead of the table)")
     parser.add_argument("--train-seconds", type=float, default=45.0)
     parser.add_argument("--markdown", help="also write the table here")
     args = parser.parse_args()
@@ -263,6 +263,7 @@ def main() -> None:
     print(header, flush=True)
     if args.sweep:
         sweep(generator)
+        return
     rows = []
     for layer, (inputs, (density, silence)) in itertools.product(SYNTHETIC_LAYERS, SYNTHETIC_INPUTS.items()):
         x = spikes((BATCH, CHANNELS, SIZE, SIZE), density, silence, generator).half()

@@ -10,7 +10,8 @@ weight gradient, for every supported call; under TRITON_INTERPRET=1 also on CPU 
     sparsity, F.conv2d; else the call site's last measured work fraction decides. That
     measurement is read back from the GPU asynchronously (no host sync): every
     SAMPLE_EVERY-th call of a site computes it, and while the site runs on cuDNN that call
-    also runs the prescan alone, to notice when its input becomes sparse.
+    also runs the prescan alone, to notice when its input becomes sparse. What does not
+    depend on the data (support, calibration) is worked out once per call signature.
 Every call increments the counter of the path it took (`path_counts`, `reset_path_counts`).
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from kernels.sparse_conv.calibration import CrossoverCache, call_key, default_cache_file
+
+from kernels.sparse_conv.calibration import Crossover, CrossoverCache, call_key, default_cache_file
 from kernels.sparse_conv.function import conv_geometry, sparse_conv2d_triton
 from kernels.sparse_conv.geometry import ConvGeometry
 from kernels.sparse_conv.reference import sparse_conv2d_reference
@@ -167,38 +169,65 @@ def _run_triton(call: ConvCall) -> torch.Tensor:
     return _sparse(call, sparse_wgrad=True)[0]
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What "auto" does with one call signature on a GPU, worked out at its first call."""
+
+    dense_path: str | None  # the counter of the cuDNN path if the sparse path is never taken
+    key: str = ""
+    geometry: ConvGeometry | None = None
+    crossover: Crossover | None = None
+
+
+_PLANS: dict[tuple, _Plan] = {}
 _SHARED_TRACKERS: dict[str, DensityTracker] = collections.defaultdict(DensityTracker)
+
+
+def _plan(call: ConvCall) -> _Plan | None:
+    """The call's plan, from the cache (a dict lookup) or made now; None while a CUDA graph is
+    being captured and the call's shape was never calibrated (timing is impossible then)."""
+    x, weight = call.x, call.weight
+    signature = (x.shape, x.stride(), x.dtype, x.device, weight.shape, *call.stride, *call.padding,
+                 *call.dilation, call.groups)
+    plan = _PLANS.get(signature)
+    if plan is not None:
+        return plan
+    if unsupported_reason(call) is not None:
+        plan = _Plan("dense:unsupported")
+    else:
+        key = call_key(x, weight, call.stride, call.padding, call.dilation, call.groups)
+        crossover = _CROSSOVERS.get(key)
+        if crossover is None:
+            if torch.cuda.is_current_stream_capturing():
+                return None
+            crossover = _CROSSOVERS.measure(key, x, weight, call.stride, call.padding, call.dilation, call.groups)
+        never = crossover.forward < 0
+        plan = _Plan("dense:never_wins" if never else None, key, call.geometry, crossover)
+    _PLANS[signature] = plan
+    return plan
 
 
 def _run_auto(call: ConvCall) -> torch.Tensor:
     if not call.x.is_cuda:
         return _dense(call, "dense:cpu")
-    if unsupported_reason(call) is not None:
-        return _dense(call, "dense:unsupported")
-    capturing = torch.cuda.is_current_stream_capturing()
-    key = call_key(call.x, call.weight, call.stride, call.padding, call.dilation, call.groups)
-    crossover = _CROSSOVERS.get(key)
-    if crossover is None:
-        if capturing:  # cannot time kernels inside a CUDA-graph capture
-            return _dense(call, "dense:uncalibrated")
-        crossover = _CROSSOVERS.measure(key, call.x, call.weight, call.stride, call.padding, call.dilation,
-                                        call.groups)
-    if crossover.forward < 0:
-        return _dense(call, "dense:never_wins")
-    tracker = call.tracker if call.tracker is not None else _SHARED_TRACKERS[key]
+    plan = _plan(call)
+    if plan is None:
+        return _dense(call, "dense:uncalibrated")
+    if plan.dense_path is not None:
+        return _dense(call, plan.dense_path)
+    tracker = call.tracker if call.tracker is not None else _SHARED_TRACKERS[plan.key]
     tracker.poll()
-    sample = tracker.sample_due() and not capturing
-    if tracker.forward is None or tracker.forward <= crossover.forward:
-        sparse_wgrad = tracker.wgrad is not None and tracker.wgrad <= crossover.wgrad
+    sample = tracker.sample_due() and not torch.cuda.is_current_stream_capturing()
+    if tracker.forward is None or tracker.forward <= plan.crossover.forward:
+        sparse_wgrad = tracker.wgrad is not None and tracker.wgrad <= plan.crossover.wgrad
         y, active, count = _sparse(call, sparse_wgrad)
         if sample:
-            tracker.record(work_fractions(active, count, call.geometry))
+            tracker.record(work_fractions(active, count, plan.geometry))
         return y
     if sample:  # probe: has the input become sparse?
         _PATH_COUNTS["probe"] += 1
-        geometry = call.geometry
-        active, _, count = prescan(call.x, geometry)
-        tracker.record(work_fractions(active, count, geometry))
+        active, _, count = prescan(call.x, plan.geometry)
+        tracker.record(work_fractions(active, count, plan.geometry))
     return _dense(call, "dense:too_dense")
 
 

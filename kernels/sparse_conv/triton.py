@@ -8,7 +8,8 @@ Stage 1 (prescan), two small kernels without host syncs:
                             the active channels into `index` [N, tiles, C] with `count` [N, tiles].
 Stage 2, scatter-free: each program owns one output tile and reads only what touches it.
   `_sparse_conv_fwd_kernel`  dense weights (groups=1): implicit GEMM over the tile's active
-                             channels, packed BLOCK_K at a time (gathered loads), with tl.dot;
+                             channels, packed BLOCK_K at a time (gathered loads), several
+                             kernel taps per tl.dot (K = taps x channels);
                              fp16/bf16 in, fp32 accumulate; fp32 in runs on TF32 tensor cores
                              (cuDNN's default for fp32 convolutions too).
   `_sparse_depthwise_fwd_kernel`  depthwise: loads of silent channels are masked off (no traffic).
@@ -42,11 +43,14 @@ class KernelConfig:
     tile_h: int = 8  # output tile (the unit of skipping and of the GEMM's M = tile_h * tile_w)
     tile_w: int = 8
     block_k: int = 16  # active input channels per tl.dot
-    num_warps: int = 4
+    taps_per_dot: int = 4  # kernel taps per tl.dot (its K = taps_per_dot * block_k)
+    num_warps: int = 8
     num_stages: int = 2
     depthwise_block_c: int = 32
+    depthwise_num_warps: int = 4
     wgrad_rows: int = 128  # rows of the weight-gradient tile: (tap, channel) pairs
-    wgrad_block_n: int = 64
+    wgrad_block_n: int = 128
+    wgrad_num_warps: int = 4
 
 
 DEFAULT_CONFIG = KernelConfig()
@@ -85,26 +89,24 @@ def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
 @triton.jit
 def _block_activity_kernel(
     x_ptr, blocks_ptr,
-    channels, height, width, block_rows, block_cols,
+    channels, height, width, block_cols,
     stride_n, stride_c, stride_h, stride_w,
-    BLOCK_C: tl.constexpr, BLOCK: tl.constexpr, TILE_W: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    chunks = tl.cdiv(channels, BLOCK_C)
-    n = tl.program_id(0) // chunks
-    offs_c = (tl.program_id(0) % chunks) * BLOCK_C + tl.arange(0, BLOCK_C)
-    block_row = tl.program_id(1)
-    offs_h = block_row * BLOCK + tl.arange(0, BLOCK)
-    offs_w = tl.program_id(2) * TILE_W + tl.arange(0, TILE_W)
+    # One program: one BLOCK x BLOCK block of BLOCK_C channels, loaded as [pixels, channels]
+    # (whichever axis is contiguous in memory gets vectorized loads) and reduced over pixels.
+    block = tl.program_id(0)
+    n = tl.program_id(1)
+    offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs_p = tl.arange(0, BLOCK * BLOCK)
+    rows = (block // block_cols) * BLOCK + offs_p // BLOCK
+    cols = (block % block_cols) * BLOCK + offs_p % BLOCK
     c_ok = offs_c < channels
-    mask = c_ok[:, None, None] & (offs_h < height)[None, :, None] & (offs_w < width)[None, None, :]
-    ptrs = (x_ptr + n.to(tl.int64) * stride_n + offs_c[:, None, None] * stride_c
-            + offs_h[None, :, None] * stride_h + offs_w[None, None, :] * stride_w)
+    mask = ((rows < height) & (cols < width))[:, None] & c_ok[None, :]
+    ptrs = x_ptr + n.to(tl.int64) * stride_n + (rows * stride_h + cols * stride_w)[:, None] + offs_c[None, :] * stride_c
     nonzero = (tl.load(ptrs, mask=mask, other=0.0) != 0).to(tl.int32)  # NaN counts as non-zero
-    per_block = tl.reshape(nonzero, (BLOCK_C, BLOCK, TILE_W // BLOCK, BLOCK))
-    any_nonzero = tl.max(tl.max(per_block, axis=3), axis=1)
-    offs_bc = tl.program_id(2) * (TILE_W // BLOCK) + tl.arange(0, TILE_W // BLOCK)
-    out = blocks_ptr + ((n * block_rows + block_row) * block_cols + offs_bc[None, :]) * channels + offs_c[:, None]
-    tl.store(out, any_nonzero.to(tl.int8), mask=c_ok[:, None] & (offs_bc < block_cols)[None, :])
+    out = blocks_ptr + (n * tl.num_programs(0) + block) * channels + offs_c
+    tl.store(out, tl.max(nonzero, axis=0).to(tl.int8), mask=c_ok)
 
 
 @triton.jit(do_not_specialize=["stride_h", "stride_w", "pad_h", "pad_w"])
@@ -153,15 +155,9 @@ def block_activity(x: torch.Tensor) -> torch.Tensor:
     batch, channels, height, width = x.shape
     block_rows, block_cols = triton.cdiv(height, BLOCK), triton.cdiv(width, BLOCK)
     blocks = torch.empty((batch, block_rows, block_cols, channels), device=x.device, dtype=torch.int8)
-    if _memory_format(x) == torch.channels_last:  # channels are contiguous: many per program
-        block_c, tile_w = min(64, _next_pow2(channels)), BLOCK
-    else:  # rows are contiguous: whole rows, few channels per program
-        tile_w = min(128, max(BLOCK, _next_pow2(width)))
-        block_c = min(_next_pow2(channels), max(1, 4096 // (BLOCK * tile_w)))
-    grid = (batch * triton.cdiv(channels, block_c), block_rows, triton.cdiv(width, tile_w))
-    _block_activity_kernel[grid](
-        x, blocks, channels, height, width, block_rows, block_cols, *x.stride(),
-        BLOCK_C=block_c, BLOCK=BLOCK, TILE_W=tile_w,
+    block_c = min(64, _next_pow2(channels))
+    _block_activity_kernel[(block_rows * block_cols, batch, triton.cdiv(channels, block_c))](
+        x, blocks, channels, height, width, block_cols, *x.stride(), BLOCK_C=block_c, BLOCK=BLOCK,
     )
     return blocks
 
@@ -210,6 +206,30 @@ def work_fractions(active: torch.Tensor, count: torch.Tensor, geometry: ConvGeom
 
 
 # ----------------------------------------------------------------------------------- stage 2
+@triton.jit
+def _accumulate_taps(
+    acc, x_base, wt_ptr, index_ptr, k0, active_channels, oh, ow, pix_ok, offs_co, co_ok,
+    in_channels, out_channels, height, width, sx_c, sx_h, sx_w,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    FIRST_TAP: tl.constexpr, GROUP: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr,
+):
+    """acc += taps FIRST_TAP .. FIRST_TAP + GROUP - 1 (those that exist) of the BLOCK_K active
+    channels listed from position k0: one gathered im2col tile [pixels, (tap, channel)], one dot."""
+    offs_j = tl.arange(0, GROUP * BLOCK_K)
+    slot = k0 + offs_j % BLOCK_K
+    tap = FIRST_TAP + offs_j // BLOCK_K
+    col_ok = (slot < active_channels) & (tap < KH * KW)
+    ci = tl.load(index_ptr + slot, mask=col_ok, other=0)
+    ih = oh[:, None] * stride_h - pad_h + (tap // KW)[None, :] * dil_h
+    iw = ow[:, None] * stride_w - pad_w + (tap % KW)[None, :] * dil_w
+    a_ok = pix_ok[:, None] & col_ok[None, :] & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
+    a = tl.load(x_base + ci[None, :] * sx_c + ih * sx_h + iw * sx_w, mask=a_ok, other=0.0)
+    b = tl.load(wt_ptr + (tap[:, None] * in_channels + ci[:, None]) * out_channels + offs_co[None, :],
+                mask=col_ok[:, None] & co_ok[None, :], other=0.0)
+    return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc, input_precision="tf32")  # TF32: fp32 only
+
+
 @triton.jit(do_not_specialize=_CONV_ARGS)
 def _sparse_conv_fwd_kernel(
     x_ptr, wt_ptr, bias_ptr, y_ptr, index_ptr, count_ptr,
@@ -217,9 +237,11 @@ def _sparse_conv_fwd_kernel(
     sx_n, sx_c, sx_h, sx_w, sy_n, sy_c, sy_h, sy_w,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     KH: tl.constexpr, KW: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
+    BLOCK_K: tl.constexpr, TAPS_PER_DOT: tl.constexpr, REST_TAPS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
+    # Taps go TAPS_PER_DOT at a time into one dot (fewer, larger, independent gathers); the
+    # REST_TAPS left over (padded to a power of two) go into one narrower dot.
     co_block = tl.program_id(0)
     tile = tl.program_id(1)
     n = tl.program_id(2)
@@ -231,24 +253,26 @@ def _sparse_conv_fwd_kernel(
     offs_co = co_block * BLOCK_N + tl.arange(0, BLOCK_N)
     co_ok = offs_co < out_channels
     x_base = x_ptr + n.to(tl.int64) * sx_n
+    index_row = index_ptr + pair * in_channels
+    full_taps: tl.constexpr = (KH * KW) // TAPS_PER_DOT * TAPS_PER_DOT
     acc = tl.zeros((TILE_H * TILE_W, BLOCK_N), tl.float32)
     active_channels = tl.load(count_ptr + pair)
     k0 = 0
     while k0 < active_channels:
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < active_channels
-        ci = tl.load(index_ptr + pair * in_channels + offs_k, mask=k_ok, other=0)
-        for kh in tl.static_range(KH):
-            ih = oh * stride_h - pad_h + kh * dil_h
-            row_ok = pix_ok & (ih >= 0) & (ih < height)
-            for kw in tl.static_range(KW):
-                iw = ow * stride_w - pad_w + kw * dil_w
-                a_ok = (row_ok & (iw >= 0) & (iw < width))[:, None] & k_ok[None, :]
-                a = tl.load(x_base + ci[None, :] * sx_c + ih[:, None] * sx_h + iw[:, None] * sx_w,
-                            mask=a_ok, other=0.0)
-                b = tl.load(wt_ptr + ((kh * KW + kw) * in_channels + ci[:, None]) * out_channels + offs_co[None, :],
-                            mask=k_ok[:, None] & co_ok[None, :], other=0.0)
-                acc = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc, input_precision="tf32")  # TF32: fp32 only
+        for first in tl.static_range(0, full_taps, TAPS_PER_DOT):
+            acc = _accumulate_taps(
+                acc, x_base, wt_ptr, index_row, k0, active_channels, oh, ow, pix_ok, offs_co, co_ok,
+                in_channels, out_channels, height, width, sx_c, sx_h, sx_w,
+                stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+                first, TAPS_PER_DOT, KH, KW, BLOCK_K, DOT_DTYPE,
+            )
+        if REST_TAPS > 0:
+            acc = _accumulate_taps(
+                acc, x_base, wt_ptr, index_row, k0, active_channels, oh, ow, pix_ok, offs_co, co_ok,
+                in_channels, out_channels, height, width, sx_c, sx_h, sx_w,
+                stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+                full_taps, REST_TAPS, KH, KW, BLOCK_K, DOT_DTYPE,
+            )
         k0 += BLOCK_K
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_co, mask=co_ok, other=0.0).to(tl.float32)[None, :]
@@ -310,14 +334,17 @@ def sparse_conv_fwd(
     y = _empty_output(x, geometry)
     weight_by_tap = weight.permute(2, 3, 1, 0).contiguous()  # [KH, KW, C_in, C_out]: rows by channel
     block_n = min(128, max(16, _next_pow2(geometry.out_channels)))
+    rest = geometry.taps % config.taps_per_dot
+    rest_taps = _next_pow2(rest) if rest else 0
     grid = (triton.cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)
     _sparse_conv_fwd_kernel[grid](
         x, weight_by_tap, bias if bias is not None else weight_by_tap, y, index, count,
         geometry.in_channels, geometry.out_channels, rows.size, cols.size, rows.out_size, cols.out_size,
         cols.tiles, *x.stride(), *y.stride(), *_conv_args(geometry),
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
-        BLOCK_K=config.block_k, BLOCK_N=block_n, HAS_BIAS=bias is not None,
-        DOT_DTYPE=_dot_dtype(x.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_K=config.block_k, TAPS_PER_DOT=config.taps_per_dot, REST_TAPS=rest_taps, BLOCK_N=block_n,
+        HAS_BIAS=bias is not None, DOT_DTYPE=_dot_dtype(x.dtype),
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return y
 
@@ -337,7 +364,7 @@ def sparse_depthwise_fwd(
         geometry.in_channels, rows.size, cols.size, rows.out_size, cols.out_size, cols.tiles,
         *x.stride(), *y.stride(), *_conv_args(geometry),
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
-        BLOCK_C=block_c, HAS_BIAS=bias is not None, num_warps=config.num_warps,
+        BLOCK_C=block_c, HAS_BIAS=bias is not None, num_warps=config.depthwise_num_warps,
     )
     return y
 
@@ -466,7 +493,7 @@ def sparse_conv_wgrad(
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
         CHUNK_C=chunk, TAPS_PAD=_next_pow2(taps), BLOCK_N=block_n,
         DOT_DTYPE=_dot_dtype(x.dtype),
-        num_warps=config.num_warps,
+        num_warps=config.wgrad_num_warps,
     )
     grad_w = partial.sum(dim=0).view(rows.kernel, cols.kernel, c_in, c_out).permute(3, 2, 0, 1)
     return grad_w.to(weight_dtype).contiguous()
@@ -489,7 +516,7 @@ def sparse_depthwise_wgrad(
         channels, rows.size, cols.size, rows.out_size, cols.out_size, geometry.tiles, cols.tiles, pairs,
         *x.stride(), *grad_y.stride(), *_conv_args(geometry),
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
-        TAPS_PAD=_next_pow2(taps), BLOCK_C=block_c, num_warps=config.num_warps,
+        TAPS_PAD=_next_pow2(taps), BLOCK_C=block_c, num_warps=config.depthwise_num_warps,
     )
     grad_w = partial.sum(dim=0).view(rows.kernel, cols.kernel, channels).permute(2, 0, 1).unsqueeze(1)
     return grad_w.to(weight_dtype).contiguous()
