@@ -43,9 +43,8 @@ class KernelConfig:
     tile_h: int = 8  # output tile (the unit of skipping and of the GEMM's M = tile_h * tile_w)
     tile_w: int = 8
     block_k: int = 16  # active input channels per tl.dot
-    taps_per_dot: int = 4  # kernel taps per tl.dot (its K = taps_per_dot * block_k)
-    num_warps: int = 8
-    num_stages: int = 2
+    taps_per_dot: int = 8  # kernel taps per tl.dot (its K = taps_per_dot * block_k)
+    num_warps: int = 4
     depthwise_block_c: int = 32
     depthwise_num_warps: int = 4
     wgrad_rows: int = 128  # rows of the weight-gradient tile: (tap, channel) pairs
@@ -344,7 +343,7 @@ def sparse_conv_fwd(
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
         BLOCK_K=config.block_k, TAPS_PER_DOT=config.taps_per_dot, REST_TAPS=rest_taps, BLOCK_N=block_n,
         HAS_BIAS=bias is not None, DOT_DTYPE=_dot_dtype(x.dtype),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps,
     )
     return y
 
