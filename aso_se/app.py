@@ -104,8 +104,8 @@ def exit_on_expected_failure(err: BaseException) -> None:
     """Write one ``error:`` line and exit with the failure's code; return for a bug."""
     if isinstance(err, Interrupted):
         message, code = str(err), 128 + err.signum
-    elif isinstance(err, KeyboardInterrupt):
-        message = "interrupted twice: stopped without saving; the last epoch-end checkpoint is kept"
+    elif isinstance(err, KeyboardInterrupt):  # a second Ctrl-C, or one before the run started
+        message = "interrupted before the state was saved; the last epoch-end checkpoint is kept"
         code = 128 + signal.SIGINT
     elif isinstance(err, (UserInputError, hydra.errors.HydraException, OmegaConfBaseException)):
         if _USER_WANTS_TRACEBACKS:
@@ -188,9 +188,9 @@ class Run:
 
     On entry: the config to use (the saved one when resuming), the run directory, the process
     group, seeds, and SIGINT/SIGTERM handlers that only raise a stop flag (the training loop
-    polls `should_stop` after each step, then the entry point saves and raises `Interrupted`).
-    On exit: NaN/Inf and out-of-memory errors are reworded into one line, and the process
-    group is shut down.
+    polls `should_stop` after each step, then the entry point saves and raises `Interrupted`;
+    a second signal quits at once). On exit: the process group is shut down and an expected
+    failure (bad input, NaN/Inf, out of memory, the stop) exits with its one line.
     """
 
     def __init__(self, cfg: DictConfig, *, entry_point: str) -> None:
@@ -343,9 +343,9 @@ def seed_everything(seed: int) -> None:
 class EpochProgress:
     """A tqdm bar per epoch on a terminal (rank 0), and one log line at every epoch end."""
 
-    def __init__(self, *, enabled: bool, show_bar: bool | None = None) -> None:
+    def __init__(self, *, enabled: bool) -> None:
         self.enabled = enabled
-        self.show_bar = enabled and (sys.stderr.isatty() if show_bar is None else show_bar)
+        self.show_bar = enabled and sys.stderr.isatty()
         self._bar: tqdm | None = None
 
     def start_epoch(self, title: str, *, total: int | None, done: int = 0) -> None:

@@ -54,14 +54,13 @@ class SearchCallbacks:
 
     def on_epoch_end(self, engine: ASOSEEngine, info: dict[str, Any]) -> None:
         self._epoch_key = None
-        self.progress.end_epoch(_epoch_title(info), {k: info[k] for k in _EPOCH_SUMMARY if k in info})
+        summary = {k: info[k] for k in _EPOCH_SUMMARY if k in info}
+        if engine.device.type == "cuda":
+            summary["gpu_memory_gib"] = torch.cuda.max_memory_allocated(engine.device) / 2**30
+        self.progress.end_epoch(_epoch_title(info), summary)
         if self.board is not None:
             step = engine.progress["global_step"]
-            epoch_scalars = {k: v for k, v in info.items()
-                             if isinstance(v, float) and k not in ("cycle", "epoch")}
-            if engine.device.type == "cuda":
-                epoch_scalars["gpu_memory_gib"] = torch.cuda.max_memory_allocated(engine.device) / 2**30
-            self.board.scalars("search_epoch", epoch_scalars, step)
+            self.board.scalars("search_epoch", summary, step)
             self.board.alphas(engine.alpha_probabilities(), engine.primitives, step)
             rates = firing_rates(engine.supernet)
             if rates:  # one host transfer for all neurons
