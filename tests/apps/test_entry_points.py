@@ -18,8 +18,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from aso_se.checkpoint import load_checkpoint
 from search_space.genotypes import Genotype
+from tests.apps.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SMOKE = ["experiment=smoke"]
 
 
