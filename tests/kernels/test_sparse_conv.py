@@ -238,7 +238,7 @@ def test_density_tracker_samples_every_nth_call():
 
 def test_crossover_cache_reads_back_and_ignores_garbage(tmp_path):
     path = tmp_path / "crossovers.json"
-    crossover = Crossover(0.2, -1.0, 100.0, 20.0, 10.0, 300.0, 120.0, 5.0, 400.0)
+    crossover = Crossover(0.2, -1.0, 100.0, 30.0, 300.0, 120.0, 5.0, 400.0)
     path.write_text(json.dumps({"key": crossover.__dict__}))
     assert CrossoverCache(path).get("key") == crossover
     path.write_text("{not json")
