@@ -181,7 +181,9 @@ class Retrainer:
             sums += torch.stack([loss, (logits.argmax(dim=1) == labels).sum().float(),
                                  sums.new_ones(())])
             images += labels.numel()
-            rates = firing_rates(self.network)
+            # The auxiliary head is not run in evaluation: its neurons hold training rates.
+            rates = {name: rate for name, rate in firing_rates(self.network).items()
+                     if "auxiliary" not in name}
             if rates:  # one stack per batch, summed on the device
                 names = list(rates)
                 batch_rates = torch.stack([rate.float() for rate in rates.values()])

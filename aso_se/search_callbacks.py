@@ -62,7 +62,7 @@ class SearchCallbacks:
             step = engine.progress["global_step"]
             self.board.scalars("search_epoch", summary, step)
             self.board.alphas(engine.alpha_probabilities(), engine.primitives, step)
-            rates = firing_rates(engine.supernet)
+            rates = firing_rates(engine.supernet)  # each neuron as of the last step that ran it
             if rates:  # one host transfer for all neurons
                 values = torch.stack([rate.float() for rate in rates.values()]).tolist()
                 self.board.firing_rates(dict(zip(rates, values)), step)
