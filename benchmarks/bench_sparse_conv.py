@@ -211,8 +211,9 @@ def sweep(generator: torch.Generator) -> None:
               f"block map + tile lists {median_us(lambda: prescan(x_, geometry)):.1f}, "
               f"conv3x3 compute {median_us(_stage2(x_, dense_w, geometry, DEFAULT_CONFIG)):.1f}")
     module = SparseConv2d(CHANNELS, CHANNELS, 3, padding=1, bias=False).cuda().half().requires_grad_(False)
-    print(f"host µs per call: F.conv2d {host_us_per_call(lambda: F.conv2d(x, dense_w, None, 1, 1)):.1f}, "
-          f"sparse_conv2d(triton) {host_us_per_call(lambda: sparse_conv2d(x, dense_w, None, 1, 1, backend='triton')):.1f}, "
+    dense_us = host_us_per_call(lambda: F.conv2d(x, dense_w, None, 1, 1))
+    triton_us = host_us_per_call(lambda: sparse_conv2d(x, dense_w, None, 1, 1, backend="triton"))
+    print(f"host µs per call: F.conv2d {dense_us:.1f}, sparse_conv2d(triton) {triton_us:.1f}, "
           f"SparseConv2d(auto) {host_us_per_call(lambda: module(x)):.1f}")
     dense_x = spikes(x.shape, 0.5, 0.0, generator).half().to(memory_format=torch.channels_last)
     for taps, tile, block_k, warps in itertools.product((1, 4, 8), ((8, 8), (8, 16)), (16,), (4, 8)):

@@ -80,6 +80,8 @@ class DensityTracker:
 
 @dataclass(frozen=True)
 class ConvCall:
+    """One call's arguments, normalized (pairs as lists)."""
+
     x: torch.Tensor
     weight: torch.Tensor
     bias: torch.Tensor | None
@@ -108,7 +110,8 @@ def _pair(value: IntPair, name: str) -> list[int]:
 def _validate(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: int) -> None:
     if x.dim() != 4 or weight.dim() != 4:
         raise ValueError(f"sparse_conv2d: expected a 4-D input [N, C, H, W] and a 4-D weight, got input "
-                         f"{tuple(x.shape)} and weight {tuple(weight.shape)}; flatten [T, B, C, H, W] to [T*B, C, H, W]")
+                         f"{tuple(x.shape)} and weight {tuple(weight.shape)}; "
+                         "flatten [T, B, C, H, W] to [T*B, C, H, W]")
     for name, tensor in (("weight", weight), ("bias", bias)):
         if tensor is not None and (tensor.dtype != x.dtype or tensor.device != x.device):
             raise ValueError(f"sparse_conv2d: {name} is {tensor.dtype} on {tensor.device} but the input is "

@@ -19,7 +19,8 @@ def conv_geometry(
     x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int], groups: int
 ) -> ConvGeometry:
     """The geometry the Triton path uses (output tiles of the default kernel config)."""
-    return ConvGeometry.of(x, weight, stride, padding, dilation, groups, tile=(DEFAULT_CONFIG.tile_h, DEFAULT_CONFIG.tile_w))
+    tile = (DEFAULT_CONFIG.tile_h, DEFAULT_CONFIG.tile_w)
+    return ConvGeometry.of(x, weight, stride, padding, dilation, groups, tile=tile)
 
 
 @torch.library.custom_op("aso_se::sparse_conv2d", mutates_args=())

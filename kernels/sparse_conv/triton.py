@@ -405,12 +405,13 @@ def _sparse_conv_wgrad_kernel(
             oh = (tile // tiles_w) * TILE_H + offs_m // TILE_W
             ow = (tile % tiles_w) * TILE_W + offs_m % TILE_W
             pix_ok = (oh < out_h) & (ow < out_w)
-            g = tl.load(g_ptr + n.to(tl.int64) * sg_n + offs_co[None, :] * sg_c + oh[:, None] * sg_h + ow[:, None] * sg_w,
-                        mask=pix_ok[:, None] & co_ok[None, :], other=0.0)
+            g_ptrs = g_ptr + n.to(tl.int64) * sg_n + offs_co[None, :] * sg_c + oh[:, None] * sg_h + ow[:, None] * sg_w
+            g = tl.load(g_ptrs, mask=pix_ok[:, None] & co_ok[None, :], other=0.0)
             ih = oh[:, None] * stride_h - pad_h + kh[None, :] * dil_h
             iw = ow[:, None] * stride_w - pad_w + kw[None, :] * dil_w
             a_ok = pix_ok[:, None] & r_active[None, :] & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
-            a = tl.load(x_ptr + n.to(tl.int64) * sx_n + ci[None, :] * sx_c + ih * sx_h + iw * sx_w, mask=a_ok, other=0.0)
+            a_ptrs = x_ptr + n.to(tl.int64) * sx_n + ci[None, :] * sx_c + ih * sx_h + iw * sx_w
+            a = tl.load(a_ptrs, mask=a_ok, other=0.0)
             acc = tl.dot(tl.trans(a).to(DOT_DTYPE), g.to(DOT_DTYPE), acc, input_precision="tf32")
         pair += splits
     out = partial_ptr + ((split * KH * KW + tap[:, None]) * in_channels + ci[:, None]) * out_channels + offs_co[None, :]
@@ -442,8 +443,8 @@ def _sparse_depthwise_wgrad_kernel(
             oh = (tile // tiles_w) * TILE_H + offs_m // TILE_W
             ow = (tile % tiles_w) * TILE_W + offs_m % TILE_W
             pix_ok = (oh < out_h) & (ow < out_w)
-            g = tl.load(g_ptr + n.to(tl.int64) * sg_n + offs_c[None, :] * sg_c + oh[:, None] * sg_h + ow[:, None] * sg_w,
-                        mask=pix_ok[:, None] & c_active[None, :], other=0.0).to(tl.float32)
+            g_ptrs = g_ptr + n.to(tl.int64) * sg_n + offs_c[None, :] * sg_c + oh[:, None] * sg_h + ow[:, None] * sg_w
+            g = tl.load(g_ptrs, mask=pix_ok[:, None] & c_active[None, :], other=0.0).to(tl.float32)
             x_base = x_ptr + n.to(tl.int64) * sx_n + offs_c[None, :] * sx_c
             for kh in tl.static_range(KH):
                 ih = oh * stride_h - pad_h + kh * dil_h
