@@ -107,6 +107,15 @@ def _pair(value: IntPair, name: str) -> list[int]:
     return pair
 
 
+def _autocast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """Inside torch.autocast, cast like aten::conv2d does (all to the autocast dtype), so that
+    SparseConv2d stays a drop-in for nn.Conv2d; gradients flow back through the casts."""
+    if not torch.is_autocast_enabled(x.device.type):
+        return x, weight, bias
+    dtype = torch.get_autocast_dtype(x.device.type)
+    return x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
 def _validate(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: int) -> None:
     if x.dim() != 4 or weight.dim() != 4:
         raise ValueError(f"sparse_conv2d: expected a 4-D input [N, C, H, W] and a 4-D weight, got input "
@@ -264,6 +273,7 @@ def sparse_conv2d(
         raise ValueError(f"sparse_conv2d: unknown backend {backend!r}; expected one of {sorted(_BACKENDS)}")
     if isinstance(padding, str):
         raise ValueError(f"sparse_conv2d: padding must be numeric, got {padding!r}; pass an int or a pair")
+    x, weight, bias = _autocast(x, weight, bias)
     _validate(x, weight, bias, groups)
     call = ConvCall(x, weight, bias, _pair(stride, "stride"), _pair(padding, "padding"),
                     _pair(dilation, "dilation"), groups, tracker)

@@ -181,6 +181,19 @@ def test_from_dense_reproduces_the_conv_and_state_dict_round_trips():
     assert isinstance(copy.deepcopy(sparse).density, DensityTracker)
 
 
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_follows_autocast_like_conv2d(backend):
+    conv = torch.nn.Conv2d(6, 5, 3, padding=1)
+    sparse = SparseConv2d.from_dense(conv, backend=backend)
+    x = spikes((2, 6, 9, 9), 0.3, torch.Generator().manual_seed(0), plane_silence=0.5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, expected = sparse(x), conv(x)
+    assert y.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(y, expected, rtol=2e-2, atol=2e-2)
+    y.float().sum().backward()
+    assert sparse.weight.grad.dtype == torch.float32 and sparse.weight.grad.abs().sum() > 0
+
+
 def test_auto_on_cpu_is_exactly_conv2d():
     reset_path_counts()
     x, weight, bias, groups = conv_case("dense", 3, channels_last=False)
