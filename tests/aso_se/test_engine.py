@@ -133,9 +133,6 @@ def test_search_config_composes_into_the_engine() -> None:
     assert engine.sampling.k == 2 and engine.schedule.cycles >= 1 and engine.evolution.max_skip_connect == 2
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "kernels.sparse_conv does not follow autocast yet: SparseConv2d keeps an fp32 weight for a bf16 input"
-))
 def test_bf16_step_keeps_fp32_state(digits) -> None:
     images, labels = digits
     engine = make_engine(tiny_supernet("st_bif"), precision="bf16")

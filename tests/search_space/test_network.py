@@ -98,8 +98,6 @@ def test_every_genotype_with_every_neuron_trains_and_evaluates(name, kind, times
     torch.testing.assert_close(first, second, rtol=0, atol=0)  # no state or randomness left in eval
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="kernels.sparse_conv does not follow autocast yet: SparseConv2d keeps an fp32 weight for a bf16 input")
 @pytest.mark.parametrize("kind", sorted(NEURON_KINDS))
 def test_bf16_autocast(kind):
     net = tiny("DARTS_V2", kind, 2)
