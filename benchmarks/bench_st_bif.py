@@ -59,6 +59,21 @@ def plain_loop(x_seq, theta):
     return st_bif_loop(x_seq, theta, POS_MAX, NEG_MIN, hard_spike)[0]
 
 
+def anchor_loop(x_seq, theta):
+    """The plain loop as design §6's anchor wrote it: state in the input's dtype, θ a Python
+    float, the spike rule inline. Timed too, so the best compiled formulation is the baseline."""
+    q = torch.full_like(x_seq[0], 0.5)
+    acc = torch.zeros_like(x_seq[0])
+    out = []
+    for x_t in x_seq:
+        q = q + x_t / theta
+        s = ((q >= 1) & (acc < POS_MAX)).to(q.dtype) - ((q < 0) & (acc > NEG_MIN)).to(q.dtype)
+        acc = acc + s
+        q = q - s
+        out.append(s * theta)
+    return torch.stack(out)
+
+
 # ---------------------------------------------------------------- checks on the GPU
 def check_matches_reference() -> None:
     # Every dtype on an odd 4-D shape and on a long (two-pass backward) one; every surrogate
@@ -198,6 +213,7 @@ def bench_one(num_steps: int, dtype_name: str, rows: list) -> None:
     torch._dynamo.reset()  # fresh compile caches: no recompile limit falls back to eager
     compiled_reference = torch.compile(reference)
     compiled_plain = torch.compile(plain_loop)
+    compiled_anchor = torch.compile(anchor_loop)
     candidates = {
         "copy": (
             2 * step_bytes,
@@ -215,6 +231,7 @@ def bench_one(num_steps: int, dtype_name: str, rows: list) -> None:
                 "spikingjelly 2.0 Triton (inference)": spikingjelly_forward(x_seq),
                 "torch.compile, reference": forward_only(compiled_reference, x_seq, theta),
                 "torch.compile, plain fp32 loop": forward_only(compiled_plain, x_seq, theta),
+                "torch.compile, plain loop as in design §6": forward_only(compiled_anchor, x_seq, 1.0),
                 "eager reference": forward_only(reference, x_seq, theta),
             },
         ),
