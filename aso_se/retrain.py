@@ -21,8 +21,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from aso_se.app import EpochProgress, TrainingDiverged
+from aso_se.app import TrainingDiverged
 from aso_se.distributed import DistributedContext, wrap_model
+from aso_se.progress import EpochProgress
 from aso_se.rng_state import capture_rng_state, restore_rng_state
 from aso_se.tensorboard import TensorBoardLogger, layer_of
 from search_space.neurons import firing_rates
@@ -173,7 +174,8 @@ class Retrainer:
         rate_sums: torch.Tensor | None = None
         images = 0
         for inputs, labels in loader:
-            inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            inputs = inputs.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=self.autocast_dtype,
                                 enabled=self.autocast_dtype is not None):
                 logits, _ = self.network(inputs)

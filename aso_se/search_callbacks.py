@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from aso_se.app import EpochProgress, Run
+from aso_se.app import Run
 from aso_se.checkpoint import save_json
 from aso_se.engine import ASOSEEngine, CycleResult
+from aso_se.progress import EpochProgress
 from aso_se.tensorboard import TensorBoardLogger
 from kernels.sparse_conv import path_counts, reset_path_counts
 from search_space.genotypes import Genotype

@@ -1,4 +1,4 @@
-"""Every config group option and every experiment composes and instantiates, for both entry points."""
+"""Every config group option and every experiment composes and instantiates (both entry points)."""
 from __future__ import annotations
 
 import functools

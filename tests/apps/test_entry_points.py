@@ -66,7 +66,8 @@ def test_search_writes_genotype_checkpoint_and_tensorboard(smoke_search: Path) -
     tags = events.Tags()
     assert {"search/loss", "search/arch_loss", "search/temperature", "search/entropy",
             "search_epoch/images_per_second"} <= set(tags["scalars"])
-    assert {"alpha/normal", "alpha/reduce", "genotype/normal", "genotype/reduce"} <= set(tags["images"])
+    images = {"alpha/normal", "alpha/reduce", "genotype/normal", "genotype/reduce"}
+    assert images <= set(tags["images"])
     assert any(tag.startswith("firing_rate/cells.") for tag in tags["histograms"])
 
 

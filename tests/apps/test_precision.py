@@ -7,9 +7,6 @@ import pytest
 from tests.apps.helpers import SMOKE, RunApp
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="kernels.sparse_conv refuses autocast's bf16 input with fp32 weights "
-                          "(the same xfail as in tests/search_space and tests/aso_se)")
 @pytest.mark.parametrize("entry_point", ["search", "train"])
 def test_bf16_autocast_runs(entry_point: str, run_app: RunApp, tmp_path: Path) -> None:
     genotype = ["genotype=DARTS_V2"] if entry_point == "train" else []

@@ -34,7 +34,8 @@ def test_everything_logged_can_be_read_back(tmp_path: Path) -> None:
     assert events.Scalars("train/loss")[0].value == pytest.approx(2.3)
     assert events.Scalars("firing_rate_mean/cells.0")[0].value == pytest.approx(0.2)
     assert events.Scalars("sparse_conv/dense")[0].value == 9
-    assert {"alpha/normal", "alpha/reduce", "genotype/normal", "genotype/reduce"} <= set(tags["images"])
+    images = {"alpha/normal", "alpha/reduce", "genotype/normal", "genotype/reduce"}
+    assert images <= set(tags["images"])
     image = events.Images("alpha/normal")[0]
     assert image.width > 200 and image.height > 200 and image.encoded_image_string[:4] == b"\x89PNG"
     assert {"firing_rate/cells.0", "firing_rate/cells.1", "firing_rate/stem",
@@ -57,7 +58,8 @@ def test_purge_step_drops_events_after_the_resumed_checkpoint(tmp_path: Path) ->
 
 def test_edge_labels_follow_darts_edge_order() -> None:
     labels = edge_labels(14)
-    assert labels[:5] == ["c_{k-2} → 0", "c_{k-1} → 0", "c_{k-2} → 1", "c_{k-1} → 1", "0 → 1"]
+    assert labels[:5] == ["c_{k-2} → 0", "c_{k-1} → 0", "c_{k-2} → 1", "c_{k-1} → 1",
+                          "0 → 1"]
     assert labels[-1] == "2 → 3" and len(labels) == 14
     with pytest.raises(ValueError, match="not a DARTS cell"):
         edge_labels(13)
