@@ -37,6 +37,8 @@ def main(cfg: DictConfig) -> None:
             with checkpoint.restore_errors(run.checkpoint_path):
                 trainer.load_state_dict(run.state["trainer"])
         trainer.board = run.tensorboard(cfg.logger, step=trainer.global_step)
+        if trainer.board is not None:
+            trainer.board.genotype(genotype, trainer.global_step)
         train_loader, test_loader = data.train_loaders(cfg.batch_size, seed=cfg.seed,
                                                        rank=ctx.rank, world_size=ctx.world_size)
 

@@ -199,6 +199,7 @@ class Run:
         self.ctx: DistributedContext | None = None
         self.run_dir = Path(HydraConfig.get().runtime.output_dir)
         self._signum: int | None = None
+        self._pid = os.getpid()
         self._previous_handlers: dict[int, Any] = {}
         self._started = time.perf_counter()
 
@@ -259,6 +260,10 @@ class Run:
         exit_on_expected_failure(exc)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:
+            # A DataLoader worker forked after the handler was installed (Ctrl-C reaches the
+            # whole process group): it keeps working until the main process shuts it down.
+            return
         if self._signum is not None:  # a second Ctrl-C quits at once
             signal.default_int_handler(signum, frame)
         self._signum = signum

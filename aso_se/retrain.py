@@ -26,6 +26,7 @@ from aso_se.distributed import DistributedContext, wrap_model
 from aso_se.progress import EpochProgress
 from aso_se.rng_state import capture_rng_state, restore_rng_state
 from aso_se.tensorboard import TensorBoardLogger, layer_of
+from kernels.sparse_conv import path_counts, reset_path_counts
 from search_space.neurons import firing_rates
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,9 @@ class Retrainer:
                 self.board.scalars("test", {"loss": test["loss"], "acc": test["acc"]},
                                    self.global_step)
                 self.board.firing_rates(test["firing_rates"], self.global_step)
+                self.board.sparse_conv_paths(path_counts(), self.global_step)
                 self.board.flush()
+            reset_path_counts()
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
             on_epoch_end(self, is_best)
         return True

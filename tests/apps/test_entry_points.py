@@ -1,7 +1,7 @@
 """search.py and train.py end to end, as users run them: real subprocesses, real mnist5k digits.
 
 One smoke search (``experiment=smoke``) is shared by the module; the other runs are a retrain
-of its genotype, a search stopped by SIGTERM and resumed, and a 2-process DDP search.
+of its genotype, a search stopped by Ctrl-C and resumed, and 2-process DDP runs.
 """
 from __future__ import annotations
 
@@ -83,40 +83,65 @@ def test_train_retrains_the_newest_searched_genotype(workdir: Path, smoke_search
     assert Genotype.from_json(metrics["genotype"]) == Genotype.from_json(
         (smoke_search / "genotype.json").read_text())
     assert {"last.pt", "best.pt"} <= {path.name for path in (run_dir / "checkpoints").iterdir()}
-    assert list((run_dir / "tb").iterdir())
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0})
+    events.Reload()
+    tags = events.Tags()
+    assert {"train/loss", "test/acc", "sparse_conv/dense:cpu"} <= set(tags["scalars"])
+    assert {"genotype/normal", "genotype/reduce"} <= set(tags["images"])
+    assert any(tag.startswith("firing_rate/cells.") for tag in tags["histograms"])
 
 
-def test_sigterm_then_resume_gives_the_uninterrupted_genotype(tmp_path: Path,
-                                                              smoke_search: Path) -> None:
+def test_ctrl_c_then_resume_gives_the_uninterrupted_genotype(tmp_path: Path,
+                                                            smoke_search: Path) -> None:
+    """Ctrl-C in a terminal sends SIGINT to the whole process group, DataLoader workers too."""
     run_dir = tmp_path / "interrupted"
     search = subprocess.Popen(
-        [sys.executable, str(REPO / "search.py"), *SMOKE, f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [sys.executable, str(REPO / "search.py"), *SMOKE, "data.num_workers=2",
+         f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
     assert search.stdout is not None
     for line in search.stdout:  # stop it inside cycle 0's re-stabilization, after the growth
         if "cycle 0: genotype" in line:
             break
     time.sleep(0.5)
-    search.send_signal(signal.SIGTERM)
+    os.killpg(search.pid, signal.SIGINT)
     _, stderr = search.communicate(timeout=120)
-    assert search.returncode == 128 + signal.SIGTERM, stderr
+    assert search.returncode == 128 + signal.SIGINT, stderr
     assert stderr.count("\n") == 1 and f"resume={run_dir}" in stderr
     assert not (run_dir / "genotype.json").exists()
 
     resumed = run_entry("search.py", f"resume={run_dir}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
+    # The same batches with or without workers: the data order depends on (seed, epoch) only.
     assert (json.loads((run_dir / "genotype.json").read_text())
             == json.loads((smoke_search / "genotype.json").read_text()))
-    assert "resumed from" in (run_dir / "search.log").read_text()
+    log = (run_dir / "search.log").read_text()
+    assert "resumed from" in log and log.count("SIGINT received") == 1  # workers stay quiet
+
+
+def _torchrun_two_processes(script: str, *overrides: str,
+                            cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+         str(REPO / script), *SMOKE, "trainer=ddp", *overrides],
+        cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
 
 
 def test_ddp_search_on_two_cpu_processes(tmp_path: Path) -> None:
     run_dir = tmp_path / "ddp"
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-         str(REPO / "search.py"), *SMOKE, "trainer=ddp", f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    result = _torchrun_two_processes("search.py", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     Genotype.from_json((run_dir / "genotype.json").read_text())
     assert "2 processes" in (run_dir / "search.log").read_text()
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp"]  # rank 1 wrote nothing
+
+
+def test_ddp_retrain_on_two_cpu_processes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "ddp"
+    result = _torchrun_two_processes("train.py", "genotype=DARTS_V2", f"hydra.run.dir={run_dir}",
+                                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and 0.0 <= metrics["test_acc"] <= 1.0
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp"]
