@@ -20,7 +20,8 @@ import triton
 import triton.testing
 
 from kernels.sparse_conv.function import conv_geometry, sparse_conv2d_triton
-from kernels.sparse_conv.triton import prescan, sparse_conv_wgrad, sparse_depthwise_wgrad
+from kernels.sparse_conv.prescan import block_activity, tile_activity
+from kernels.sparse_conv.triton import sparse_conv_wgrad, sparse_depthwise_wgrad
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def measure_crossover(
     weight = weight.detach()
     full, zero = torch.randn_like(x), torch.zeros_like(x)  # keep x's memory format
     grad_y = torch.randn_like(torch.nn.functional.conv2d(full, weight, None, stride, padding, dilation, groups))
-    active = {x_: prescan(x_, geometry)[0] for x_ in (zero, full)}
+    active = {x_: tile_activity(block_activity(x_), geometry)[0] for x_ in (zero, full)}
     wgrad = sparse_depthwise_wgrad if geometry.is_depthwise else sparse_conv_wgrad
 
     def sparse(x_: torch.Tensor) -> torch.Tensor:

@@ -24,10 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from kernels.sparse_conv.calibration import Crossover, CrossoverCache, call_key, default_cache_file
-from kernels.sparse_conv.function import conv_geometry, sparse_conv2d_triton
+from kernels.sparse_conv.function import conv_geometry, sparse_conv2d_forward, sparse_conv2d_triton
 from kernels.sparse_conv.geometry import ConvGeometry
+from kernels.sparse_conv.prescan import block_activity
 from kernels.sparse_conv.reference import sparse_conv2d_reference
-from kernels.sparse_conv.triton import interpreted, prescan, work_fractions
+from kernels.sparse_conv.triton import interpreted, work_fractions
 
 IntPair = int | tuple[int, int] | list[int]
 SAMPLE_EVERY = 16
@@ -99,6 +100,11 @@ class ConvCall:
     def needs_weight_grad(self) -> bool:
         return torch.is_grad_enabled() and self.weight.requires_grad
 
+    @property
+    def needs_autograd(self) -> bool:
+        tensors = (self.x, self.weight, self.bias)
+        return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
 
 def _pair(value: IntPair, name: str) -> list[int]:
     pair = [value, value] if isinstance(value, int) else list(value)
@@ -154,11 +160,15 @@ def _dense(call: ConvCall, path: str) -> torch.Tensor:
     return F.conv2d(call.x, call.weight, call.bias, call.stride, call.padding, call.dilation, call.groups)
 
 
-def _sparse(call: ConvCall, sparse_wgrad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sparse(call: ConvCall, sparse_wgrad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, block map) from the Triton kernels; without autograd (and outside torch.compile) the
+    custom op's dispatch is skipped: on small layers the host time is what a call costs."""
     _PATH_COUNTS["sparse"] += 1
     _PATH_COUNTS["sparse_wgrad"] += int(sparse_wgrad and call.needs_weight_grad)
-    return sparse_conv2d_triton(call.x, call.weight, call.bias, call.stride, call.padding, call.dilation,
-                                call.groups, sparse_wgrad)
+    args = (call.x, call.weight, call.bias, call.stride, call.padding, call.dilation, call.groups)
+    if call.needs_autograd or torch.compiler.is_compiling():
+        return sparse_conv2d_triton(*args, sparse_wgrad)
+    return sparse_conv2d_forward(*args)
 
 
 def _run_torch(call: ConvCall) -> torch.Tensor:
@@ -232,14 +242,13 @@ def _run_auto(call: ConvCall) -> torch.Tensor:
     sample = tracker.sample_due() and not torch.cuda.is_current_stream_capturing()
     if tracker.forward is None or tracker.forward <= plan.crossover.forward:
         sparse_wgrad = tracker.wgrad is not None and tracker.wgrad <= plan.crossover.wgrad
-        y, active, count = _sparse(call, sparse_wgrad)
+        y, blocks = _sparse(call, sparse_wgrad)
         if sample:
-            tracker.record(work_fractions(active, count, plan.geometry))
+            tracker.record(work_fractions(call.x, blocks, plan.geometry))
         return y
     if sample:  # probe: has the input become sparse?
         _PATH_COUNTS["probe"] += 1
-        active, _, count = prescan(call.x, plan.geometry)
-        tracker.record(work_fractions(active, count, plan.geometry))
+        tracker.record(work_fractions(call.x, block_activity(call.x), plan.geometry))
     return _dense(call, "dense:too_dense")
 
 

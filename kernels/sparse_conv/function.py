@@ -1,7 +1,7 @@
 """Autograd of the sparse path, as a torch custom op (runs under Triton's interpreter on CPU and
-traces under torch.compile).
+traces under torch.compile), and the same forward without autograd for calls that need none.
 
-Forward: prescan + the sparse Triton kernel. Backward: grad_input through cuDNN
+Forward: block map (prescan) + the sparse Triton kernel. Backward: grad_input through cuDNN
 (aten.convolution_backward; it needs no input sparsity), grad_weight from the sparse Triton
 kernel when the dispatcher asked for it (`sparse_wgrad`), from cuDNN otherwise.
 """
@@ -9,18 +9,33 @@ from typing import Optional
 
 import torch
 
-from kernels.sparse_conv.geometry import ConvGeometry
+from kernels.sparse_conv.geometry import BLOCK, ConvGeometry
+from kernels.sparse_conv.prescan import block_activity, tile_activity
 from kernels.sparse_conv.triton import (
-    DEFAULT_CONFIG, prescan, sparse_conv_fwd, sparse_conv_wgrad, sparse_depthwise_fwd, sparse_depthwise_wgrad,
+    forward_lists, sparse_conv_fwd, sparse_conv_wgrad, sparse_depthwise_fwd, sparse_depthwise_wgrad,
 )
 
 
 def conv_geometry(
     x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int], groups: int
 ) -> ConvGeometry:
-    """The geometry the Triton path uses (output tiles of the default kernel config)."""
-    tile = (DEFAULT_CONFIG.tile_h, DEFAULT_CONFIG.tile_w)
-    return ConvGeometry.of(x, weight, stride, padding, dilation, groups, tile=tile)
+    """The call's geometry with 8x8 output tiles: the activity tiles of the depthwise forward and
+    of the weight gradients (the dense forward retiles it for its own programs)."""
+    return ConvGeometry.of(x, weight, stride, padding, dilation, groups, tile=(BLOCK, BLOCK))
+
+
+def sparse_conv2d_forward(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+    stride: list[int], padding: list[int], dilation: list[int], groups: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, blocks): the convolution and the prescan's block map (int8 [N, H/8, W/8, C])."""
+    geometry = conv_geometry(x, weight, stride, padding, dilation, groups)
+    blocks = block_activity(x)
+    if geometry.is_depthwise:
+        y = sparse_depthwise_fwd(x, weight, bias, geometry, tile_activity(blocks, geometry)[0])
+    else:
+        y = sparse_conv_fwd(x, weight, bias, forward_lists(x, blocks, geometry))
+    return y, blocks
 
 
 @torch.library.custom_op("aso_se::sparse_conv2d", mutates_args=())
@@ -33,15 +48,9 @@ def sparse_conv2d_triton(
     dilation: list[int],
     groups: int,
     sparse_wgrad: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, active, count): the convolution and the prescan's per-(sample, tile) activity."""
-    geometry = conv_geometry(x, weight, stride, padding, dilation, groups)
-    active, index, count = prescan(x, geometry)
-    if geometry.is_depthwise:
-        y = sparse_depthwise_fwd(x, weight, bias, geometry, active)
-    else:
-        y = sparse_conv_fwd(x, weight, bias, geometry, index, count)
-    return y, active, count
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sparse_conv2d_forward` with autograd; `sparse_wgrad` picks the weight-gradient kernel."""
+    return sparse_conv2d_forward(x, weight, bias, stride, padding, dilation, groups)
 
 
 @sparse_conv2d_triton.register_fake
@@ -50,9 +59,9 @@ def _(x, weight, bias, stride, padding, dilation, groups, sparse_wgrad):
     channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
     y = torch.empty(geometry.output_shape, dtype=x.dtype, device=x.device,
                     memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-    active = x.new_empty((geometry.batch, geometry.tiles, geometry.in_channels), dtype=torch.int8)
-    count = x.new_empty((geometry.batch, geometry.tiles), dtype=torch.int32)
-    return y, active, count
+    blocks = x.new_empty((geometry.batch, geometry.rows.blocks, geometry.cols.blocks, geometry.in_channels),
+                         dtype=torch.int8)
+    return y, blocks
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -62,8 +71,8 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.sparse_wgrad = sparse_wgrad
 
 
-def _backward(ctx, grad_y, _grad_active, _grad_count):
-    x, weight, active = ctx.saved_tensors
+def _backward(ctx, grad_y, _grad_blocks):
+    x, weight, blocks = ctx.saved_tensors
     stride, padding, dilation, groups = ctx.conv
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     dense_wgrad = need_w and not ctx.sparse_wgrad
@@ -76,7 +85,7 @@ def _backward(ctx, grad_y, _grad_active, _grad_count):
     if need_w and ctx.sparse_wgrad:
         geometry = conv_geometry(x, weight, stride, padding, dilation, groups)
         wgrad = sparse_depthwise_wgrad if geometry.is_depthwise else sparse_conv_wgrad
-        grad_w = wgrad(x, grad_y, geometry, active, weight.dtype)
+        grad_w = wgrad(x, grad_y, geometry, tile_activity(blocks, geometry)[0], weight.dtype)
     if need_b:
         grad_b = grad_y.sum(dim=(0, 2, 3))
     return grad_x, grad_w, grad_b, None, None, None, None, None

@@ -6,7 +6,7 @@ The output is computed per output tile; a tile reads an input window (its recept
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -96,6 +96,10 @@ class ConvGeometry:
             AxisGeometry(height, kernel_h, stride_h, pad_h, dil_h, tile[0]),
             AxisGeometry(width, kernel_w, stride_w, pad_w, dil_w, tile[1]),
         )
+
+    def retiled(self, tile: tuple[int, int]) -> ConvGeometry:
+        """The same call with output tiles of tile[0] x tile[1] pixels."""
+        return replace(self, rows=replace(self.rows, tile=tile[0]), cols=replace(self.cols, tile=tile[1]))
 
     @property
     def is_depthwise(self) -> bool:

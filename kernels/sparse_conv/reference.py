@@ -6,7 +6,8 @@ tile's input window. Stage 2 computes each output tile from its active channels 
 that is all-zero over a tile's window contributes exactly zero to that tile, so the result equals
 F.conv2d for any input; only the work depends on the sparsity. Gradients: grad_input is dense
 (a silent input still gets a gradient) and comes from torch; the weight gradient sums over the
-active (sample, tile, channel)s only. The Triton path mirrors all of this.
+active (sample, tile, channel)s only. The Triton path follows the same two stages (its dense
+forward over larger tiles, or over whole planes when the channels are innermost in memory).
 """
 from __future__ import annotations
 

@@ -1,28 +1,27 @@
-"""Triton kernels of the spike-sparse convolution and their launchers.
+"""Stage-2 Triton kernels of the spike-sparse convolution, their launchers, and the weight gradient.
 
-Stage 1 (prescan), two small kernels without host syncs:
-  `_block_activity_kernel`  reads x once: int8 [N, H/8, W/8, C] "block holds a non-zero"
-                            (channels innermost, so the next kernel reads them contiguously);
-  `_tile_activity_kernel`   per (sample, output tile): ORs the flags of the blocks under the
-                            tile's input window -> `active` [N, tiles, C] (int8), and compacts
-                            the active channels into `index` [N, tiles, C] with `count` [N, tiles].
-Stage 2, scatter-free: each program owns one output tile and reads only what touches it.
-  `_sparse_conv_fwd_kernel`  dense weights (groups=1): implicit GEMM over the tile's active
-                             channels, packed BLOCK_K at a time (gathered loads), several
-                             kernel taps per tl.dot (K = taps x channels);
-                             fp16/bf16 in, fp32 accumulate; fp32 in runs on TF32 tensor cores
-                             (cuDNN's default for fp32 convolutions too).
+Stage 1 (which channels are active where) is `prescan.py`. Stage 2, scatter-free: each program
+owns one output tile and reads only what touches it.
+  `_sparse_conv_fwd_kernel`  dense weights (groups=1), an implicit GEMM on tensor cores: a program
+      owns BLOCK_P output pixels (whole rows where they fit: 4 x 32, 8 x 16, ...) x BLOCK_N output
+      channels and, for each BLOCK_K active input channels of its list and each kernel tap,
+      does acc[p, co] += X[p + shift(tap), ci] @ W[tap, ci, co] (tl.dot; fp16/bf16 in, fp32
+      accumulate; fp32 in runs on TF32 tensor cores, cuDNN's default for fp32 convolutions too).
+      A list of active channels is per (sample, output tile) when the layout keeps a channel's
+      pixels together (NCHW: every X row is BLOCK_P-ish contiguous pixels, coalesced), and per
+      sample when channels are innermost (channels_last): there `_pack_active_planes_kernel` first
+      copies the active planes into a dense [N, slots, H, W] buffer (one gathered pass over the
+      active channels instead of one per tap), and the forward reads that buffer.
+      Weights are re-arranged per call to [taps, C_in, C_out]: gathering a channel's row gives a
+      contiguous C_out vector.
   `_sparse_depthwise_fwd_kernel`  depthwise: loads of silent channels are masked off (no traffic).
-Weight gradients (input sparsity, a split reduction over (sample, tile), no atomics):
+Weight gradients (input sparsity, a split reduction over (sample, 8x8 tile), no atomics):
   `_sparse_conv_wgrad_kernel`, `_sparse_depthwise_wgrad_kernel`.
-Loops with a run-time bound are written as `while` loops: Triton 3.6's interpreter (how CI
-runs these kernels) fails on range() with a run-time bound under numpy >= 2.4
-(triton-lang/triton#9171). Little is lost to the missing software pipelining: the forward loop
-runs one or two trips in the sparse regime, and the weight-gradient loops branch on the data
-every trip.
-All kernels take strides, so NCHW, channels_last and the flattened [T*B, C, H, W] all work;
-the output takes the input's memory format. The grid never depends on the data, so the path
-is CUDA-graph capturable.
+Loops with a run-time bound are `while` loops (Triton 3.6's interpreter fails on range() with a
+run-time bound, triton-lang/triton#9171); the forward's tap loop has a constant bound, so it is a
+software-pipelined tl.range. All kernels take strides, so NCHW, channels_last and the flattened
+[T*B, C, H, W] all work; the output takes the input's memory format. Batch offsets are int64.
+The grid never depends on the data, so the path is CUDA-graph capturable.
 """
 from __future__ import annotations
 
@@ -33,18 +32,21 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from kernels.sparse_conv.geometry import BLOCK, ConvGeometry
+from kernels.sparse_conv.geometry import ConvGeometry
+from kernels.sparse_conv.prescan import plane_lists, tile_activity
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Tile sizes; the defaults come from the sweep in benchmarks/bench_sparse_conv.py."""
+    """Tile sizes; `benchmarks/bench_sparse_conv.py --sweep` times alternatives on the GPU."""
 
-    tile_h: int = 8  # output tile (the unit of skipping and of the GEMM's M = tile_h * tile_w)
-    tile_w: int = 8
-    block_k: int = 16  # active input channels per tl.dot
-    taps_per_dot: int = 8  # kernel taps per tl.dot (its K = taps_per_dot * block_k)
-    num_warps: int = 4
+    forward_pixels: int = 128  # output pixels per forward program (the GEMM's M), a power of two
+    forward_block_k: int = 32  # active input channels per tl.dot (its K)
+    forward_block_n: int = 128  # output channels per forward program (the GEMM's N)
+    forward_num_warps: int = 8
+    forward_num_stages: int = 2  # software pipelining of the tap loop
+    pack_pixels: int = 128  # pixels x slots per program of the channels_last packing
+    pack_slots: int = 32
     depthwise_block_c: int = 32
     depthwise_num_warps: int = 4
     wgrad_rows: int = 128  # rows of the weight-gradient tile: (tap, channel) pairs
@@ -73,7 +75,7 @@ def _memory_format(x: torch.Tensor) -> torch.memory_format:
 
 def interpreted() -> bool:
     """True when the kernels run under Triton's CPU interpreter (TRITON_INTERPRET=1)."""
-    return isinstance(_block_activity_kernel, InterpretedFunction)
+    return isinstance(_sparse_conv_fwd_kernel, InterpretedFunction)
 
 
 def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
@@ -84,201 +86,165 @@ def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
     return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}[dtype]
 
 
-# ----------------------------------------------------------------------------------- stage 1
+def _conv_args(geometry: ConvGeometry) -> tuple[int, ...]:
+    rows, cols = geometry.rows, geometry.cols
+    return (rows.stride, cols.stride, rows.padding, cols.padding, rows.dilation, cols.dilation)
+
+
+def _empty_output(x: torch.Tensor, geometry: ConvGeometry) -> torch.Tensor:
+    return torch.empty(geometry.output_shape, device=x.device, dtype=x.dtype, memory_format=_memory_format(x))
+
+
+# ------------------------------------------------------------------------------ dense forward
 @triton.jit
-def _block_activity_kernel(
-    x_ptr, blocks_ptr,
-    channels, height, width, block_cols,
-    stride_n, stride_c, stride_h, stride_w,
-    BLOCK_C: tl.constexpr, BLOCK: tl.constexpr,
+def _pack_active_planes_kernel(
+    x_ptr, packed_ptr, index_ptr, count_ptr,
+    channels, height, width, sx_n, sx_c, sx_h, sx_w,
+    BLOCK_PIX: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    # One program: one BLOCK x BLOCK block of BLOCK_C channels, loaded as [pixels, channels]
-    # (whichever axis is contiguous in memory gets vectorized loads) and reduced over pixels.
-    block = tl.program_id(0)
-    n = tl.program_id(1)
-    offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    offs_p = tl.arange(0, BLOCK * BLOCK)
-    rows = (block // block_cols) * BLOCK + offs_p // BLOCK
-    cols = (block % block_cols) * BLOCK + offs_p % BLOCK
-    c_ok = offs_c < channels
-    mask = ((rows < height) & (cols < width))[:, None] & c_ok[None, :]
-    ptrs = x_ptr + n.to(tl.int64) * stride_n + (rows * stride_h + cols * stride_w)[:, None] + offs_c[None, :] * stride_c
-    nonzero = (tl.load(ptrs, mask=mask, other=0.0) != 0).to(tl.int32)  # NaN counts as non-zero
-    out = blocks_ptr + (n * tl.num_programs(0) + block) * channels + offs_c
-    tl.store(out, tl.max(nonzero, axis=0).to(tl.int8), mask=c_ok)
-
-
-@triton.jit(do_not_specialize=["stride_h", "stride_w", "pad_h", "pad_w"])
-def _tile_activity_kernel(
-    blocks_ptr, active_ptr, index_ptr, count_ptr,
-    channels, block_rows, block_cols, tiles_w, out_h, out_w, height, width,
-    stride_h, stride_w, pad_h, pad_w, reach_h, reach_w,
-    TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK: tl.constexpr,
-    MAX_BLOCKS_H: tl.constexpr, MAX_BLOCKS_W: tl.constexpr, CHUNK_C: tl.constexpr,
-):
-    tile = tl.program_id(0)
-    n = tl.program_id(1)
-    pair = n * tl.num_programs(0) + tile
-    tile_r = tile // tiles_w
-    tile_c = tile % tiles_w
-    # Input rows/cols read by the tile's window, clamped to the image (empty if only padding).
-    lo_h = tl.maximum(tile_r * TILE_H * stride_h - pad_h, 0)
-    hi_h = tl.minimum((tl.minimum(tile_r * TILE_H + TILE_H, out_h) - 1) * stride_h - pad_h + reach_h, height - 1)
-    lo_w = tl.maximum(tile_c * TILE_W * stride_w - pad_w, 0)
-    hi_w = tl.minimum((tl.minimum(tile_c * TILE_W + TILE_W, out_w) - 1) * stride_w - pad_w + reach_w, width - 1)
-    window_ok = (lo_h <= hi_h) & (lo_w <= hi_w)
-    count = tl.full((), 0, tl.int32)
-    c0 = 0
-    while c0 < channels:
-        offs_c = c0 + tl.arange(0, CHUNK_C)
-        c_ok = offs_c < channels
-        active = tl.zeros((CHUNK_C,), tl.int32)
-        for i in tl.static_range(MAX_BLOCKS_H):
-            block_r = lo_h // BLOCK + i
-            for j in tl.static_range(MAX_BLOCKS_W):
-                block_c = lo_w // BLOCK + j
-                in_window = window_ok & (block_r <= hi_h // BLOCK) & (block_c <= hi_w // BLOCK)
-                flag = tl.load(blocks_ptr + ((n * block_rows + block_r) * block_cols + block_c) * channels + offs_c,
-                               mask=c_ok & in_window, other=0)
-                active = tl.maximum(active, flag.to(tl.int32))
-        tl.store(active_ptr + pair * channels + offs_c, active.to(tl.int8), mask=c_ok)
-        slot = count + tl.cumsum(active, axis=0) - 1
-        tl.store(index_ptr + pair * channels + slot, offs_c, mask=c_ok & (active != 0))
-        count += tl.sum(active, axis=0)
-        c0 += CHUNK_C
-    tl.store(count_ptr + pair, count)
-
-
-def block_activity(x: torch.Tensor) -> torch.Tensor:
-    """int8 [N, ceil(H/8), ceil(W/8), C]: 1 where the block of x holds a non-zero."""
-    batch, channels, height, width = x.shape
-    block_rows, block_cols = triton.cdiv(height, BLOCK), triton.cdiv(width, BLOCK)
-    blocks = torch.empty((batch, block_rows, block_cols, channels), device=x.device, dtype=torch.int8)
-    block_c = min(64, _next_pow2(channels))
-    _block_activity_kernel[(block_rows * block_cols, batch, triton.cdiv(channels, block_c))](
-        x, blocks, channels, height, width, block_cols, *x.stride(), BLOCK_C=block_c, BLOCK=BLOCK,
-    )
-    return blocks
-
-
-def tile_activity(
-    blocks: torch.Tensor, geometry: ConvGeometry
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per (sample, output tile): `active` int8 [N, tiles, C], the active channels compacted in
-    ascending order into `index` int32 [N, tiles, C] (entries past `count` are unset), `count`
-    int32 [N, tiles]."""
-    rows, cols, channels = geometry.rows, geometry.cols, geometry.in_channels
-    shape = (geometry.batch, geometry.tiles, channels)
-    active = torch.empty(shape, device=blocks.device, dtype=torch.int8)
-    index = torch.empty(shape, device=blocks.device, dtype=torch.int32)
-    count = torch.empty(shape[:2], device=blocks.device, dtype=torch.int32)
-    _tile_activity_kernel[(geometry.tiles, geometry.batch)](
-        blocks, active, index, count,
-        channels, rows.blocks, cols.blocks, cols.tiles, rows.out_size, cols.out_size, rows.size, cols.size,
-        rows.stride, cols.stride, rows.padding, cols.padding,
-        (rows.kernel - 1) * rows.dilation, (cols.kernel - 1) * cols.dilation,
-        TILE_H=rows.tile, TILE_W=cols.tile, BLOCK=BLOCK,
-        MAX_BLOCKS_H=rows.max_blocks_per_tile, MAX_BLOCKS_W=cols.max_blocks_per_tile,
-        CHUNK_C=min(256, _next_pow2(channels)),
-    )
-    return active, index, count
-
-
-def prescan(x: torch.Tensor, geometry: ConvGeometry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Stage 1: `active`, `index`, `count` of `tile_activity` straight from x."""
-    return tile_activity(block_activity(x), geometry)
-
-
-def work_fractions(active: torch.Tensor, count: torch.Tensor, geometry: ConvGeometry,
-                   config: KernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
-    """float32 [2] on the device: the fraction of the dense work that the forward and the
-    weight-gradient kernels do for this activity (what their run time is linear in)."""
-    if geometry.is_depthwise:
-        fraction = active.float().mean()
-        return torch.stack([fraction, fraction])
-    forward = torch.div(count + config.block_k - 1, config.block_k, rounding_mode="floor").float().mean()
-    forward = forward / triton.cdiv(geometry.in_channels, config.block_k)
-    chunk = _wgrad_chunk(geometry, config)
-    padded = torch.nn.functional.pad(active, (0, -geometry.in_channels % chunk))
-    wgrad = padded.view(*active.shape[:2], -1, chunk).amax(dim=3).float().mean()
-    return torch.stack([forward, wgrad])
-
-
-# ----------------------------------------------------------------------------------- stage 2
-@triton.jit
-def _accumulate_taps(
-    acc, x_base, wt_ptr, index_ptr, k0, active_channels, oh, ow, pix_ok, offs_co, co_ok,
-    in_channels, out_channels, height, width, sx_c, sx_h, sx_w,
-    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    FIRST_TAP: tl.constexpr, GROUP: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
-    BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr,
-):
-    """acc += taps FIRST_TAP .. FIRST_TAP + GROUP - 1 (those that exist) of the BLOCK_K active
-    channels listed from position k0: one gathered im2col tile [pixels, (tap, channel)], one dot."""
-    offs_j = tl.arange(0, GROUP * BLOCK_K)
-    slot = k0 + offs_j % BLOCK_K
-    tap = FIRST_TAP + offs_j // BLOCK_K
-    col_ok = (slot < active_channels) & (tap < KH * KW)
-    ci = tl.load(index_ptr + slot, mask=col_ok, other=0)
-    ih = oh[:, None] * stride_h - pad_h + (tap // KW)[None, :] * dil_h
-    iw = ow[:, None] * stride_w - pad_w + (tap % KW)[None, :] * dil_w
-    a_ok = pix_ok[:, None] & col_ok[None, :] & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
-    a = tl.load(x_base + ci[None, :] * sx_c + ih * sx_h + iw * sx_w, mask=a_ok, other=0.0)
-    b = tl.load(wt_ptr + (tap[:, None] * in_channels + ci[:, None]) * out_channels + offs_co[None, :],
-                mask=col_ok[:, None] & co_ok[None, :], other=0.0)
-    return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc, input_precision="tf32")  # TF32: fp32 only
+    # packed[n, slot] = x[n, index[n, slot]] for slot < count[n]; later slots are left unset.
+    # Samples go back to front: the prescan just read x front to back, its tail is still in L2.
+    pix = tl.program_id(0) * BLOCK_PIX + tl.arange(0, BLOCK_PIX)
+    n = tl.num_programs(1) - 1 - tl.program_id(1)
+    plane = height * width
+    pix_ok = pix < plane
+    src = x_ptr + n.to(tl.int64) * sx_n + ((pix // width) * sx_h + (pix % width) * sx_w)[:, None]
+    dst = packed_ptr + n.to(tl.int64) * channels * plane + pix[:, None]
+    active_channels = tl.load(count_ptr + n)
+    s0 = 0
+    while s0 < active_channels:
+        slot = s0 + tl.arange(0, BLOCK_S)
+        s_ok = slot < active_channels
+        ci = tl.load(index_ptr + n * channels + slot, mask=s_ok, other=0)
+        mask = pix_ok[:, None] & s_ok[None, :]
+        values = tl.load(src + ci[None, :] * sx_c, mask=mask, other=0.0)
+        tl.store(dst + slot[None, :] * plane, values, mask=mask)
+        s0 += BLOCK_S
 
 
 @triton.jit(do_not_specialize=_CONV_ARGS)
 def _sparse_conv_fwd_kernel(
     x_ptr, wt_ptr, bias_ptr, y_ptr, index_ptr, count_ptr,
-    in_channels, out_channels, height, width, out_h, out_w, tiles_w,
+    in_channels, out_channels, height, width, out_h, out_w, tiles_w, list_tiles,
     sx_n, sx_c, sx_h, sx_w, sy_n, sy_c, sy_h, sy_w,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     KH: tl.constexpr, KW: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
-    BLOCK_K: tl.constexpr, TAPS_PER_DOT: tl.constexpr, REST_TAPS: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    # Taps go TAPS_PER_DOT at a time into one dot (fewer, larger, independent gathers); the
-    # REST_TAPS left over (padded to a power of two) go into one narrower dot.
+    # Output-channel blocks vary fastest: programs of one tile run together and share its X in L2.
+    # list_tiles is 1 for per-sample lists, else the number of tiles (per-tile lists).
+    # PACKED: x holds the listed channels densely, slot by slot (see _pack_active_planes_kernel).
     co_block = tl.program_id(0)
     tile = tl.program_id(1)
-    n = tl.program_id(2)
-    pair = n * tl.num_programs(1) + tile
-    offs_m = tl.arange(0, TILE_H * TILE_W)
-    oh = (tile // tiles_w) * TILE_H + offs_m // TILE_W
-    ow = (tile % tiles_w) * TILE_W + offs_m % TILE_W
+    n = tl.num_programs(2) - 1 - tl.program_id(2)  # back to front, as in the packing
+    list_row = n * list_tiles + tile % list_tiles
+    offs_p = tl.arange(0, TILE_H * TILE_W)
+    oh = (tile // tiles_w) * TILE_H + offs_p // TILE_W
+    ow = (tile % tiles_w) * TILE_W + offs_p % TILE_W
     pix_ok = (oh < out_h) & (ow < out_w)
     offs_co = co_block * BLOCK_N + tl.arange(0, BLOCK_N)
     co_ok = offs_co < out_channels
+    offs_k = tl.arange(0, BLOCK_K)
     x_base = x_ptr + n.to(tl.int64) * sx_n
-    index_row = index_ptr + pair * in_channels
-    full_taps: tl.constexpr = (KH * KW) // TAPS_PER_DOT * TAPS_PER_DOT
     acc = tl.zeros((TILE_H * TILE_W, BLOCK_N), tl.float32)
-    active_channels = tl.load(count_ptr + pair)
+    active_channels = tl.load(count_ptr + list_row)
     k0 = 0
     while k0 < active_channels:
-        for first in tl.static_range(0, full_taps, TAPS_PER_DOT):
-            acc = _accumulate_taps(
-                acc, x_base, wt_ptr, index_row, k0, active_channels, oh, ow, pix_ok, offs_co, co_ok,
-                in_channels, out_channels, height, width, sx_c, sx_h, sx_w,
-                stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-                first, TAPS_PER_DOT, KH, KW, BLOCK_K, DOT_DTYPE,
-            )
-        if REST_TAPS > 0:
-            acc = _accumulate_taps(
-                acc, x_base, wt_ptr, index_row, k0, active_channels, oh, ow, pix_ok, offs_co, co_ok,
-                in_channels, out_channels, height, width, sx_c, sx_h, sx_w,
-                stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-                full_taps, REST_TAPS, KH, KW, BLOCK_K, DOT_DTYPE,
-            )
+        slot = k0 + offs_k
+        k_ok = slot < active_channels
+        ci = tl.load(index_ptr + list_row * in_channels + slot, mask=k_ok, other=0)
+        if PACKED:
+            x_cols = x_base + slot[None, :] * sx_c
+        else:
+            x_cols = x_base + ci[None, :] * sx_c
+        for tap in tl.range(0, KH * KW, num_stages=NUM_STAGES):
+            ih = oh * stride_h - pad_h + (tap // KW) * dil_h
+            iw = ow * stride_w - pad_w + (tap % KW) * dil_w
+            p_ok = pix_ok & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
+            a = tl.load(x_cols + (ih * sx_h + iw * sx_w)[:, None], mask=p_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(wt_ptr + (tap * in_channels + ci)[:, None] * out_channels + offs_co[None, :],
+                        mask=k_ok[:, None] & co_ok[None, :], other=0.0)
+            acc = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc, input_precision="tf32")  # TF32: fp32 only
         k0 += BLOCK_K
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_co, mask=co_ok, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + n.to(tl.int64) * sy_n + offs_co[None, :] * sy_c + oh[:, None] * sy_h + ow[:, None] * sy_w
+    y_ptrs = y_ptr + n.to(tl.int64) * sy_n + offs_co[None, :] * sy_c + (oh * sy_h + ow * sy_w)[:, None]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=pix_ok[:, None] & co_ok[None, :])
 
 
+def channels_innermost(x: torch.Tensor) -> bool:
+    """True for layouts where a pixel's channels lie together (channels_last): the forward then
+    packs the active planes first instead of gathering channels per tap."""
+    return x.shape[1] > 1 and x.stride(1) < x.stride(3)
+
+
+def forward_tile(out_h: int, out_w: int, config: KernelConfig = DEFAULT_CONFIG) -> tuple[int, int]:
+    """Output tile of a forward program: whole rows (up to config.forward_pixels pixels) where
+    they fit, at least 16 pixels (tl.dot's minimum M)."""
+    tile_w = min(max(_next_pow2(out_w), 8), config.forward_pixels)
+    tile_h = max(1, min(config.forward_pixels // tile_w, _next_pow2(out_h)), 16 // tile_w)
+    return tile_h, tile_w
+
+
+@dataclass(frozen=True)
+class ForwardLists:
+    """What the dense forward iterates over: its output tiling and its active-channel lists
+    (per tile: `index` [N, tiles, C], `count` [N, tiles]; per sample: [N, C] and [N])."""
+
+    geometry: ConvGeometry
+    index: torch.Tensor
+    count: torch.Tensor
+    per_sample: bool
+
+
+def forward_lists(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry,
+                  config: KernelConfig = DEFAULT_CONFIG) -> ForwardLists:
+    """The dense forward's lists for input x with block map `blocks`."""
+    tiled = geometry.retiled(forward_tile(geometry.rows.out_size, geometry.cols.out_size, config))
+    if channels_innermost(x):
+        return ForwardLists(tiled, *plane_lists(blocks), per_sample=True)
+    return ForwardLists(tiled, *tile_activity(blocks, tiled)[1:], per_sample=False)
+
+
+def pack_active_planes(x: torch.Tensor, lists: ForwardLists, config: KernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
+    """[N, C, H, W] contiguous whose first count[n] channels of sample n are x's listed planes."""
+    batch, channels, height, width = x.shape
+    packed = torch.empty((batch, channels, height, width), device=x.device, dtype=x.dtype)
+    _pack_active_planes_kernel[(triton.cdiv(height * width, config.pack_pixels), batch)](
+        x, packed, lists.index, lists.count, channels, height, width, *x.stride(),
+        BLOCK_PIX=config.pack_pixels, BLOCK_S=config.pack_slots,
+    )
+    return packed
+
+
+def sparse_conv_fwd(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lists: ForwardLists,
+    config: KernelConfig = DEFAULT_CONFIG,
+) -> torch.Tensor:
+    """Stage 2 for dense weights (groups=1): y from the listed active channels only."""
+    geometry = lists.geometry
+    rows, cols = geometry.rows, geometry.cols
+    y = _empty_output(x, geometry)
+    source = pack_active_planes(x, lists, config) if lists.per_sample else x
+    # [taps, C_in, C_out]: the rows of a channel's taps are contiguous C_out vectors
+    weight_by_tap = weight.permute(2, 3, 1, 0).reshape(geometry.taps, geometry.in_channels, geometry.out_channels)
+    weight_by_tap = weight_by_tap.contiguous()
+    block_n = min(config.forward_block_n, max(16, _next_pow2(geometry.out_channels)))
+    grid = (triton.cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)
+    _sparse_conv_fwd_kernel[grid](
+        source, weight_by_tap, bias if bias is not None else weight_by_tap, y, lists.index, lists.count,
+        geometry.in_channels, geometry.out_channels, rows.size, cols.size, rows.out_size, cols.out_size,
+        cols.tiles, 1 if lists.per_sample else geometry.tiles, *source.stride(), *y.stride(), *_conv_args(geometry),
+        KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
+        BLOCK_K=config.forward_block_k, BLOCK_N=block_n, NUM_STAGES=config.forward_num_stages,
+        PACKED=lists.per_sample, HAS_BIAS=bias is not None, DOT_DTYPE=_dot_dtype(x.dtype),
+        num_warps=config.forward_num_warps,
+    )
+    return y
+
+
+# ---------------------------------------------------------------------------------- depthwise
 @triton.jit(do_not_specialize=_CONV_ARGS)
 def _sparse_depthwise_fwd_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, active_ptr,
@@ -314,38 +280,6 @@ def _sparse_depthwise_fwd_kernel(
     y_ptrs = y_ptr + n.to(tl.int64) * sy_n + offs_c[None, :] * sy_c + oh[:, None] * sy_h + ow[:, None] * sy_w
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=pix_ok[:, None] & c_ok[None, :])
 
-
-def _empty_output(x: torch.Tensor, geometry: ConvGeometry) -> torch.Tensor:
-    return torch.empty(geometry.output_shape, device=x.device, dtype=x.dtype, memory_format=_memory_format(x))
-
-
-def _conv_args(geometry: ConvGeometry) -> tuple[int, ...]:
-    rows, cols = geometry.rows, geometry.cols
-    return (rows.stride, cols.stride, rows.padding, cols.padding, rows.dilation, cols.dilation)
-
-
-def sparse_conv_fwd(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry,
-    index: torch.Tensor, count: torch.Tensor, config: KernelConfig = DEFAULT_CONFIG,
-) -> torch.Tensor:
-    """Stage 2 for dense weights (groups=1): y from the active channels listed per tile."""
-    rows, cols = geometry.rows, geometry.cols
-    y = _empty_output(x, geometry)
-    weight_by_tap = weight.permute(2, 3, 1, 0).contiguous()  # [KH, KW, C_in, C_out]: rows by channel
-    block_n = min(128, max(16, _next_pow2(geometry.out_channels)))
-    rest = geometry.taps % config.taps_per_dot
-    rest_taps = _next_pow2(rest) if rest else 0
-    grid = (triton.cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)
-    _sparse_conv_fwd_kernel[grid](
-        x, weight_by_tap, bias if bias is not None else weight_by_tap, y, index, count,
-        geometry.in_channels, geometry.out_channels, rows.size, cols.size, rows.out_size, cols.out_size,
-        cols.tiles, *x.stride(), *y.stride(), *_conv_args(geometry),
-        KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
-        BLOCK_K=config.block_k, TAPS_PER_DOT=config.taps_per_dot, REST_TAPS=rest_taps, BLOCK_N=block_n,
-        HAS_BIAS=bias is not None, DOT_DTYPE=_dot_dtype(x.dtype),
-        num_warps=config.num_warps,
-    )
-    return y
 
 
 def sparse_depthwise_fwd(
@@ -520,3 +454,23 @@ def sparse_depthwise_wgrad(
     )
     grad_w = partial.sum(dim=0).view(rows.kernel, cols.kernel, channels).permute(2, 0, 1).unsqueeze(1)
     return grad_w.to(weight_dtype).contiguous()
+
+
+# ------------------------------------------------------------------------ dispatcher's measure
+def work_fractions(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry,
+                   config: KernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
+    """float32 [2] on the device: the fraction of the dense work that the forward and the
+    weight-gradient kernels do on input x with block map `blocks` (what their run time is
+    linear in). `geometry` has the 8x8 activity tiles of the depthwise and wgrad kernels."""
+    active = tile_activity(blocks, geometry)[0]
+    if geometry.is_depthwise:
+        fraction = active.float().mean()
+        return torch.stack([fraction, fraction])
+    count = forward_lists(x, blocks, geometry, config).count
+    block_k = config.forward_block_k
+    forward = torch.div(count + block_k - 1, block_k, rounding_mode="floor").float().mean()
+    forward = forward / triton.cdiv(geometry.in_channels, block_k)
+    chunk = _wgrad_chunk(geometry, config)
+    padded = torch.nn.functional.pad(active, (0, -geometry.in_channels % chunk))
+    wgrad = padded.view(*active.shape[:2], -1, chunk).amax(dim=3).float().mean()
+    return torch.stack([forward, wgrad])

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts, sparse_conv2d
+from kernels.sparse_conv import prescan as sparse_prescan
 from kernels.sparse_conv import triton as sparse_triton
 from kernels.sparse_conv.calibration import Crossover, CrossoverCache, _crossing
 from kernels.sparse_conv.dispatch import SAMPLE_EVERY, DensityTracker
@@ -135,19 +136,52 @@ def test_prescan_matches_reference(channels_last):
     generator = torch.Generator().manual_seed(1)
     x = layout(spikes((2, 7, 19, 13), 0.01, generator, plane_silence=0.5), channels_last)
     weight = torch.zeros(3, 7, 3, 3)
-    blocks = sparse_triton.block_activity(x)
+    blocks = sparse_prescan.block_activity(x)
     assert torch.equal(blocks.bool(), block_activity(x).permute(0, 2, 3, 1))
     assert 0 < blocks.float().mean() < 1  # the case exercises both kinds of block
     for stride, padding, dilation in [(1, 1, 1), (2, 2, 2), (1, 0, 1)]:
         geometry = conv_geometry(x, weight, [stride] * 2, [padding] * 2, [dilation] * 2, 1)
-        active, index, count = sparse_triton.tile_activity(blocks, geometry)
-        expected = tile_activity(block_activity(x), geometry)
-        assert torch.equal(active.bool(), expected)
-        assert torch.equal(count, expected.sum(dim=2).int())
-        for pair in range(count.numel()):  # index lists the active channels in ascending order
-            n, tile = divmod(pair, geometry.tiles)
-            listed = index[n, tile, : count[n, tile]]
-            assert torch.equal(listed.long(), expected[n, tile].nonzero().flatten())
+        for tile in [(8, 8), (2, 16)]:  # the wgrad's tiles, and a forward-like row band
+            active, index, count = sparse_prescan.tile_activity(blocks, geometry.retiled(tile))
+            expected = tile_activity(block_activity(x), geometry.retiled(tile))
+            assert torch.equal(active.bool(), expected)
+            assert_lists(index, count, expected)
+    index, count = sparse_prescan.plane_lists(blocks)
+    assert_lists(index, count, x.ne(0).any(dim=3).any(dim=2))
+
+
+def assert_lists(index: torch.Tensor, count: torch.Tensor, expected: torch.Tensor) -> None:
+    """index[..., :count] lists the True entries of `expected` along its last axis, in order."""
+    assert torch.equal(count, expected.sum(dim=-1).int())
+    for row in range(count.numel()):
+        listed = index.flatten(0, -2)[row, : count.flatten()[row]]
+        assert torch.equal(listed.long(), expected.flatten(0, -2)[row].nonzero().flatten())
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw (tile lists)", "channels_last (packed)"])
+@pytest.mark.parametrize("stride,dilation", [(1, 1), (2, 2)])
+def test_forward_loops_over_channel_chunks_output_blocks_and_tiles(channels_last, stride, dilation):
+    """Small tiles so that one case has several K chunks (48 channels, 16 per dot), two output
+    channel blocks (the second partial) and several tiles per row (the last partial)."""
+    config = sparse_triton.KernelConfig(forward_pixels=16, forward_block_k=16, forward_block_n=16)
+    generator = torch.Generator().manual_seed(8)
+    x = layout(spikes((1, 48, 4, 37), 0.3, generator, plane_silence=0.2), channels_last)
+    weight, bias = torch.randn((20, 48, 3, 3), generator=generator), torch.randn(20, generator=generator)
+    geometry = conv_geometry(x, weight, [stride] * 2, [dilation] * 2, [dilation] * 2, 1)
+    lists = sparse_triton.forward_lists(x, sparse_prescan.block_activity(x), geometry, config)
+    assert lists.per_sample == channels_last and lists.count.max() > 2 * config.forward_block_k
+    assert lists.geometry.cols.tiles > 1 and lists.geometry.cols.out_size % lists.geometry.cols.tile != 0
+    y = sparse_triton.sparse_conv_fwd(x, weight, bias, lists, config)
+    expected = F.conv2d(x, weight, bias, stride, dilation, dilation)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("out_size,tile", [
+    ((32, 32), (4, 32)), ((28, 28), (4, 32)), ((14, 14), (8, 16)), ((7, 7), (8, 8)), ((1, 1), (2, 8)),
+    ((3, 300), (1, 128)),
+])
+def test_forward_tiles_are_row_bands_of_at_least_16_pixels(out_size, tile):
+    assert sparse_triton.forward_tile(*out_size) == tile
 
 
 @pytest.mark.parametrize("kind,kernel,stride,dilation", SUPPORTED[::3])
@@ -160,12 +194,16 @@ def test_reference_matches_conv2d(kind, kernel, stride, dilation):
     assert_matches_conv2d(x, weight, bias, stride, padding, dilation, groups, backend="reference")
 
 
-def test_work_fractions_follow_the_activity():
-    x, weight, _, _ = conv_case("dense", 3, channels_last=False, density=1.0, plane_silence=0.0)
-    geometry = conv_geometry(x, weight, [1, 1], [1, 1], [1, 1], 1)
-    full = sparse_triton.work_fractions(*sparse_triton.prescan(x, geometry)[::2], geometry)
-    none = sparse_triton.work_fractions(*sparse_triton.prescan(torch.zeros_like(x), geometry)[::2], geometry)
-    assert full.tolist() == [1.0, 1.0] and none.tolist() == [0.0, 0.0]
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("kind", ["dense", "depthwise"])
+def test_work_fractions_follow_the_activity(kind, channels_last):
+    x, weight, _, groups = conv_case(kind, 3, channels_last, density=1.0, plane_silence=0.0)
+    geometry = conv_geometry(x, weight, [1, 1], [1, 1], [1, 1], groups)
+
+    def fractions(x_: torch.Tensor) -> list[float]:
+        return sparse_triton.work_fractions(x_, sparse_prescan.block_activity(x_), geometry).tolist()
+
+    assert fractions(x) == [1.0, 1.0] and fractions(torch.zeros_like(x)) == [0.0, 0.0]
 
 
 # ---------------------------------------------------------------------------- module and API

@@ -1,0 +1,170 @@
+"""Stage 1 of the spike-sparse convolution: which input blocks hold a non-zero, and from that the
+lists of active input channels that the stage-2 kernels iterate over. No host syncs; every grid
+depends on shapes only, so the whole path is CUDA-graph capturable.
+
+  `_block_activity_kernel`  reads x once (its only full read): int8 [N, H/8, W/8, C], 1 where the
+                            8x8 block of a (sample, channel) plane holds a non-zero (NaN counts).
+                            One program takes a band of 8 whole rows of BLOCK_C channels, so its
+                            loads run along whichever axis is contiguous (W in NCHW, C in
+                            channels_last) in long segments.
+  `_tile_activity_kernel`   per (sample, output tile): ORs the flags of the blocks under the
+                            tile's input window -> `active` [N, tiles, C], and lists the active
+                            channels in `index` [N, tiles, C] (ascending) with `count` [N, tiles].
+  `_plane_lists_kernel`     per sample: the channels active anywhere in the plane, listed the same
+                            way ([N, C] and [N]).
+Loops with a run-time bound are `while` loops: Triton 3.6's interpreter (how CI runs these
+kernels) fails on range() with a run-time bound under numpy >= 2.4 (triton-lang/triton#9171).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.sparse_conv.geometry import BLOCK, ConvGeometry
+
+_BLOCK_MAP_ELEMENTS = 16384  # x elements one block-map program loads (32 KB in fp16)
+
+
+@triton.jit
+def _block_activity_kernel(
+    x_ptr, blocks_ptr,
+    channels, height, width, block_rows, block_cols,
+    stride_n, stride_c, stride_h, stride_w,
+    BLOCK_C: tl.constexpr, BLOCK: tl.constexpr, WIDTH: tl.constexpr,
+):
+    # Samples vary slowest, so x is read front to back (the forward then reads it back to front,
+    # from the part still in L2).
+    offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    block_r = tl.program_id(1)
+    n = tl.program_id(2)
+    rows = block_r * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, WIDTH)
+    c_ok = offs_c < channels
+    mask = c_ok[:, None, None] & (rows < height)[None, :, None] & (cols < width)[None, None, :]
+    ptrs = (x_ptr + n.to(tl.int64) * stride_n + offs_c[:, None, None] * stride_c
+            + rows[None, :, None] * stride_h + cols[None, None, :] * stride_w)
+    nonzero = (tl.load(ptrs, mask=mask, other=0.0) != 0).to(tl.int32)
+    per_col = tl.max(nonzero, axis=1)  # [BLOCK_C, WIDTH]
+    per_block = tl.max(tl.reshape(per_col, (BLOCK_C, WIDTH // BLOCK, BLOCK)), axis=2)
+    block_c = tl.arange(0, WIDTH // BLOCK)
+    out = blocks_ptr + ((n * block_rows + block_r) * block_cols + block_c[None, :]) * channels + offs_c[:, None]
+    tl.store(out, per_block.to(tl.int8), mask=c_ok[:, None] & (block_c < block_cols)[None, :])
+
+
+@triton.jit
+def _append_active(active, offs_c, c_ok, count, index_row):
+    """Writes the channels `offs_c` whose `active` flag is set to the list at `index_row`, after its
+    first `count` entries; returns the new count."""
+    slot = count + tl.cumsum(active, axis=0) - 1
+    tl.store(index_row + slot, offs_c, mask=c_ok & (active != 0))
+    return count + tl.sum(active, axis=0)
+
+
+@triton.jit(do_not_specialize=["stride_h", "stride_w", "pad_h", "pad_w"])
+def _tile_activity_kernel(
+    blocks_ptr, active_ptr, index_ptr, count_ptr,
+    channels, block_rows, block_cols, tiles_w, out_h, out_w, height, width,
+    stride_h, stride_w, pad_h, pad_w, reach_h, reach_w,
+    TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK: tl.constexpr,
+    MAX_BLOCKS_H: tl.constexpr, MAX_BLOCKS_W: tl.constexpr, CHUNK_C: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    n = tl.program_id(1)
+    pair = n * tl.num_programs(0) + tile
+    tile_r = tile // tiles_w
+    tile_c = tile % tiles_w
+    # Input rows/cols read by the tile's window, clamped to the image (empty if only padding).
+    lo_h = tl.maximum(tile_r * TILE_H * stride_h - pad_h, 0)
+    hi_h = tl.minimum((tl.minimum(tile_r * TILE_H + TILE_H, out_h) - 1) * stride_h - pad_h + reach_h, height - 1)
+    lo_w = tl.maximum(tile_c * TILE_W * stride_w - pad_w, 0)
+    hi_w = tl.minimum((tl.minimum(tile_c * TILE_W + TILE_W, out_w) - 1) * stride_w - pad_w + reach_w, width - 1)
+    window_ok = (lo_h <= hi_h) & (lo_w <= hi_w)
+    count = tl.full((), 0, tl.int32)
+    c0 = 0
+    while c0 < channels:
+        offs_c = c0 + tl.arange(0, CHUNK_C)
+        c_ok = offs_c < channels
+        active = tl.zeros((CHUNK_C,), tl.int32)
+        for i in tl.static_range(MAX_BLOCKS_H):
+            block_r = lo_h // BLOCK + i
+            for j in tl.static_range(MAX_BLOCKS_W):
+                block_c = lo_w // BLOCK + j
+                in_window = window_ok & (block_r <= hi_h // BLOCK) & (block_c <= hi_w // BLOCK)
+                flag = tl.load(blocks_ptr + ((n * block_rows + block_r) * block_cols + block_c) * channels + offs_c,
+                               mask=c_ok & in_window, other=0)
+                active = tl.maximum(active, flag.to(tl.int32))
+        tl.store(active_ptr + pair * channels + offs_c, active.to(tl.int8), mask=c_ok)
+        count = _append_active(active, offs_c, c_ok, count, index_ptr + pair * channels)
+        c0 += CHUNK_C
+    tl.store(count_ptr + pair, count)
+
+
+@triton.jit
+def _plane_lists_kernel(blocks_ptr, index_ptr, count_ptr, channels, blocks_per_plane, CHUNK_C: tl.constexpr):
+    n = tl.program_id(0)
+    count = tl.full((), 0, tl.int32)
+    c0 = 0
+    while c0 < channels:
+        offs_c = c0 + tl.arange(0, CHUNK_C)
+        c_ok = offs_c < channels
+        active = tl.zeros((CHUNK_C,), tl.int32)
+        block = 0
+        while block < blocks_per_plane:
+            flag = tl.load(blocks_ptr + (n * blocks_per_plane + block) * channels + offs_c, mask=c_ok, other=0)
+            active = tl.maximum(active, flag.to(tl.int32))
+            block += 1
+        count = _append_active(active, offs_c, c_ok, count, index_ptr + n * channels)
+        c0 += CHUNK_C
+    tl.store(count_ptr + n, count)
+
+
+def _chunk(channels: int) -> int:
+    return min(256, triton.next_power_of_2(channels))
+
+
+def block_activity(x: torch.Tensor) -> torch.Tensor:
+    """int8 [N, ceil(H/8), ceil(W/8), C]: 1 where the block of x holds a non-zero."""
+    batch, channels, height, width = x.shape
+    block_rows, block_cols = triton.cdiv(height, BLOCK), triton.cdiv(width, BLOCK)
+    blocks = torch.empty((batch, block_rows, block_cols, channels), device=x.device, dtype=torch.int8)
+    padded_width = triton.next_power_of_2(block_cols * BLOCK)
+    block_c = max(1, min(_BLOCK_MAP_ELEMENTS // (BLOCK * padded_width), triton.next_power_of_2(channels)))
+    _block_activity_kernel[(triton.cdiv(channels, block_c), block_rows, batch)](
+        x, blocks, channels, height, width, block_rows, block_cols, *x.stride(),
+        BLOCK_C=block_c, BLOCK=BLOCK, WIDTH=padded_width, num_warps=8,
+    )
+    return blocks
+
+
+def tile_activity(
+    blocks: torch.Tensor, geometry: ConvGeometry
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per (sample, output tile of `geometry`): `active` int8 [N, tiles, C], the active channels
+    listed in ascending order in `index` int32 [N, tiles, C] (entries past `count` are unset),
+    `count` int32 [N, tiles]."""
+    rows, cols, channels = geometry.rows, geometry.cols, geometry.in_channels
+    shape = (geometry.batch, geometry.tiles, channels)
+    active = torch.empty(shape, device=blocks.device, dtype=torch.int8)
+    index = torch.empty(shape, device=blocks.device, dtype=torch.int32)
+    count = torch.empty(shape[:2], device=blocks.device, dtype=torch.int32)
+    _tile_activity_kernel[(geometry.tiles, geometry.batch)](
+        blocks, active, index, count,
+        channels, rows.blocks, cols.blocks, cols.tiles, rows.out_size, cols.out_size, rows.size, cols.size,
+        rows.stride, cols.stride, rows.padding, cols.padding,
+        (rows.kernel - 1) * rows.dilation, (cols.kernel - 1) * cols.dilation,
+        TILE_H=rows.tile, TILE_W=cols.tile, BLOCK=BLOCK,
+        MAX_BLOCKS_H=rows.max_blocks_per_tile, MAX_BLOCKS_W=cols.max_blocks_per_tile,
+        CHUNK_C=_chunk(channels),
+    )
+    return active, index, count
+
+
+def plane_lists(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sample: the channels with any non-zero, listed in ascending order in `index` int32
+    [N, C] (entries past `count` are unset), and `count` int32 [N]."""
+    batch, block_rows, block_cols, channels = blocks.shape
+    index = torch.empty((batch, channels), device=blocks.device, dtype=torch.int32)
+    count = torch.empty((batch,), device=blocks.device, dtype=torch.int32)
+    _plane_lists_kernel[(batch,)](blocks, index, count, channels, block_rows * block_cols, CHUNK_C=_chunk(channels))
+    return index, count
