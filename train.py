@@ -32,26 +32,26 @@ def main(cfg: DictConfig) -> None:
             scheduler=instantiate(cfg.optim.scheduler), epochs=cfg.epochs,
             auxiliary_weight=cfg.model.auxiliary_weight, drop_path_prob=cfg.model.drop_path_prob,
             grad_clip=cfg.grad_clip, precision=cfg.trainer.precision, ctx=ctx,
-            board=None, log_every_n_steps=cfg.trainer.log_every_n_steps)
+            log_every_n_steps=cfg.trainer.log_every_n_steps)
         if run.resumed:
             with checkpoint.restore_errors(run.checkpoint_path):
                 trainer.load_state_dict(run.state["trainer"])
-        trainer.board = run.tensorboard(cfg.logger, step=trainer.global_step)
-        if trainer.board is not None:
-            trainer.board.genotype(genotype, trainer.global_step)
+        board = run.tensorboard(cfg.logger, step=trainer.global_step)
+        if board is not None:
+            board.genotype(genotype, trainer.global_step)
         train_loader, test_loader = data.train_loaders(cfg.batch_size, seed=cfg.seed,
                                                        rank=ctx.rank, world_size=ctx.world_size)
 
-        def save(_: Retrainer, is_best: bool) -> None:
+        def save(is_best: bool) -> None:
             run.save({"genotype": genotype.to_json(), "trainer": trainer.state_dict()})
             if is_best:
                 run.save({"genotype": genotype.to_json(), "model": network.state_dict(),
                           "epoch": trainer.epoch, "test_acc": trainer.best_test_acc},
                          run.run_dir / "checkpoints" / "best.pt")
 
-        if not trainer.fit(train_loader, test_loader, should_stop=run.should_stop,
+        if not trainer.fit(train_loader, test_loader, board=board, should_stop=run.should_stop,
                            on_epoch_end=save):
-            save(trainer, is_best=False)
+            save(is_best=False)
             run.raise_if_stopped()
         if ctx.is_main:
             checkpoint.save_json({**trainer.metrics(), "wall_time_s": run.wall_time_s,

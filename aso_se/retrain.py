@@ -27,6 +27,7 @@ from aso_se.progress import EpochProgress
 from aso_se.rng_state import capture_rng_state, restore_rng_state
 from aso_se.tensorboard import TensorBoardLogger, layer_of
 from kernels.sparse_conv import path_counts, reset_path_counts
+from search_space.errors import UserInputError
 from search_space.neurons import firing_rates
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,10 @@ class Retrainer:
     def __init__(self, model: nn.Module, *, optimizer: OptimizerFactory,
                  scheduler: SchedulerFactory, epochs: int, auxiliary_weight: float,
                  drop_path_prob: float, grad_clip: float, precision: str,
-                 ctx: DistributedContext, board: TensorBoardLogger | None,
-                 log_every_n_steps: int) -> None:
+                 ctx: DistributedContext, log_every_n_steps: int) -> None:
+        if epochs < 1:
+            raise UserInputError(f"epochs={epochs}: a retrain needs at least one epoch; "
+                                 f"set epochs=<n>")
         self.network = model.to(ctx.device)
         self.model = wrap_model(self.network, ctx)
         self.optimizer = optimizer(self.network.parameters())
@@ -58,7 +61,7 @@ class Retrainer:
         self.grad_clip = grad_clip
         self.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
         self.ctx = ctx
-        self.board = board
+        self.board: TensorBoardLogger | None = None  # set by fit
         self.log_every = max(1, log_every_n_steps)
         self.progress = EpochProgress(enabled=ctx.is_main)
         self.epoch = 0           # the epoch being (or next to be) trained
@@ -76,12 +79,13 @@ class Retrainer:
         return sum(p.numel() for name, p in self.network.named_parameters()
                    if "auxiliary" not in name) / 1e6
 
-    def fit(self, train_loader: Any, test_loader: Any, *, should_stop: Callable[[], bool],
-            on_epoch_end: Callable[[Retrainer, bool], None]) -> bool:
-        """Train the remaining epochs; ``on_epoch_end(self, is_best)`` after each one.
+    def fit(self, train_loader: Any, test_loader: Any, *, board: TensorBoardLogger | None,
+            should_stop: Callable[[], bool], on_epoch_end: Callable[[bool], None]) -> bool:
+        """Train the remaining epochs; ``on_epoch_end(is_best)`` after each one (save there).
 
         Returns False when ``should_stop`` interrupted an epoch (the caller saves and exits).
         """
+        self.board = board
         while self.epoch < self.epochs:
             self.network.drop_path_prob = self.drop_path_prob * self.epoch / self.epochs
             train = self._train_epoch(train_loader, should_stop)
@@ -104,7 +108,7 @@ class Retrainer:
                 self.board.flush()
             reset_path_counts()
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
-            on_epoch_end(self, is_best)
+            on_epoch_end(is_best)
         return True
 
     def _train_epoch(self, loader: Any,
@@ -140,7 +144,7 @@ class Retrainer:
         self.train_images += images * self.ctx.world_size
         self.train_seconds += seconds
         return {"train_loss": shown["loss"], "train_acc": shown["acc"], "lr": shown["lr"],
-                "images_per_s": images * self.ctx.world_size / seconds}
+                "images_per_second": images * self.ctx.world_size / seconds}
 
     def _read_running(self, sums: torch.Tensor, first_bad_step: torch.Tensor,
                       images: int) -> dict[str, float]:
@@ -218,7 +222,7 @@ class Retrainer:
             "params_m": self.parameters_m,
             "firing_rate_mean": sum(rates.values()) / len(rates) if rates else None,
             "firing_rate_per_layer": {layer: sum(v) / len(v) for layer, v in per_layer.items()},
-            "train_images_per_s": self.train_images / max(self.train_seconds, 1e-9),
+            "train_images_per_second": self.train_images / max(self.train_seconds, 1e-9),
             "peak_gpu_memory_gib": (torch.cuda.max_memory_allocated(self.ctx.device) / 2**30
                                     if self.ctx.device.type == "cuda" else None),
             "history": self.history,

@@ -77,7 +77,7 @@ def test_train_retrains_the_newest_searched_genotype(workdir: Path, smoke_search
     run_dir = _only_run_dir(workdir / "outputs" / "train")
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert 0.0 <= metrics["test_acc"] <= 1.0 and metrics["epochs"] == 1
-    assert 0.0 < metrics["params_m"] < 0.1 and metrics["train_images_per_s"] > 0
+    assert 0.0 < metrics["params_m"] < 0.1 and metrics["train_images_per_second"] > 0
     assert metrics["firing_rate_per_layer"] and 0.0 < metrics["firing_rate_mean"] < 1.0
     assert metrics["wall_time_s"] > 0
     assert Genotype.from_json(metrics["genotype"]) == Genotype.from_json(
