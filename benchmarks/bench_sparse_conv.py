@@ -5,19 +5,27 @@ Rows: conv3x3, conv1x1 and depthwise 3x3 at [256, 128, 32, 32] on iid spikes (de
 the spike-reading convs of a small ST-BIF DARTS network trained for a few seconds on MNIST-5k,
 fed the activations they really receive (batch 64, T = 4: [256, C, H, W]).
 
-Columns (median µs of triton.testing.do_bench, which clears L2 before every call):
+Columns (median µs of triton.testing.do_bench, which clears L2 before every call); every row
+feeds the same fp16 spikes to all columns:
   cuDNN fp16 CL   F.conv2d, fp16, channels_last input and weight (the fastest cuDNN set-up)
   cuDNN fp32      F.conv2d, fp32 NCHW (TF32 tensor cores, torch's default)
-  ours            sparse_conv2d(backend="triton") on the fp16 channels_last input: prescan included
-  ours compute    the stage-2 kernel alone (activity lists given, as if the neuron made them)
-  dispatcher      SparseConv2d(backend="auto") in steady state (calibrated, tracker warmed up)
-  ×ours           speedup of ours over the best cuDNN column
+  ours CL         sparse_conv2d(backend="triton") on the fp16 channels_last input, no autograd:
+                  prescan, packing of the active planes and host work included
+  ours NCHW       the same on the fp16 NCHW input (the layout our networks run in)
+  ours graph      "ours NCHW" captured in a CUDA graph and replayed: GPU time only, no host work
+  CL stage 2      the stage-2 work alone on the channels_last input (packing + forward kernel,
+                  activity lists given, as if the neuron made them)
+  dispatcher      SparseConv2d(backend="auto") in steady state (calibrated, tracker warmed up),
+                  on the channels_last input
+  ×CL, ×NCHW      speedup of ours CL / ours NCHW over the best cuDNN column
   ×disp           speedup of the dispatcher over cuDNN on the same input (fp16 channels_last):
                   the dispatcher cannot change the caller's dtype or layout
   wgrad cuDNN / wgrad ours   weight gradient alone: aten.convolution_backward vs our sparse kernel
   zero blocks     fraction of the input's 8x8 (sample, channel) blocks that are all zero
+A cell that fails prints its error and reads nan; the other cells and rows go on.
 
-Usage: python benchmarks/bench_sparse_conv.py [--train-seconds 45] [--markdown FILE] | --sweep
+Usage: python benchmarks/bench_sparse_conv.py [--train-seconds 20] [--sweep] [--markdown FILE]
+  --sweep  first times forward/packing tile configs, the prescan alone and the host time per call
 """
 from __future__ import annotations
 
@@ -25,8 +33,10 @@ import argparse
 import datetime
 import itertools
 import logging
+import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -37,8 +47,9 @@ import triton.testing
 from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts, sparse_conv2d
 from kernels.sparse_conv.function import conv_geometry
 from kernels.sparse_conv.geometry import ConvGeometry
+from kernels.sparse_conv.prescan import block_activity, plane_lists, tile_activity
 from kernels.sparse_conv.triton import (
-    DEFAULT_CONFIG, KernelConfig, block_activity, prescan, sparse_conv_fwd, sparse_conv_wgrad,
+    DEFAULT_CONFIG, KernelConfig, forward_lists, pack_active_planes, sparse_conv_fwd, sparse_conv_wgrad,
     sparse_depthwise_fwd, sparse_depthwise_wgrad,
 )
 
@@ -71,8 +82,30 @@ SYNTHETIC_INPUTS = {  # name: (element density in active planes, fraction of sil
 }
 
 
-def median_us(fn) -> float:
-    return 1000.0 * triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+def median_us(fn: Callable[[], object]) -> float:
+    return 1000.0 * triton.testing.do_bench(fn, warmup=10, rep=30, return_mode="median")
+
+
+def guarded(name: str, measure_fn: Callable[[], float]) -> float:
+    """measure_fn(), or nan (the error logged) if it fails: one broken cell must not end the run."""
+    try:
+        return measure_fn()
+    except Exception as error:  # noqa: BLE001 -- reported, and the run goes on
+        log.error("%s failed: %s: %s", name, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+        return math.nan
+
+
+def graph_us(fn: Callable[[], object]) -> float:
+    """Median µs of fn captured in a CUDA graph and replayed (GPU time, no host work)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compile and warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_us(graph.replay)
 
 
 def spikes(shape, density: float, plane_silence: float, generator: torch.Generator) -> torch.Tensor:
@@ -88,50 +121,66 @@ def copy_bandwidth_gbs() -> float:
     return 2 * src.numel() / (median_us(lambda: dst.copy_(src)) * 1e-6) / 1e9
 
 
-def _stage2(x: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry, config: KernelConfig):
-    active, index, count = prescan(x, geometry)
+def stage2(x: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry,
+           config: KernelConfig = DEFAULT_CONFIG) -> Callable[[], torch.Tensor]:
+    """The stage-2 work on x (packing included), with the activity lists made beforehand."""
+    blocks = block_activity(x)
     if geometry.is_depthwise:
+        active = tile_activity(blocks, geometry)[0]
         return lambda: sparse_depthwise_fwd(x, weight, None, geometry, active, config)
-    return lambda: sparse_conv_fwd(x, weight, None, geometry, index, count, config)
+    lists = forward_lists(x, blocks, geometry, config)
+    return lambda: sparse_conv_fwd(x, weight, None, lists, config)
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
 def measure(layer: Layer, x: torch.Tensor, generator: torch.Generator) -> dict[str, float]:
     """All columns for one layer on one input (x: fp16 channels_last)."""
     c_in = x.shape[1]
     conv = (layer.stride, layer.padding, layer.dilation, layer.groups)
+    pairs = [layer.stride] * 2, [layer.padding] * 2, [layer.dilation] * 2
     weight = torch.randn((layer.out_channels, c_in // layer.groups, layer.kernel, layer.kernel),
                          generator=generator, device="cuda") / (c_in // layer.groups * layer.kernel**2) ** 0.5
     w16 = weight.half().to(memory_format=torch.channels_last)
-    x32 = x.float().contiguous()
-    geometry = conv_geometry(x, w16, [layer.stride] * 2, [layer.padding] * 2, [layer.dilation] * 2, layer.groups)
+    x32, x_nchw = x.float().contiguous(), x.contiguous()
+    geometry = conv_geometry(x, w16, *pairs, layer.groups)
     module = SparseConv2d(c_in, layer.out_channels, layer.kernel, stride=layer.stride, padding=layer.padding,
                           dilation=layer.dilation, groups=layer.groups, bias=False)
     module = module.cuda().half().to(memory_format=torch.channels_last).requires_grad_(False)
-    module.weight.copy_(w16)
+    row: dict[str, float] = {}
     with torch.no_grad():
-        ours = sparse_conv2d(x, w16, None, *conv, backend="triton")
-        error = ((ours.float() - F.conv2d(x32, weight, None, *conv)).norm() / ours.float().norm()).item()
-        for _ in range(40):  # calibrate and let the call site's density measurement come back
-            module(x)
-        torch.cuda.synchronize()
-        grad_y = torch.randn_like(ours)
-        active = prescan(x, geometry)[0]
+        module.weight.copy_(w16)
+        reference = F.conv2d(x32, weight, None, *conv)
+        row["rel_error"] = guarded("rel err", lambda: max(
+            relative_error(sparse_conv2d(x_, w16, None, *conv, backend="triton"), reference) for x_ in (x, x_nchw)))
+        row["zero_blocks"] = 1.0 - block_activity(x).float().mean().item()
+        row["cudnn_fp16_cl"] = guarded("cuDNN fp16 CL", lambda: median_us(lambda: F.conv2d(x, w16, None, *conv)))
+        row["cudnn_fp32"] = guarded("cuDNN fp32", lambda: median_us(lambda: F.conv2d(x32, weight, None, *conv)))
+        for key, x_ in (("ours_cl", x), ("ours_nchw", x_nchw)):
+            row[key] = guarded(key, lambda: median_us(lambda: sparse_conv2d(x_, w16, None, *conv, backend="triton")))
+        row["ours_graph"] = guarded("ours graph", lambda: graph_us(
+            lambda: sparse_conv2d(x_nchw, w16, None, *conv, backend="triton")))
+        row["cl_stage2"] = guarded("CL stage 2", lambda: median_us(stage2(x, w16, geometry)))
+
+        def dispatcher() -> float:
+            for _ in range(40):  # calibrate and let the call site's density measurement come back
+                module(x)
+            torch.cuda.synchronize()
+            return median_us(lambda: module(x))
+
+        row["dispatcher"] = guarded("dispatcher", dispatcher)
+        grad_y = torch.randn_like(reference).half()
         wgrad = sparse_depthwise_wgrad if geometry.is_depthwise else sparse_conv_wgrad
-        row = dict(
-            zero_blocks=1.0 - block_activity(x).float().mean().item(),
-            cudnn_fp16_cl=median_us(lambda: F.conv2d(x, w16, None, *conv)),
-            cudnn_fp32=median_us(lambda: F.conv2d(x32, weight, None, *conv)),
-            ours=median_us(lambda: sparse_conv2d(x, w16, None, *conv, backend="triton")),
-            ours_compute=median_us(_stage2(x, w16, geometry, DEFAULT_CONFIG)),
-            dispatcher=median_us(lambda: module(x)),
-            wgrad_cudnn=median_us(lambda: torch.ops.aten.convolution_backward(
-                grad_y, x, w16, None, [layer.stride] * 2, [layer.padding] * 2, [layer.dilation] * 2,
-                False, [0, 0], layer.groups, [False, True, False])),
-            wgrad_ours=median_us(lambda: wgrad(x, grad_y, geometry, active, w16.dtype)),
-            rel_error=error,
-        )
+        row["wgrad_cudnn"] = guarded("wgrad cuDNN", lambda: median_us(lambda: torch.ops.aten.convolution_backward(
+            grad_y, x, w16, None, *pairs, False, [0, 0], layer.groups, [False, True, False])))
+        active = tile_activity(block_activity(x), geometry)[0]
+        row["wgrad_ours"] = guarded("wgrad ours", lambda: median_us(
+            lambda: wgrad(x, grad_y, geometry, active, w16.dtype)))
     best = min(row["cudnn_fp16_cl"], row["cudnn_fp32"])
-    row["speedup_ours"] = best / row["ours"]
+    row["speedup_cl"] = best / row["ours_cl"]
+    row["speedup_nchw"] = best / row["ours_nchw"]
     row["speedup_dispatcher"] = row["cudnn_fp16_cl"] / row["dispatcher"]
     return row
 
@@ -199,60 +248,82 @@ def host_us_per_call(fn, calls: int = 200) -> float:
     return 1e6 * elapsed / calls
 
 
+# (forward_pixels, forward_block_k, forward_block_n, forward_num_warps, forward_num_stages); the first is the default
+FORWARD_SWEEP = [(128, 32, 128, 8, 2), (128, 16, 128, 8, 2), (128, 64, 128, 8, 2), (128, 32, 128, 4, 2),
+                 (128, 32, 128, 8, 1), (128, 32, 128, 8, 3), (64, 32, 128, 4, 2), (128, 32, 64, 4, 2),
+                 (256, 32, 64, 8, 2), (64, 16, 64, 4, 2)]
+PACK_SWEEP = [(128, 32), (256, 16), (64, 64), (512, 8)]  # (pack_pixels, pack_slots); the first is the default
+
+
 def sweep(generator: torch.Generator) -> None:
-    """Tile sizes of the conv3x3 stage-2 and weight-gradient kernels on 90%-silent-planes input,
-    the prescan alone, and the host time per call."""
-    x = spikes((BATCH, CHANNELS, SIZE, SIZE), 0.5, 0.9, generator).half().to(memory_format=torch.channels_last)
-    dense_w = torch.randn((CHANNELS, CHANNELS, 3, 3), device="cuda").half()
-    print("\nsweep (fp16, 90% silent planes; µs)")
-    geometry = conv_geometry(x, dense_w, [1, 1], [1, 1], [1, 1], 1)
-    for name, x_ in (("channels_last", x), ("nchw", x.contiguous())):
+    """Forward and packing tile configs for conv3x3 fp16 at [256,128,32,32], the prescan alone,
+    and the host time per call. Prints one line per config."""
+    silent = spikes((BATCH, CHANNELS, SIZE, SIZE), 0.5, 0.9, generator).half()
+    dense = spikes(silent.shape, 0.5, 0.0, generator).half()
+    inputs = {"90% silent planes, NCHW": silent, "90% silent planes, CL": silent.to(memory_format=torch.channels_last),
+              "dense NCHW": dense}
+    weight = torch.randn((CHANNELS, CHANNELS, 3, 3), device="cuda").half()
+    geometry = conv_geometry(silent, weight, [1, 1], [1, 1], [1, 1], 1)
+    print("\nsweep: conv3x3 fp16 [256,128,32,32], stage 2 alone (CL: packing included), µs", flush=True)
+    for pixels, block_k, block_n, warps, stages in FORWARD_SWEEP:
+        config = replace(DEFAULT_CONFIG, forward_pixels=pixels, forward_block_k=block_k, forward_block_n=block_n,
+                         forward_num_warps=warps, forward_num_stages=stages)
+        times = ", ".join(f"{name} {guarded(name, lambda: median_us(stage2(x_, weight, geometry, config))):.1f}"
+                          for name, x_ in inputs.items())
+        print(f"forward pixels={pixels} block_k={block_k} block_n={block_n} warps={warps} stages={stages}: {times}",
+              flush=True)
+    x_cl = inputs["90% silent planes, CL"]
+    lists = forward_lists(x_cl, block_activity(x_cl), geometry)
+    for pixels, slots in PACK_SWEEP:
+        config = replace(DEFAULT_CONFIG, pack_pixels=pixels, pack_slots=slots)
+        us = guarded("pack", lambda: median_us(lambda: pack_active_planes(x_cl, lists, config)))
+        print(f"pack pixels={pixels} slots={slots}: {us:.1f}", flush=True)
+    forward_geometry = lists.geometry
+    for name, x_ in list(inputs.items())[:2]:
+        blocks = block_activity(x_)
         print(f"prescan {name}: block map {median_us(lambda: block_activity(x_)):.1f}, "
-              f"block map + tile lists {median_us(lambda: prescan(x_, geometry)):.1f}, "
-              f"conv3x3 compute {median_us(_stage2(x_, dense_w, geometry, DEFAULT_CONFIG)):.1f}")
+              f"plane lists {median_us(lambda: plane_lists(blocks)):.1f}, "
+              f"forward tile lists {median_us(lambda: tile_activity(blocks, forward_geometry)):.1f}", flush=True)
     module = SparseConv2d(CHANNELS, CHANNELS, 3, padding=1, bias=False).cuda().half().requires_grad_(False)
-    dense_us = host_us_per_call(lambda: F.conv2d(x, dense_w, None, 1, 1))
-    triton_us = host_us_per_call(lambda: sparse_conv2d(x, dense_w, None, 1, 1, backend="triton"))
-    print(f"host µs per call: F.conv2d {dense_us:.1f}, sparse_conv2d(triton) {triton_us:.1f}, "
-          f"SparseConv2d(auto) {host_us_per_call(lambda: module(x)):.1f}")
-    dense_x = spikes(x.shape, 0.5, 0.0, generator).half().to(memory_format=torch.channels_last)
-    for taps, tile, block_k, warps in itertools.product((1, 4, 8), ((8, 8), (8, 16)), (16,), (4, 8)):
-        config = replace(DEFAULT_CONFIG, tile_h=tile[0], tile_w=tile[1], block_k=block_k, taps_per_dot=taps,
-                         num_warps=warps)
-        geometry = ConvGeometry.of(x, dense_w, 1, 1, 1, 1, tile=tile)
-        print(f"conv3x3 taps/dot={taps} tile={tile} block_k={block_k} warps={warps}: "
-              f"90% silent planes {median_us(_stage2(x, dense_w, geometry, config)):.1f}, "
-              f"dense {median_us(_stage2(dense_x, dense_w, geometry, config)):.1f}")
-    geometry = conv_geometry(x, dense_w, [1, 1], [1, 1], [1, 1], 1)
-    active = prescan(x, geometry)[0]
-    grad_y = torch.randn_like(F.conv2d(x, dense_w, None, 1, 1))
-    for rows, block_n, warps in ((128, 128, 4), (128, 128, 8), (256, 128, 8)):
-        config = replace(DEFAULT_CONFIG, wgrad_rows=rows, wgrad_block_n=block_n, wgrad_num_warps=warps)
-        us = median_us(lambda: sparse_conv_wgrad(x, grad_y, geometry, active, x.dtype, config))
-        print(f"wgrad3x3 rows={rows} block_n={block_n} warps={warps}: {us:.1f}")
+    with torch.no_grad():
+        print(f"host µs per call: F.conv2d {host_us_per_call(lambda: F.conv2d(silent, weight, None, 1, 1)):.1f}, "
+              f"sparse_conv2d(triton) {host_us_per_call(lambda: sparse_conv2d(silent, weight, None, 1, 1, backend='triton')):.1f}, "
+              f"SparseConv2d(auto) {host_us_per_call(lambda: module(silent)):.1f}", flush=True)
 
 
 COLUMNS = [("zero blocks", "zero_blocks", "{:.3f}"), ("cuDNN fp16 CL", "cudnn_fp16_cl", "{:.1f}"),
-           ("cuDNN fp32", "cudnn_fp32", "{:.1f}"), ("ours", "ours", "{:.1f}"),
-           ("ours compute", "ours_compute", "{:.1f}"), ("dispatcher", "dispatcher", "{:.1f}"),
-           ("×ours", "speedup_ours", "{:.2f}"), ("×disp", "speedup_dispatcher", "{:.2f}"),
-           ("wgrad cuDNN", "wgrad_cudnn", "{:.1f}"), ("wgrad ours", "wgrad_ours", "{:.1f}"),
-           ("rel err", "rel_error", "{:.1e}")]
+           ("cuDNN fp32", "cudnn_fp32", "{:.1f}"), ("ours CL", "ours_cl", "{:.1f}"),
+           ("ours NCHW", "ours_nchw", "{:.1f}"), ("ours graph", "ours_graph", "{:.1f}"),
+           ("CL stage 2", "cl_stage2", "{:.1f}"), ("dispatcher", "dispatcher", "{:.1f}"),
+           ("×CL", "speedup_cl", "{:.2f}"), ("×NCHW", "speedup_nchw", "{:.2f}"),
+           ("×disp", "speedup_dispatcher", "{:.2f}"), ("wgrad cuDNN", "wgrad_cudnn", "{:.1f}"),
+           ("wgrad ours", "wgrad_ours", "{:.1f}"), ("rel err", "rel_error", "{:.1e}")]
 
 
 def table(rows: list[tuple[str, str, dict[str, float]]]) -> str:
     header = "| layer | input | " + " | ".join(name for name, _, _ in COLUMNS) + " |"
     lines = [header, "|" + "---|" * (len(COLUMNS) + 2)]
     for layer, inputs, row in rows:
-        cells = [fmt.format(row[key]) for _, key, fmt in COLUMNS]
+        cells = [fmt.format(row.get(key, math.nan)) for _, key, fmt in COLUMNS]
         lines.append(f"| {layer} | {inputs} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def add_row(rows: list, name: str, inputs: str, measure_fn: Callable[[], dict[str, float]]) -> None:
+    """Measures one row and prints it at once; a row that fails is reported and left empty."""
+    try:
+        row = measure_fn()
+    except Exception as error:  # noqa: BLE001 -- reported, and the run goes on
+        log.error("row %s / %s failed: %s: %s", name, inputs, type(error).__name__, error)
+        row = {}
+    rows.append((name, inputs, row))
+    print(table(rows[-1:]).splitlines()[-1], flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sweep", action="store_true", help="time tile sizes (instead of the table)")
-    parser.add_argument("--train-seconds", type=float, default=45.0)
+    parser.add_argument("--sweep", action="store_true", help="time tile configs first (then the table)")
+    parser.add_argument("--train-seconds", type=float, default=20.0)
     parser.add_argument("--markdown", help="also write the table here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -264,19 +335,21 @@ def main() -> None:
     print(header, flush=True)
     if args.sweep:
         sweep(generator)
-        return
-    rows = []
+    rows: list[tuple[str, str, dict[str, float]]] = []
     for layer, (inputs, (density, silence)) in itertools.product(SYNTHETIC_LAYERS, SYNTHETIC_INPUTS.items()):
         x = spikes((BATCH, CHANNELS, SIZE, SIZE), density, silence, generator).half()
-        rows.append((f"{layer.name} [{BATCH},{CHANNELS},{SIZE},{SIZE}]", inputs,
-                     measure(layer, x.to(memory_format=torch.channels_last), generator)))
-        print(table(rows[-1:]).splitlines()[-1], flush=True)
+        add_row(rows, f"{layer.name} [{BATCH},{CHANNELS},{SIZE},{SIZE}]", inputs,
+                lambda: measure(layer, x.to(memory_format=torch.channels_last), generator))
     reset_path_counts()
-    for layer, x in trained_layer_inputs(args.train_seconds):
+    try:
+        real = trained_layer_inputs(args.train_seconds)
+    except Exception as error:  # noqa: BLE001 -- the synthetic rows still get printed
+        log.error("training for real activations failed: %s: %s", type(error).__name__, error)
+        real = []
+    for layer, x in real:
         shape = ",".join(map(str, x.shape))
         name = f"{layer.name} k{layer.kernel} s{layer.stride} d{layer.dilation} g{layer.groups} [{shape}]"
-        rows.append((name, "real (trained ST-BIF)", measure(layer, x, generator)))
-        print(table(rows[-1:]).splitlines()[-1], flush=True)
+        add_row(rows, name, "real (trained ST-BIF)", lambda: measure(layer, x, generator))
     result = header + "\n\n" + table(rows)
     print("\n" + result)
     if args.markdown:
