@@ -49,7 +49,7 @@ from kernels.sparse_conv.function import conv_geometry
 from kernels.sparse_conv.geometry import ConvGeometry
 from kernels.sparse_conv.prescan import block_activity, plane_lists, tile_activity
 from kernels.sparse_conv.triton import (
-    DEFAULT_CONFIG, KernelConfig, forward_lists, pack_active_planes, sparse_conv_fwd, sparse_conv_wgrad,
+    DEFAULT_CONFIG, KernelConfig, depthwise_activity, forward_lists, pack_active_planes, sparse_conv_fwd, sparse_conv_wgrad,
     sparse_depthwise_fwd, sparse_depthwise_wgrad,
 )
 
@@ -126,8 +126,8 @@ def stage2(x: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry,
     """The stage-2 work on x (packing included), with the activity lists made beforehand."""
     blocks = block_activity(x)
     if geometry.is_depthwise:
-        active = tile_activity(blocks, geometry)[0]
-        return lambda: sparse_depthwise_fwd(x, weight, None, geometry, active, config)
+        tiled, active = depthwise_activity(blocks, geometry, config)
+        return lambda: sparse_depthwise_fwd(x, weight, None, tiled, active, config)
     lists = forward_lists(x, blocks, geometry, config)
     return lambda: sparse_conv_fwd(x, weight, None, lists, config)
 
@@ -253,10 +253,11 @@ FORWARD_SWEEP = [(128, 32, 128, 8, 2), (128, 16, 128, 8, 2), (128, 64, 128, 8, 2
                  (128, 32, 128, 8, 1), (128, 32, 128, 8, 3), (64, 32, 128, 4, 2), (128, 32, 64, 4, 2),
                  (256, 32, 64, 8, 2), (64, 16, 64, 4, 2)]
 PACK_SWEEP = [(128, 32), (256, 16), (64, 64), (512, 8)]  # (pack_pixels, pack_slots); the first is the default
+DEPTHWISE_SWEEP = [(32, 4), (64, 8), (16, 2), (32, 1)]  # (block_c channels_last, block_c NCHW); first: default
 
 
 def sweep(generator: torch.Generator) -> None:
-    """Forward and packing tile configs for conv3x3 fp16 at [256,128,32,32], the prescan alone,
+    """Forward, depthwise and packing tile configs for fp16 at [256,128,32,32], the prescan alone,
     and the host time per call. Prints one line per config."""
     silent = spikes((BATCH, CHANNELS, SIZE, SIZE), 0.5, 0.9, generator).half()
     dense = spikes(silent.shape, 0.5, 0.0, generator).half()
@@ -264,7 +265,7 @@ def sweep(generator: torch.Generator) -> None:
               "dense NCHW": dense}
     weight = torch.randn((CHANNELS, CHANNELS, 3, 3), device="cuda").half()
     geometry = conv_geometry(silent, weight, [1, 1], [1, 1], [1, 1], 1)
-    print("\nsweep: conv3x3 fp16 [256,128,32,32], stage 2 alone (CL: packing included), µs", flush=True)
+    print("\nsweep: fp16 [256,128,32,32], stage 2 alone (conv3x3 CL: packing included), µs", flush=True)
     for pixels, block_k, block_n, warps, stages in FORWARD_SWEEP:
         config = replace(DEFAULT_CONFIG, forward_pixels=pixels, forward_block_k=block_k, forward_block_n=block_n,
                          forward_num_warps=warps, forward_num_stages=stages)
@@ -272,6 +273,14 @@ def sweep(generator: torch.Generator) -> None:
                           for name, x_ in inputs.items())
         print(f"forward pixels={pixels} block_k={block_k} block_n={block_n} warps={warps} stages={stages}: {times}",
               flush=True)
+    depthwise_w = torch.randn((CHANNELS, 1, 3, 3), device="cuda").half()
+    depthwise_geometry = conv_geometry(silent, depthwise_w, [1, 1], [1, 1], [1, 1], CHANNELS)
+    for block_c, planar_block_c in DEPTHWISE_SWEEP:
+        config = replace(DEFAULT_CONFIG, depthwise_block_c=block_c, depthwise_planar_block_c=planar_block_c)
+        times = ", ".join(
+            f"{name} {guarded(name, lambda: median_us(stage2(x_, depthwise_w, depthwise_geometry, config))):.1f}"
+            for name, x_ in inputs.items())
+        print(f"dw3x3 block_c CL={block_c} NCHW={planar_block_c}: {times}", flush=True)
     x_cl = inputs["90% silent planes, CL"]
     lists = forward_lists(x_cl, block_activity(x_cl), geometry)
     for pixels, slots in PACK_SWEEP:

@@ -12,15 +12,15 @@ import torch
 from kernels.sparse_conv.geometry import BLOCK, ConvGeometry
 from kernels.sparse_conv.prescan import block_activity, tile_activity
 from kernels.sparse_conv.triton import (
-    forward_lists, sparse_conv_fwd, sparse_conv_wgrad, sparse_depthwise_fwd, sparse_depthwise_wgrad,
+    depthwise_activity, forward_lists, sparse_conv_fwd, sparse_conv_wgrad, sparse_depthwise_fwd, sparse_depthwise_wgrad,
 )
 
 
 def conv_geometry(
     x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int], groups: int
 ) -> ConvGeometry:
-    """The call's geometry with 8x8 output tiles: the activity tiles of the depthwise forward and
-    of the weight gradients (the dense forward retiles it for its own programs)."""
+    """The call's geometry with 8x8 output tiles: the activity tiles of the weight gradients (the
+    forward kernels retile it for their own programs)."""
     return ConvGeometry.of(x, weight, stride, padding, dilation, groups, tile=(BLOCK, BLOCK))
 
 
@@ -32,7 +32,7 @@ def sparse_conv2d_forward(
     geometry = conv_geometry(x, weight, stride, padding, dilation, groups)
     blocks = block_activity(x)
     if geometry.is_depthwise:
-        y = sparse_depthwise_fwd(x, weight, bias, geometry, tile_activity(blocks, geometry)[0])
+        y = sparse_depthwise_fwd(x, weight, bias, *depthwise_activity(blocks, geometry))
     else:
         y = sparse_conv_fwd(x, weight, bias, forward_lists(x, blocks, geometry))
     return y, blocks

@@ -47,7 +47,8 @@ class KernelConfig:
     forward_num_stages: int = 2  # software pipelining of the tap loop
     pack_pixels: int = 128  # pixels x slots per program of the channels_last packing
     pack_slots: int = 32
-    depthwise_block_c: int = 32
+    depthwise_block_c: int = 32  # channels per depthwise program, channels_last
+    depthwise_planar_block_c: int = 4  # the same, NCHW
     depthwise_num_warps: int = 4
     wgrad_rows: int = 128  # rows of the weight-gradient tile: (tap, channel) pairs
     wgrad_block_n: int = 128
@@ -231,6 +232,9 @@ def sparse_conv_fwd(
     weight_by_tap = weight.permute(2, 3, 1, 0).reshape(geometry.taps, geometry.in_channels, geometry.out_channels)
     weight_by_tap = weight_by_tap.contiguous()
     block_n = min(config.forward_block_n, max(16, _next_pow2(geometry.out_channels)))
+    # 8 warps for a 128 x 128 fp32 accumulator (64 registers a thread); small tiles need no more than 4
+    big_tile = rows.tile * cols.tile * block_n >= 128 * 128
+    num_warps = config.forward_num_warps if big_tile else min(config.forward_num_warps, 4)
     grid = (triton.cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)
     _sparse_conv_fwd_kernel[grid](
         source, weight_by_tap, bias if bias is not None else weight_by_tap, y, lists.index, lists.count,
@@ -239,7 +243,7 @@ def sparse_conv_fwd(
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
         BLOCK_K=config.forward_block_k, BLOCK_N=block_n, NUM_STAGES=config.forward_num_stages,
         PACKED=lists.per_sample, HAS_BIAS=bias is not None, DOT_DTYPE=_dot_dtype(x.dtype),
-        num_warps=config.forward_num_warps,
+        num_warps=num_warps,
     )
     return y
 
@@ -254,43 +258,62 @@ def _sparse_depthwise_fwd_kernel(
     KH: tl.constexpr, KW: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
     BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
+    # A program whose channels are all silent over its tile's window writes the bias and reads no
+    # input. Otherwise its loads are masked by the image bounds only (a silent channel reads as the
+    # zeros it is), which keeps them vectorizable along channels in channels_last.
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     tile = tl.program_id(1)
     n = tl.program_id(2)
     pair = n * tl.num_programs(1) + tile
     c_ok = offs_c < channels
-    c_active = tl.load(active_ptr + pair * channels + offs_c, mask=c_ok, other=0) != 0
+    flags = tl.load(active_ptr + pair * channels + offs_c, mask=c_ok, other=0)
     offs_m = tl.arange(0, TILE_H * TILE_W)
     oh = (tile // tiles_w) * TILE_H + offs_m // TILE_W
     ow = (tile % tiles_w) * TILE_W + offs_m % TILE_W
     pix_ok = (oh < out_h) & (ow < out_w)
     x_base = x_ptr + n.to(tl.int64) * sx_n + offs_c[None, :] * sx_c
     acc = tl.zeros((TILE_H * TILE_W, BLOCK_C), tl.float32)
-    for kh in tl.static_range(KH):
-        ih = oh * stride_h - pad_h + kh * dil_h
-        row_ok = pix_ok & (ih >= 0) & (ih < height)
-        for kw in tl.static_range(KW):
-            iw = ow * stride_w - pad_w + kw * dil_w
-            ok = (row_ok & (iw >= 0) & (iw < width))[:, None] & c_active[None, :]  # silent: no load
-            xv = tl.load(x_base + ih[:, None] * sx_h + iw[:, None] * sx_w, mask=ok, other=0.0)
-            wv = tl.load(w_ptr + offs_c * (KH * KW) + kh * KW + kw, mask=c_ok, other=0.0)
-            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+    if tl.max(flags.to(tl.int32), axis=0) > 0:
+        for kh in tl.static_range(KH):
+            ih = oh * stride_h - pad_h + kh * dil_h
+            row_ok = pix_ok & (ih >= 0) & (ih < height)
+            for kw in tl.static_range(KW):
+                iw = ow * stride_w - pad_w + kw * dil_w
+                ok = (row_ok & (iw >= 0) & (iw < width))[:, None] & c_ok[None, :]
+                xv = tl.load(x_base + (ih * sx_h + iw * sx_w)[:, None], mask=ok, other=0.0)
+                wv = tl.load(w_ptr + offs_c * (KH * KW) + kh * KW + kw, mask=c_ok, other=0.0)
+                acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + n.to(tl.int64) * sy_n + offs_c[None, :] * sy_c + oh[:, None] * sy_h + ow[:, None] * sy_w
+    y_ptrs = y_ptr + n.to(tl.int64) * sy_n + offs_c[None, :] * sy_c + (oh * sy_h + ow * sy_w)[:, None]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=pix_ok[:, None] & c_ok[None, :])
 
+
+def depthwise_activity(blocks: torch.Tensor, geometry: ConvGeometry,
+                       config: KernelConfig = DEFAULT_CONFIG) -> tuple[ConvGeometry, torch.Tensor]:
+    """The depthwise forward's tiling (the dense forward's row bands) and its `active` flags
+    [N, tiles, C]."""
+    tiled = geometry.retiled(forward_tile(geometry.rows.out_size, geometry.cols.out_size, config))
+    return tiled, tile_activity(blocks, tiled)[0]
+
+
+def _depthwise_block_c(x: torch.Tensor, config: KernelConfig) -> int:
+    """Channels per depthwise program: many where they are contiguous (vector loads), few where
+    each is its own plane (a program is skipped only if all its channels are silent)."""
+    block_c = config.depthwise_block_c if channels_innermost(x) else config.depthwise_planar_block_c
+    return min(block_c, _next_pow2(x.shape[1]))
 
 
 def sparse_depthwise_fwd(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry,
     active: torch.Tensor, config: KernelConfig = DEFAULT_CONFIG,
 ) -> torch.Tensor:
-    """Stage 2 for depthwise weights [C, 1, KH, KW]: silent channels of a tile are not read."""
+    """Stage 2 for depthwise weights [C, 1, KH, KW], over the tiles of `geometry` with their
+    `active` flags (from `depthwise_activity`)."""
     rows, cols = geometry.rows, geometry.cols
     y = _empty_output(x, geometry)
     weight = weight.contiguous()
-    block_c = min(config.depthwise_block_c, _next_pow2(geometry.in_channels))
+    block_c = _depthwise_block_c(x, config)
     grid = (triton.cdiv(geometry.in_channels, block_c), geometry.tiles, geometry.batch)
     _sparse_depthwise_fwd_kernel[grid](
         x, weight, bias if bias is not None else weight, y, active,
@@ -457,20 +480,25 @@ def sparse_depthwise_wgrad(
 
 
 # ------------------------------------------------------------------------ dispatcher's measure
+def _any_per_chunk(active: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Fraction of the (sample, tile, chunk of `chunk` channels) groups of `active` [N, tiles, C]
+    with any active channel."""
+    padded = torch.nn.functional.pad(active, (0, -active.shape[2] % chunk))
+    return padded.view(*active.shape[:2], -1, chunk).amax(dim=3).float().mean()
+
+
 def work_fractions(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry,
                    config: KernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
     """float32 [2] on the device: the fraction of the dense work that the forward and the
     weight-gradient kernels do on input x with block map `blocks` (what their run time is
-    linear in). `geometry` has the 8x8 activity tiles of the depthwise and wgrad kernels."""
-    active = tile_activity(blocks, geometry)[0]
+    linear in). `geometry` has the 8x8 tiles of the weight-gradient kernels."""
+    wgrad_chunk = _wgrad_chunk(geometry, config)
+    wgrad = _any_per_chunk(tile_activity(blocks, geometry)[0], wgrad_chunk)
     if geometry.is_depthwise:
-        fraction = active.float().mean()
-        return torch.stack([fraction, fraction])
-    count = forward_lists(x, blocks, geometry, config).count
-    block_k = config.forward_block_k
-    forward = torch.div(count + block_k - 1, block_k, rounding_mode="floor").float().mean()
-    forward = forward / triton.cdiv(geometry.in_channels, block_k)
-    chunk = _wgrad_chunk(geometry, config)
-    padded = torch.nn.functional.pad(active, (0, -geometry.in_channels % chunk))
-    wgrad = padded.view(*active.shape[:2], -1, chunk).amax(dim=3).float().mean()
+        forward = _any_per_chunk(depthwise_activity(blocks, geometry, config)[1], _depthwise_block_c(x, config))
+    else:
+        count = forward_lists(x, blocks, geometry, config).count
+        block_k = config.forward_block_k
+        forward = torch.div(count + block_k - 1, block_k, rounding_mode="floor").float().mean()
+        forward = forward / triton.cdiv(geometry.in_channels, block_k)
     return torch.stack([forward, wgrad])
