@@ -14,7 +14,8 @@ owns one output tile and reads only what touches it.
       active channels instead of one per tap), and the forward reads that buffer.
       Weights are re-arranged per call to [taps, C_in, C_out]: gathering a channel's row gives a
       contiguous C_out vector.
-  `_sparse_depthwise_fwd_kernel`  depthwise: loads of silent channels are masked off (no traffic).
+  `_sparse_depthwise_fwd_kernel`  depthwise, over the same row-band tiles: a program (BLOCK_C
+      channels x one tile) whose channels are all silent there writes the bias, reading nothing.
 Weight gradients (input sparsity, a split reduction over (sample, 8x8 tile), no atomics):
   `_sparse_conv_wgrad_kernel`, `_sparse_depthwise_wgrad_kernel`.
 Loops with a run-time bound are `while` loops (Triton 3.6's interpreter fails on range() with a
@@ -138,7 +139,7 @@ def _sparse_conv_fwd_kernel(
     # PACKED: x holds the listed channels densely, slot by slot (see _pack_active_planes_kernel).
     co_block = tl.program_id(0)
     tile = tl.program_id(1)
-    n = tl.num_programs(2) - 1 - tl.program_id(2)  # back to front, as in the packing
+    n = tl.num_programs(2) - 1 - tl.program_id(2)  # back to front: the prescan's last reads are in L2
     list_row = n * list_tiles + tile % list_tiles
     offs_p = tl.arange(0, TILE_H * TILE_W)
     oh = (tile // tiles_w) * TILE_H + offs_p // TILE_W

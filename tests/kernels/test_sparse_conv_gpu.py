@@ -58,6 +58,20 @@ def test_matches_float64_conv(kind, kernel, stride, dilation, dtype, channels_la
         assert relative_error(got, want) < TOLERANCE[dtype], name
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_many_channels_run_several_chunks_and_output_blocks(dtype, channels_last):
+    """160 -> 200 channels at 32x32: 5 chunks of 32 active channels, two output-channel blocks
+    (the second partial), 4 x 32 tiles with 8 warps: the default forward configuration."""
+    generator = torch.Generator("cuda").manual_seed(2)
+    x = spiking_input((4, 160, 32, 32), dtype, channels_last, generator, density=0.5, plane_silence=0.1)
+    weight = (torch.randn((200, 160, 3, 3), generator=generator, device="cuda") / 30).to(dtype)
+    bias = torch.randn(200, generator=generator, device="cuda").to(dtype)
+    with torch.no_grad():
+        y = sparse_conv2d(x, weight, bias, 1, 1, backend="triton")
+    assert relative_error(y, F.conv2d(x.double(), weight.double(), bias.double(), 1, 1)) < TOLERANCE[dtype]
+
+
 def test_sparse_path_is_graph_capturable():
     generator = torch.Generator("cuda").manual_seed(0)
     x = spiking_input((8, 64, 32, 32), torch.float16, True, generator)
