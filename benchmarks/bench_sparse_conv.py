@@ -249,8 +249,8 @@ def host_us_per_call(fn, calls: int = 200) -> float:
 
 
 # (forward_pixels, forward_block_k, forward_block_n, forward_num_warps, forward_num_stages); the first is the default
-FORWARD_SWEEP = [(128, 32, 128, 8, 2), (128, 16, 128, 8, 2), (128, 64, 128, 8, 2), (128, 32, 128, 4, 2),
-                 (128, 32, 128, 8, 1), (128, 32, 128, 8, 3), (64, 32, 128, 4, 2), (128, 32, 64, 4, 2),
+FORWARD_SWEEP = [(128, 16, 128, 8, 2), (128, 32, 128, 8, 2), (128, 64, 128, 8, 2), (128, 16, 128, 4, 2),
+                 (128, 16, 128, 8, 1), (128, 16, 128, 8, 3), (64, 32, 128, 4, 2), (128, 32, 64, 4, 2),
                  (256, 32, 64, 8, 2), (64, 16, 64, 4, 2)]
 PACK_SWEEP = [(128, 32), (256, 16), (64, 64), (512, 8)]  # (pack_pixels, pack_slots); the first is the default
 DEPTHWISE_SWEEP = [(32, 4), (64, 8), (16, 2), (32, 1)]  # (block_c channels_last, block_c NCHW); first: default

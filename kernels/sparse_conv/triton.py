@@ -42,7 +42,7 @@ class KernelConfig:
     """Tile sizes; `benchmarks/bench_sparse_conv.py --sweep` times alternatives on the GPU."""
 
     forward_pixels: int = 128  # output pixels per forward program (the GEMM's M), a power of two
-    forward_block_k: int = 32  # active input channels per tl.dot (its K)
+    forward_block_k: int = 16  # active input channels per tl.dot (its K): little padding when few are active
     forward_block_n: int = 128  # output channels per forward program (the GEMM's N)
     forward_num_warps: int = 8
     forward_num_stages: int = 2  # software pipelining of the tap loop
