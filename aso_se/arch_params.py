@@ -87,6 +87,20 @@ class BatchedArchitectureUpdate(nn.Module):
         return soft + (kept / kept.sum(dim=-1, keepdim=True) - soft).detach()
 
 
+def active_weights(weights: Tensor, sample: ArchSample) -> list[tuple[Tensor, ...]]:
+    """Per edge, the weights of its active ops in ``sample.active_ops`` order, as 0-dim tensors.
+
+    ``weights`` is ``[edges, ops]`` (:meth:`BatchedArchitectureUpdate.edge_weights`). One gather
+    and one unbind for all edges of all cells of a type, where indexing each term would cost two
+    ops per term in forward and as many in backward. Each row of ``sample.chosen`` lists its
+    active ops first (the -1s trail: ``draw_samples`` keeps a prefix of the top-k), so an edge's
+    weights are the first ``len(active_ops[edge])`` of its row.
+    """
+    per_edge = weights.gather(-1, sample.chosen.clamp(min=0)).flatten().unbind()
+    width = sample.chosen.shape[-1]
+    return [per_edge[edge * width: edge * width + len(ops)] for edge, ops in enumerate(sample.active_ops)]
+
+
 def draw_samples(
     archs: Sequence[BatchedArchitectureUpdate],
     num_samples: int,

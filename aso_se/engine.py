@@ -24,7 +24,10 @@ Callbacks (all optional; the engine never prints, it logs rare events with ``log
   None at once and ``state_dict()`` holds everything needed to continue exactly there.
 
 Exposed for logging: ``alpha_probabilities()``, ``primitives``, ``genotype()``, ``entropy()``,
-``temperature`` (of the last step), ``progress``, ``supernet`` (replaced when it grows).
+``temperature`` (of the last step), ``progress``, ``supernet`` (replaced when it grows). The
+spiking neurons count their spikes (``search_space.neurons.firing_rates``) only in the last
+step of each training epoch, the one ``on_epoch_end`` sees: a count per neuron forward in
+every step would add about a tenth to the step's kernel launches.
 
 Resume: ``load_state_dict(engine.state_dict())`` on an engine built with the same arguments
 restores the grown supernet's structure (rebuilt before its weights are loaded), weights, α,
@@ -63,6 +66,7 @@ from aso_se.step_metrics import AsyncStepMetrics
 from aso_se.supernet import CELL_TYPES, SearchNetwork, SupernetStructure
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype
+from search_space.neurons import set_firing_rate_recording
 
 logger = logging.getLogger(__name__)
 
@@ -197,10 +201,15 @@ class ASOSEEngine:
             progress = self.schedule.search_progress(entry.epoch_in_phase, self._step, steps_per_epoch)
             self.temperature = self.schedule.temperature(entry.phase, progress)
             entropy_weight = self.schedule.entropy_weight(progress) if searching else 0.0
+            last_step = self._step == steps_per_epoch - 1
+            if last_step:  # the firing rates that on_epoch_end reads (module docstring)
+                set_firing_rate_recording(self.supernet, True)
             scalars = self.train_step(
                 batches[0], batches[1] if searching else None,
                 temperature=self.temperature, entropy_weight=entropy_weight,
             )
+            if last_step:
+                set_firing_rate_recording(self.supernet, False)
             now = time.perf_counter()
             images = sum(len(batch[1]) for batch in batches)
             self._metrics.push(
@@ -374,6 +383,7 @@ class ASOSEEngine:
     def _use_supernet(self, supernet: SearchNetwork) -> None:
         """Makes ``supernet`` the searched one, with fresh optimizers (and scheduler) over it."""
         self.supernet = supernet
+        set_firing_rate_recording(supernet, False)  # on for each epoch's last step only
         self._weight_params = list(supernet.weight_parameters())
         self.weights_optimizer = self._make_weights_optimizer(self._weight_params)
         self.arch_optimizer = self._make_arch_optimizer(supernet.arch_parameters())

@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Literal, Sequence
 import torch
 from torch import Tensor, nn
 
-from aso_se.arch_params import ArchSample, BatchedArchitectureUpdate, draw_samples
+from aso_se.arch_params import ArchSample, BatchedArchitectureUpdate, active_weights, draw_samples
 from aso_se.memory_efficient import MemoryEfficientCell
 from aso_se.mixed_op import FastMixedOp, sum_terms
 from search_space.cell import CellLayout, cell_preprocessing, edge_stride, reduction_indices
@@ -77,7 +77,10 @@ class SearchCell(nn.Module):
         # A grown cell starts as the identity on s1 (see the module docstring).
         self.gate = nn.Parameter(torch.zeros(())) if grown else None
 
-    def forward(self, s0: Tensor, s1: Tensor, weights: Tensor, active_ops: Sequence[Sequence[int]]) -> Tensor:
+    def forward(
+        self, s0: Tensor, s1: Tensor, weights: Sequence[Sequence[Tensor]], active_ops: Sequence[Sequence[int]]
+    ) -> Tensor:
+        """``active_ops[e]``: the ops edge ``e`` runs; ``weights[e]``: their weights (``active_weights``)."""
         states = [self.preprocess0(s0), self.preprocess1(s1)]
         offset = 0
         for _ in range(self.steps):
@@ -184,7 +187,8 @@ class SearchNetwork(nn.Module):
         if samples is None:
             samples = self.argmax_sample()
         weights = {
-            kind: self.arch[kind].edge_weights(sample, arch_grad=arch_grad) for kind, sample in zip(CELL_TYPES, samples)
+            kind: active_weights(self.arch[kind].edge_weights(sample, arch_grad=arch_grad), sample)
+            for kind, sample in zip(CELL_TYPES, samples)
         }
         active = dict(zip(CELL_TYPES, (sample.active_ops for sample in samples)))
         s0 = s1 = self.stem(x)

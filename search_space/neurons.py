@@ -17,7 +17,7 @@ import inspect
 from typing import Any, Callable
 
 import torch
-from spikingjelly.activation_based import functional as sj_functional
+from spikingjelly.activation_based import base as sj_base
 from spikingjelly.activation_based import neuron as sj_neuron
 from spikingjelly.activation_based import surrogate as sj_surrogate
 from torch import nn
@@ -39,20 +39,29 @@ class SpikingNeuron(nn.Module):
     """Runs a multi-step neuron (``[T, B, ...]`` in and out) on a flattened ``[T*B, ...]`` tensor.
 
     Every forward starts from the neuron's initial state and leaves it there afterwards, so no
-    state (and no autograd graph) is carried from one batch to the next. The fraction of
-    neuron-steps that spiked in the last forward is kept in the ``firing_rate`` buffer, updated on
-    the device without a host sync (read it with :func:`firing_rates`).
+    state (and no autograd graph) is carried from one batch to the next: a stateful
+    (spikingjelly) neuron is reset after each forward; ours (ST-BIF) keeps no state. While
+    ``record_firing_rate`` is on, each forward counts its spikes on the device (one reduction,
+    no host sync); :attr:`firing_rate` (and :func:`firing_rates`) is the last recorded forward's
+    fraction of neuron-steps that spiked, 0 before any.
     """
 
-    firing_rate: torch.Tensor
+    spike_count: torch.Tensor
 
     def __init__(self, neuron: nn.Module, timesteps: int) -> None:
         super().__init__()
         self.neuron = neuron
         self.timesteps = timesteps
+        self.stateful = isinstance(neuron, sj_base.MemoryModule)
         self.record_firing_rate = True
+        self.neuron_steps = 1  # of the last recorded forward
         # A log value, not model state: kept out of checkpoints.
-        self.register_buffer("firing_rate", torch.zeros(()), persistent=False)
+        self.register_buffer("spike_count", torch.zeros((), dtype=torch.int64), persistent=False)
+
+    @property
+    def firing_rate(self) -> torch.Tensor:
+        """0-dim float tensor on the module's device: the last recorded forward's spikes per neuron-step."""
+        return self.spike_count / self.neuron_steps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] % self.timesteps:
@@ -60,12 +69,14 @@ class SpikingNeuron(nn.Module):
                 f"a neuron with T={self.timesteps} got a leading dimension of {x.shape[0]}, "
                 "which is not T*B: flatten multi-step tensors time-first to [T*B, ...]"
             )
-        sj_functional.reset_net(self.neuron)
-        out = self.neuron(x.unflatten(0, (self.timesteps, -1)))
-        sj_functional.reset_net(self.neuron)
+        try:
+            out = self.neuron(x.unflatten(0, (self.timesteps, -1)))
+        finally:  # back to the initial state (also after an error), dropping the sequence's graph
+            if self.stateful:
+                self.neuron.reset()
         if self.record_firing_rate:
-            with torch.no_grad():
-                self.firing_rate.copy_(torch.count_nonzero(out) / out.numel())
+            self.spike_count = torch.count_nonzero(out)
+            self.neuron_steps = out.numel()
         return out.flatten(0, 1)
 
     def extra_repr(self) -> str:
@@ -173,7 +184,7 @@ def firing_rates(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def set_firing_rate_recording(model: nn.Module, enabled: bool) -> None:
-    """Turn the per-forward firing-rate count (one reduction per neuron) on or off, e.g. off for benchmarks."""
+    """Turn the per-forward spike count (one reduction per neuron forward) on or off, e.g. on only for logged steps."""
     for module in model.modules():
         if isinstance(module, SpikingNeuron):
             module.record_firing_rate = enabled

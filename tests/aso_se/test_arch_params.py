@@ -1,10 +1,11 @@
 """Batched α sampling: one draw for all edges, straight-through weights, no graph reuse."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from aso_se.arch_params import BatchedArchitectureUpdate, draw_samples
+from aso_se.arch_params import BatchedArchitectureUpdate, active_weights, draw_samples
 from conftest import make_engine, sample_ops, tiny_supernet
 
 PRIMITIVES = ("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3", "dil_conv_3x3")
@@ -167,3 +168,23 @@ def test_without_a_sample_each_edge_runs_only_its_most_likely_op(digits) -> None
     (sample, _) = supernet.argmax_sample()
     weights = supernet.arch["normal"].edge_weights(sample, arch_grad=False)
     torch.testing.assert_close(weights.max(dim=-1).values, torch.ones(len(best)))
+
+
+@pytest.mark.parametrize("k, threshold", [(2, 0.0), (3, 0.2), (None, 0.1)])
+def test_active_weights_are_the_indexed_weights_forward_and_backward(k, threshold) -> None:
+    module = arch()
+    with torch.no_grad():
+        module.alpha.normal_(generator=seeded(4))
+        module.op_mask[0, 1] = module.op_mask[2, :2] = False  # pruned ops come last in a row
+    (sample,) = draw_samples([module], 1, k=k, weight_threshold=threshold, temperature=0.7, generator=seeded(5))[0]
+    assert all(ops == tuple(row[:len(ops)]) for ops, row in zip(sample.active_ops, sample.chosen.tolist()))
+    weights = module.edge_weights(sample, arch_grad=True)
+    gathered = active_weights(weights, sample)
+    indexed = [tuple(weights[edge, op] for op in ops) for edge, ops in enumerate(sample.active_ops)]
+    assert [len(edge) for edge in gathered] == [len(ops) for ops in sample.active_ops]
+    for got, want in zip(gathered, indexed):
+        assert all(torch.equal(g, w) and g.dim() == 0 for g, w in zip(got, want))
+    grad_out = torch.randn(len(sum(indexed, ())), generator=seeded(6))
+    (expected,) = torch.autograd.grad(torch.stack(sum(indexed, ())) @ grad_out, module.alpha, retain_graph=True)
+    (actual,) = torch.autograd.grad(torch.stack(sum(gathered, ())) @ grad_out, module.alpha)
+    assert torch.equal(actual, expected)

@@ -15,6 +15,7 @@ from aso_se.evolution import EvolutionConfig
 from aso_se.schedule import SearchSchedule
 from search_space.errors import UserInputError
 from search_space.network import build_network
+from search_space.neurons import SpikingNeuron, firing_rates
 from conftest import SMALL_SPACE, make_engine, tiny_supernet
 
 SCHEDULE = SearchSchedule(cycles=2, warmup_epochs=1, search_epochs=1, restabilize_epochs=1)
@@ -144,3 +145,20 @@ def test_bf16_step_keeps_fp32_state(digits) -> None:
 def test_unknown_precision_is_refused() -> None:
     with pytest.raises(UserInputError, match="trainer.precision"):
         make_engine(tiny_supernet("relu", timesteps=1), precision="fp16")
+
+
+def test_firing_rates_are_recorded_in_the_last_step_of_each_epoch_only() -> None:
+    engine = new_engine()
+    recording: list[bool] = []
+    train_step = engine.train_step
+
+    def spying_train_step(*args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        neurons = [m for m in engine.supernet.modules() if isinstance(m, SpikingNeuron)]
+        recording.append(any(neuron.record_firing_rate for neuron in neurons))
+        return train_step(*args, **kwargs)
+
+    engine.train_step = spying_train_step
+    rates: list[dict[str, torch.Tensor]] = []
+    engine.run(*loaders(), on_epoch_end=lambda e, info: rates.append(firing_rates(e.supernet)))
+    assert recording == [False, True] * 5  # 5 epochs of 2 steps
+    assert all(0 < max(epoch.values()) < 1 for epoch in rates)

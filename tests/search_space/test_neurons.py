@@ -77,7 +77,7 @@ def test_firing_rate_is_recorded_and_collected(kind):
 
     set_firing_rate_recording(model, False)
     model(torch.zeros_like(x))  # silent input: a recording neuron would drop to 0
-    torch.testing.assert_close(rates["2"], (out != 0).float().mean())
+    torch.testing.assert_close(firing_rates(model)["2"], (out != 0).float().mean())
 
 
 def test_firing_rate_is_not_checkpointed():
