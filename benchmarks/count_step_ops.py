@@ -5,14 +5,15 @@ The search step of ``bench_search_step.py``'s row "top-2, ST-BIF" (8 cells, C = 
 ``F.conv2d``, firing-rate recording off) with a tiny batch, so that device compute is small
 and what is left is host work: Python, the dispatcher, autograd and kernel launches.
 
-Ops are counted with a ``TorchDispatchMode`` over ``--count-steps`` ``ASOSEEngine.train_step``s (α step +
-weight step, forwards and backwards, optimizers): every aten op and custom op (the Triton
-ST-BIF is one ``aso_se.st_bif_forward`` / ``st_bif_backward`` each) that reaches the
-dispatcher's Python key counts once; views count too (they launch nothing on a GPU but cost
-host time). The optimizers run their foreach implementations, as torch picks on CUDA
-(``clip_grad_norm_`` still runs per tensor on CPU). The count is a proxy for kernel launches; it does not depend on the batch or
-the image size. The time is the median wall time of ``--steps`` steps after ``--warmup``,
-each ending with a device sync.
+Ops are counted with a ``TorchDispatchMode`` over ``--count-steps`` ``ASOSEEngine.train_step``s
+(α step + weight step, forwards and backwards, optimizers): every aten op that reaches the
+dispatcher's Python key counts once, views and ``empty`` too (they launch nothing on a GPU but
+cost host time). Triton launches are not ops: the eager ST-BIF shows only as its launchers'
+``empty``/``view`` calls, and launches one kernel per forward and one per backward on top.
+The optimizers run their foreach implementations, as torch picks on CUDA (``clip_grad_norm_``
+still runs per tensor on CPU). The count is a proxy for kernel launches; it does not depend
+on the batch or the image size. The time is the median wall time of ``--steps`` steps after
+``--warmup``, each ending with a device sync.
 
 On CPU the ST-BIF "auto" backend is the torch reference (a Python loop over T, many small
 ops); on CUDA it is the Triton kernels. ``--neuron-backend triton`` counts the CUDA path on
