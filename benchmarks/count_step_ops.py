@@ -16,11 +16,11 @@ on the batch or the image size. The time is the median wall time of ``--steps`` 
 ``--warmup``, each ending with a device sync.
 
 On CPU the ST-BIF "auto" backend is the torch reference (a Python loop over T, many small
-ops); on CUDA it is the Triton kernels. ``--neuron-backend triton`` counts the CUDA path on
-CPU too (under ``TRITON_INTERPRET=1``, slow: use ``--image-size 8``, the counts are the same).
+ops); on CUDA it is the Triton kernels, so run it on the GPU for the real count. (Under
+``TRITON_INTERPRET=1``, ``--neuron-backend triton`` also counts the interpreter's own tensor
+copies: ``set_``, ``new_empty``, ``copy_``.)
 
-    PYTHONPATH=. python benchmarks/count_step_ops.py                       # CUDA if present
-    PYTHONPATH=. TRITON_INTERPRET=1 python benchmarks/count_step_ops.py --neuron-backend triton --image-size 8
+    PYTHONPATH=. python benchmarks/count_step_ops.py
 """
 from __future__ import annotations
 
