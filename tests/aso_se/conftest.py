@@ -1,43 +1,6 @@
-"""Shared tiny pieces for the engine tests (CPU, seconds)."""
-from __future__ import annotations
-
-import functools
-
+"""Fixtures of the engine tests."""
 import pytest
 import torch
-
-from aso_se.arch_params import ArchSample
-from aso_se.engine import ASOSEEngine
-from aso_se.supernet import SearchNetwork, build_supernet
-from search_space.neurons import NeuronFactory
-from search_space.ops import DARTS_PRIMITIVES
-from search_space.space import SearchSpace
-
-# Tiny tensors: one thread avoids OpenMP spin-waits on a busy 2-core machine (10-100x slower).
-torch.set_num_threads(1)
-
-SMALL_SPACE = SearchSpace(
-    ("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3", "dil_conv_3x3"), steps=2, multiplier=2
-)
-
-
-def tiny_supernet(
-    neuron: str = "st_bif", *, timesteps: int = 2, space: SearchSpace = SMALL_SPACE, channels: int = 4,
-    layers: int = 3, in_channels: int = 1, checkpointing: bool = False, seed: int = 0,
-) -> SearchNetwork:
-    torch.manual_seed(seed)
-    return build_supernet(
-        search_space=space, neuron=NeuronFactory(neuron, timesteps=timesteps), channels=channels, layers=layers,
-        num_classes=10, in_channels=in_channels, timesteps=timesteps, checkpointing=checkpointing,
-    )
-
-
-def darts_optimizers() -> dict[str, functools.partial]:
-    """DARTS's search optimizers (a larger α lr so that a few steps move α)."""
-    return {
-        "weights_optimizer": functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=3e-4),
-        "arch_optimizer": functools.partial(torch.optim.Adam, lr=3e-2, betas=(0.5, 0.999), weight_decay=1e-3),
-    }
 
 
 @pytest.fixture
@@ -49,13 +12,3 @@ def digits() -> tuple[torch.Tensor, torch.Tensor]:
     loader.set_epoch(0)
     images, labels = next(iter(loader))
     return images, labels
-
-
-def sample_ops(supernet: SearchNetwork, k: int | None, seed: int | None = 0) -> list[ArchSample]:
-    """One draw of ``k`` ops per edge for both cell types (no Gumbel noise when ``seed`` is None)."""
-    generator = None if seed is None else torch.Generator().manual_seed(seed)
-    return supernet.draw(1, k=k, weight_threshold=0.0, temperature=1.0, generator=generator)[0]
-
-
-def make_engine(supernet: SearchNetwork, **kwargs) -> ASOSEEngine:
-    return ASOSEEngine(supernet, **{**darts_optimizers(), **kwargs})

@@ -6,7 +6,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from aso_se.arch_params import BatchedArchitectureUpdate, active_weights, draw_samples
-from conftest import make_engine, sample_ops, tiny_supernet
+from tests.aso_se.helpers import make_engine, sample_ops, tiny_supernet
 
 PRIMITIVES = ("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3", "dil_conv_3x3")
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from aso_se.grad_sync import broadcast_module
-from conftest import make_engine, tiny_supernet
+from tests.aso_se.helpers import make_engine, tiny_supernet
 
 
 def _search_steps(rank: int, world_size: int, init_file: str, out_dir: str) -> None:

@@ -16,7 +16,7 @@ from aso_se.schedule import SearchSchedule
 from search_space.errors import UserInputError
 from search_space.network import build_network
 from search_space.neurons import SpikingNeuron, firing_rates
-from conftest import SMALL_SPACE, make_engine, tiny_supernet
+from tests.aso_se.helpers import SMALL_SPACE, make_engine, tiny_supernet
 
 SCHEDULE = SearchSchedule(cycles=2, warmup_epochs=1, search_epochs=1, restabilize_epochs=1)
 EVOLUTION = EvolutionConfig(grow_cells=1, width_factor=2, max_channels=8, prune_threshold=0.19, max_skip_connect=1)

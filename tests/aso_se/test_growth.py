@@ -9,7 +9,7 @@ import torch
 from aso_se.arch_params import ArchSample
 from aso_se.growth import grow_structure, grow_supernet, rebind_optimizer, widen_tensor
 from aso_se.supernet import SupernetStructure
-from conftest import sample_ops, tiny_supernet
+from tests.aso_se.helpers import sample_ops, tiny_supernet
 
 
 def double_sample(sample: list[ArchSample]) -> list[ArchSample]:

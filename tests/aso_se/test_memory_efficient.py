@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import sample_ops, tiny_supernet
+from tests.aso_se.helpers import sample_ops, tiny_supernet
 
 
 def step(supernet: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, generator_seed: int) -> torch.Tensor:

@@ -32,13 +32,3 @@ def mnist_digits(mnist_rows) -> tuple[torch.Tensor, torch.Tensor]:
 def mnist_batch(mnist_rows) -> tuple[torch.Tensor, torch.Tensor]:
     """Twenty real digits, two of every class."""
     return digits(mnist_rows[np.arange(0, 5000, 250)])
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Run these tiny-tensor tests on one intra-op thread: extra threads buy nothing at these sizes,
-    and on a loaded 2-core machine their spin-waits made the suite >10x slower (measured: 13 s vs 178 s)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
