@@ -205,12 +205,17 @@ _PLANS: dict[tuple, _Plan] = {}
 _SHARED_TRACKERS: dict[str, DensityTracker] = collections.defaultdict(DensityTracker)
 
 
+def _signature(call: ConvCall) -> tuple:
+    x, weight = call.x, call.weight
+    return (x.shape, x.stride(), x.dtype, x.device, weight.shape, *call.stride, *call.padding,
+            *call.dilation, call.groups)
+
+
 def _plan(call: ConvCall) -> _Plan | None:
     """The call's plan, from the cache (a dict lookup) or made now; None while a CUDA graph is
     being captured and the call's shape was never calibrated (timing is impossible then)."""
+    signature = _signature(call)
     x, weight = call.x, call.weight
-    signature = (x.shape, x.stride(), x.dtype, x.device, weight.shape, *call.stride, *call.padding,
-                 *call.dilation, call.groups)
     plan = _PLANS.get(signature)
     if plan is not None:
         return plan
@@ -250,6 +255,32 @@ def _run_auto(call: ConvCall) -> torch.Tensor:
         _PATH_COUNTS["probe"] += 1
         tracker.record(work_fractions(call.x, block_activity(call.x), plan.geometry))
     return _dense(call, "dense:too_dense")
+
+
+def fixed_dense_path(
+    x: torch.Tensor, weight: torch.Tensor, stride: IntPair, padding: IntPair, dilation: IntPair, groups: int,
+    backend: str,
+) -> str | None:
+    """The counter of the cuDNN path that every call shaped like this (already dispatched) one
+    takes — CPU, backend "torch", unsupported, or never winning on this GPU — or None when the
+    path depends on the data. SparseConv2d uses it to skip the dispatcher's per-call host work
+    (~10 µs, as much as a small layer's GPU time) once a layer's route is fixed."""
+    if backend == "torch":
+        return "dense:requested"
+    if backend != "auto":
+        return None
+    if not x.is_cuda:
+        return "dense:cpu"
+    x, weight, _ = _autocast(x, weight, None)
+    call = ConvCall(x, weight, None, _pair(stride, "stride"), _pair(padding, "padding"),
+                    _pair(dilation, "dilation"), groups, None)
+    plan = _PLANS.get(_signature(call))
+    return None if plan is None else plan.dense_path
+
+
+def count_path(path: str) -> None:
+    """Counts a call that took `path` outside `sparse_conv2d` (SparseConv2d's fixed route)."""
+    _PATH_COUNTS[path] += 1
 
 
 _BACKENDS: dict[str, Callable[[ConvCall], torch.Tensor]] = {

@@ -4,7 +4,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.sparse_conv.dispatch import DensityTracker, sparse_conv2d
+import torch.nn.functional as F
+
+from kernels.sparse_conv.dispatch import DensityTracker, count_path, fixed_dense_path, sparse_conv2d
 
 
 class SparseConv2d(nn.Conv2d):
@@ -28,6 +30,9 @@ class SparseConv2d(nn.Conv2d):
             )
         self.backend = backend
         self.density = DensityTracker()  # not a buffer: state_dict keys stay nn.Conv2d's
+        # (call key, counter) once this layer's calls of that key always run on cuDNN: they
+        # then skip the dispatcher, whose host work would cost as much as a small layer's GPU time.
+        self._dense_route: tuple[tuple, str] | None = None
 
     @classmethod
     def from_dense(cls, conv: nn.Conv2d, *, backend: str = "auto") -> SparseConv2d:
@@ -42,10 +47,18 @@ class SparseConv2d(nn.Conv2d):
         return sparse
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return sparse_conv2d(
+        key = (x.shape, x.stride(), x.dtype, x.device, self.weight.dtype, self.backend,
+               torch.is_autocast_enabled(x.device.type))
+        if self._dense_route is not None and self._dense_route[0] == key:
+            count_path(self._dense_route[1])
+            return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        y = sparse_conv2d(
             x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
             backend=self.backend, tracker=self.density,
         )
+        path = fixed_dense_path(x, self.weight, self.stride, self.padding, self.dilation, self.groups, self.backend)
+        self._dense_route = None if path is None else (key, path)
+        return y
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, backend={self.backend!r}"

@@ -44,7 +44,7 @@ class KernelConfig:
     forward_pixels: int = 128  # output pixels per forward program (the GEMM's M), a power of two
     forward_block_k: int = 16  # active input channels per tl.dot (its K): little padding when few are active
     forward_block_n: int = 128  # output channels per forward program (the GEMM's N)
-    forward_num_warps: int = 8
+    forward_num_warps: int = 4  # H200 sweep (RESULTS.md): 4 beat 8 on every input, 83 vs 122 µs at 90% silent
     forward_num_stages: int = 2  # software pipelining of the tap loop
     pack_pixels: int = 128  # pixels x slots per program of the channels_last packing
     pack_slots: int = 32
@@ -233,9 +233,7 @@ def sparse_conv_fwd(
     weight_by_tap = weight.permute(2, 3, 1, 0).reshape(geometry.taps, geometry.in_channels, geometry.out_channels)
     weight_by_tap = weight_by_tap.contiguous()
     block_n = min(config.forward_block_n, max(16, _next_pow2(geometry.out_channels)))
-    # 8 warps for a 128 x 128 fp32 accumulator (64 registers a thread); small tiles need no more than 4
-    big_tile = rows.tile * cols.tile * block_n >= 128 * 128
-    num_warps = config.forward_num_warps if big_tile else min(config.forward_num_warps, 4)
+    num_warps = config.forward_num_warps
     grid = (triton.cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)
     _sparse_conv_fwd_kernel[grid](
         source, weight_by_tap, bias if bias is not None else weight_by_tap, y, lists.index, lists.count,

@@ -273,6 +273,21 @@ def test_bad_input_raises_a_clear_value_error(make_call, message):
 
 
 # --------------------------------------------------------------------- dispatcher internals
+def test_a_layer_with_a_fixed_cudnn_route_skips_the_dispatcher(monkeypatch):
+    conv = SparseConv2d(6, 5, 3, padding=1)
+    x = (torch.rand(3, 6, 9, 9) < 0.2).float()
+    reset_path_counts()
+    first = conv(x)
+    calls = []
+    monkeypatch.setattr("kernels.sparse_conv.module.sparse_conv2d", lambda *a, **k: calls.append(a))
+    second = conv(x)
+    assert calls == [] and path_counts() == {"dense:cpu": 2}
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+    torch.testing.assert_close(second, F.conv2d(x, conv.weight, conv.bias, padding=1), rtol=0, atol=0)
+    conv(x[:2])  # another call key goes through the dispatcher again
+    assert len(calls) == 1
+
+
 def test_crossing_of_the_linear_time_model():
     assert _crossing(budget=50.0, at_zero=10.0, at_full=90.0) == pytest.approx(0.5)
     assert _crossing(budget=50.0, at_zero=60.0, at_full=90.0) < 0  # never wins
