@@ -58,7 +58,7 @@ from aso_se import fast_math
 from aso_se.architect import first_order_arch_step, second_order_arch_step
 from aso_se.arch_params import ArchSample, SamplingConfig
 from aso_se.evolution import EvolutionConfig, derive_genotype, prune_weak_ops, track_weak_ops
-from aso_se.grad_sync import all_reduce_gradients, broadcast_module
+from aso_se.grad_sync import all_reduce_gradients, broadcast_module, check_identical_across_ranks
 from aso_se.growth import grow_supernet, rebind_optimizer
 from aso_se.rng_state import capture_rng_state, restore_rng_state
 from aso_se.schedule import Phase, PlanEntry, SearchSchedule
@@ -347,6 +347,7 @@ class ASOSEEngine:
 
     # ----------------------------------------------------------------------------- evolution
     def _evolve(self, cycle: int) -> CycleResult:
+        check_identical_across_ranks(self._stacked_logits(), "α")  # every rank derives the same genotype
         genotype = self.genotype()
         self.genotypes.append(genotype)
         pruned = 0

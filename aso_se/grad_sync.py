@@ -45,3 +45,20 @@ def broadcast_module(module: nn.Module) -> None:
         return
     for tensor in [*module.parameters(), *module.buffers()]:
         dist.broadcast(tensor.data, src=0)
+
+
+def check_identical_across_ranks(tensor: torch.Tensor, what: str) -> None:
+    """Raises on every rank if ``tensor`` differs between processes (no-op alone): one all-reduce
+    (MAX) of ± two checksums, plain and position-weighted. The engine calls it once per cycle on
+    α, whose equality on all ranks the genotype derivation relies on."""
+    if distributed_world_size() == 1:
+        return
+    flat = tensor.detach().reshape(-1).double()
+    positions = torch.arange(1, flat.numel() + 1, device=flat.device, dtype=flat.dtype)
+    sums = torch.stack([flat.sum(), (flat * positions).sum()])
+    extremes = torch.cat([sums, -sums])
+    gathered = extremes.clone()
+    dist.all_reduce(gathered, op=dist.ReduceOp.MAX)
+    if not torch.equal(gathered, extremes):  # another rank's checksum is larger or smaller
+        raise RuntimeError(f"{what} differs between processes (rank {dist.get_rank()}): the ranks "
+                           f"no longer draw the same ops; this is a bug, please report it")

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from aso_se.grad_sync import broadcast_module
+from aso_se.grad_sync import broadcast_module, check_identical_across_ranks
 from tests.aso_se.helpers import make_engine, tiny_supernet
 
 
@@ -38,3 +38,28 @@ def test_ranks_stay_identical(tmp_path: Path) -> None:
     initial = tiny_supernet("relu", timesteps=1, seed=100).state_dict()
     moved = sum(not torch.equal(initial[name], value) for name, value in states[0].items() if "arch." in name)
     assert moved == 2  # both α sets were updated
+
+
+def _compare_alpha(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        alpha = torch.randn(14, 8, generator=torch.Generator().manual_seed(3))
+        check_identical_across_ranks(alpha, "α")  # equal everywhere: passes
+        swapped = alpha.clone()
+        if rank == 1:  # same values, two entries swapped: the sum alone would not see it
+            swapped[0, 0], swapped[5, 3] = alpha[5, 3], alpha[0, 0]
+        try:
+            check_identical_across_ranks(swapped, "α")
+            outcome = "passed"
+        except RuntimeError as err:
+            outcome = str(err)
+        Path(out_dir, f"rank{rank}.txt").write_text(outcome)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_alpha_check_catches_ranks_that_differ(tmp_path: Path) -> None:
+    mp.spawn(_compare_alpha, args=(2, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):  # both ranks raise, so neither waits for the other at the next collective
+        assert (tmp_path / f"rank{rank}.txt").read_text().startswith("α differs between processes")
