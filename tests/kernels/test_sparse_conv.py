@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts, sparse_conv2d
 from kernels.sparse_conv import prescan as sparse_prescan
 from kernels.sparse_conv import triton as sparse_triton
-from kernels.sparse_conv.calibration import Crossover, CrossoverCache, _crossing
+from kernels.sparse_conv.calibration import Crossover, CrossoverCache, _crossing, crossover_from_timings
 from kernels.sparse_conv.dispatch import SAMPLE_EVERY, DensityTracker
 from kernels.sparse_conv.function import conv_geometry
 from kernels.sparse_conv.reference import block_activity, sparse_conv2d_reference, tile_activity
@@ -294,6 +294,25 @@ def test_crossing_of_the_linear_time_model():
     assert _crossing(budget=50.0, at_zero=10.0, at_full=40.0) == 1.0  # always wins
 
 
+@pytest.mark.parametrize("zero_us, timed, forward, wgrad", [
+    (95.0, ["dense", "sparse_zero"], -1.0, -1.0),  # cannot beat 0.9 x 100 µs even on zeros: stop there
+    (10.0, ["dense", "sparse_zero", "sparse_full", "dense_wgrad", "wgrad_zero", "wgrad_full"], 0.4, 0.25),
+])
+def test_calibration_stops_timing_once_the_sparse_path_cannot_win(zero_us, timed, forward, wgrad):
+    times = {"dense": 100.0, "sparse_zero": zero_us, "sparse_full": 210.0,
+             "dense_wgrad": 100.0, "wgrad_zero": 30.0, "wgrad_full": 270.0}
+    asked = []
+
+    def time_us(name):
+        asked.append(name)
+        return times[name]
+
+    crossover = crossover_from_timings(time_us)
+    assert asked == timed
+    assert crossover.forward == pytest.approx(forward) and crossover.wgrad == pytest.approx(wgrad)
+    assert crossover.dense_us == 100.0 and crossover.sparse_zero_us == zero_us
+
+
 def test_density_tracker_samples_every_nth_call():
     tracker = DensityTracker()
     due = [tracker.sample_due() for _ in range(2 * SAMPLE_EVERY)]
@@ -305,7 +324,9 @@ def test_density_tracker_samples_every_nth_call():
 def test_crossover_cache_reads_back_and_ignores_garbage(tmp_path):
     path = tmp_path / "crossovers.json"
     crossover = Crossover(0.2, -1.0, 100.0, 30.0, 300.0, 120.0, 5.0, 400.0)
-    path.write_text(json.dumps({"key": crossover.__dict__}))
+    never = Crossover(-1.0, -1.0, 10.0, 120.0)  # stopped early: the other timings are None
+    path.write_text(json.dumps({"key": crossover.__dict__, "small": never.__dict__}))
     assert CrossoverCache(path).get("key") == crossover
+    assert CrossoverCache(path).get("small") == never
     path.write_text("{not json")
     assert CrossoverCache(path).get("key") is None
