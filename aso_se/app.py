@@ -231,6 +231,8 @@ class Run:
         self.ctx = init_distributed(ddp=trainer.ddp, device=trainer.device)
         self.run_dir = broadcast_from_main(self.run_dir, self.ctx)
         seed_everything(self.cfg.seed)
+        if not self.ctx.is_main:  # rank 0 reports progress; the others only warnings and errors
+            logging.getLogger().setLevel(logging.WARNING)
         if self.ctx.is_main:
             log.info("%s run in %s (%s, %d process%s)%s", self.entry_point, self.run_dir,
                      self.ctx.device, self.ctx.world_size, "" if self.ctx.world_size == 1 else "es",

@@ -11,7 +11,8 @@ Callbacks (all optional; the engine never prints, it logs rare events with ``log
 - ``on_step(metrics: dict)`` after every step, at most a step or two late (the scalars come to the
   host asynchronously, ``aso_se.step_metrics``). Keys: ``cycle, phase, epoch`` (training epochs
   before this one, the data/LR index), ``epoch_in_phase, step`` (in the epoch), ``global_step,
-  lr, temperature, entropy_weight, images, images_per_second, loss, accuracy`` (weight step, split A),
+  lr, temperature, entropy_weight, images, images_per_second`` (all processes together), ``loss, accuracy``
+  (weight step, split A),
   ``entropy`` (mean per-edge entropy of α, nats) and in the search phase ``arch_loss,
   arch_accuracy`` (α step, split B, before the α update).
 - ``on_epoch_end(engine, info: dict)`` after every training epoch, once its state is final (save
@@ -58,7 +59,8 @@ from aso_se import fast_math
 from aso_se.architect import first_order_arch_step, second_order_arch_step
 from aso_se.arch_params import ArchSample, SamplingConfig
 from aso_se.evolution import EvolutionConfig, derive_genotype, prune_weak_ops, track_weak_ops
-from aso_se.grad_sync import all_reduce_gradients, broadcast_module, check_identical_across_ranks
+from aso_se.grad_sync import (all_reduce_gradients, broadcast_module, check_identical_across_ranks,
+                              distributed_world_size)
 from aso_se.growth import grow_supernet, rebind_optimizer
 from aso_se.rng_state import capture_rng_state, restore_rng_state
 from aso_se.schedule import Phase, PlanEntry, SearchSchedule
@@ -211,7 +213,7 @@ class ASOSEEngine:
             if last_step:
                 set_firing_rate_recording(self.supernet, False)
             now = time.perf_counter()
-            images = sum(len(batch[1]) for batch in batches)
+            images = sum(len(batch[1]) for batch in batches) * distributed_world_size()  # all ranks'
             self._metrics.push(
                 {
                     "cycle": entry.cycle, "phase": entry.phase.value, "epoch": entry.epoch,

@@ -135,6 +135,7 @@ def test_ddp_search_on_two_cpu_processes(tmp_path: Path) -> None:
     Genotype.from_json((run_dir / "genotype.json").read_text())
     assert "2 processes" in (run_dir / "search.log").read_text()
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp"]  # rank 1 wrote nothing
+    assert (result.stdout + result.stderr).count("search halves") == 1  # and logged nothing: rank 0's line
 
 
 def test_ddp_retrain_on_two_cpu_processes(tmp_path: Path) -> None:
