@@ -2,6 +2,7 @@
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +136,19 @@ except DataError as error:
         "fix: replace or delete it\n"
     )
     assert done.stderr == ""
+
+
+def test_a_failed_pass_stops_its_workers_before_the_error_leaves(tmp_path, digit_folder):
+    """No worker or queue feeder thread outlives the error (left to interpreter exit, a feeder
+    thread once printed an EBADF traceback after the one line); the next pass starts afresh."""
+    root, broken = break_one_png(digit_folder, tmp_path)
+    data = ImageFolderData(root=str(root), in_channels=1, image_size=28, mean=(0.5,), std=(0.5,), num_workers=2)
+    loader = data.train_loaders(40, seed=0)[1]
+    for _ in range(2):
+        message = error_of(lambda: [batch for batch in loader])
+        assert message.startswith(f"cannot read image {broken}")
+        assert loader._iterator is None
+        assert not [t for t in threading.enumerate() if t.name == "QueueFeederThread" and t.is_alive()]
 
 
 def test_channel_arguments_are_checked(digit_folder):
