@@ -11,8 +11,8 @@ Callbacks (all optional; the engine never prints, it logs rare events with ``log
 - ``on_step(metrics: dict)`` after every step, at most a step or two late (the scalars come to the
   host asynchronously, ``aso_se.step_metrics``). Keys: ``cycle, phase, epoch`` (training epochs
   before this one, the data/LR index), ``epoch_in_phase, step`` (in the epoch), ``global_step,
-  lr, temperature, entropy_weight, images, images_per_second`` (all processes together), ``loss, accuracy``
-  (weight step, split A),
+  lr, temperature, entropy_weight, images, images_per_second`` (all processes together),
+  ``loss, accuracy`` (weight step, split A),
   ``entropy`` (mean per-edge entropy of α, nats) and in the search phase ``arch_loss,
   arch_accuracy`` (α step, split B, before the α update).
 - ``on_epoch_end(engine, info: dict)`` after every training epoch, once its state is final (save
