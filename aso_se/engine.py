@@ -199,6 +199,7 @@ class ASOSEEngine:
             restore_rng_state(self._pending_rng)
             self._pending_rng = None
         last_push = time.perf_counter()
+        world_size = distributed_world_size()  # images/s counts every rank's images
         for batches in zip(*loaders):
             progress = self.schedule.search_progress(entry.epoch_in_phase, self._step, steps_per_epoch)
             self.temperature = self.schedule.temperature(entry.phase, progress)
@@ -213,7 +214,7 @@ class ASOSEEngine:
             if last_step:
                 set_firing_rate_recording(self.supernet, False)
             now = time.perf_counter()
-            images = sum(len(batch[1]) for batch in batches) * distributed_world_size()  # all ranks'
+            images = sum(len(batch[1]) for batch in batches) * world_size
             self._metrics.push(
                 {
                     "cycle": entry.cycle, "phase": entry.phase.value, "epoch": entry.epoch,

@@ -113,6 +113,17 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def step_times_ms(step, device: torch.device, steps: int) -> list[float]:
+    """Wall time of each of `steps` calls of `step`, waiting for the GPU after each (ms)."""
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
 def profile_step(step, device: torch.device) -> tuple[int, float, int]:
     """(CUDA kernels launched, their summed GPU time in ms, host syncs) of one step."""
     if device.type != "cuda":
@@ -155,12 +166,7 @@ def bench_row(
     kernels, gpu_ms, syncs = profile_step(step, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        step()
-        synchronize(device)
-        times.append((time.perf_counter() - start) * 1000)
+    times = step_times_ms(step, device, args.steps)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
     result = {"row": row.name, "ms": statistics.median(times), "peak_gib": peak, "kernels": kernels,
               "gpu_ms": gpu_ms, "syncs": syncs}

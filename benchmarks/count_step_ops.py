@@ -27,12 +27,11 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
-import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.bench_search_step import Row, make_engine, synchronize
+from benchmarks.bench_search_step import Row, make_engine, step_times_ms, synchronize
 from kernels.st_bif import STBIFNeuron
 
 
@@ -91,12 +90,7 @@ def main() -> None:
         for _ in range(args.count_steps):
             step()
     synchronize(device)
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        step()
-        synchronize(device)
-        times.append((time.perf_counter() - start) * 1000)
+    times = step_times_ms(step, device, args.steps)
 
     per_step = {name: count / args.count_steps for name, count in counter.counts.most_common()}
     print(f"{torch.__version__} | {device} | neuron {args.neuron} ({args.neuron_backend}) | k={args.k or 'all'} | "

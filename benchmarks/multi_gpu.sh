@@ -17,14 +17,7 @@ WORK=$(mktemp -d)
 NPROC=${NPROC:-2}
 export PYTHONUNBUFFERED=1
 
-timed() {  # timed <name> <limit_s> <command...>: run in $WORK, log to $OUT/<name>.log
-  local name=$1 limit=$2; shift 2
-  local start=$EPOCHREALTIME rc
-  (cd "$WORK" && timeout "$limit" "$@") > "$OUT/$name.log" 2>&1
-  rc=$?
-  python3 -c "print(f'{\"$name\":<22} exit {$rc:>3}  wall {$EPOCHREALTIME - $start:7.1f} s')" \
-    | tee -a "$OUT/summary.txt"
-}
+source "$REPO/benchmarks/timed.sh"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'nccl', torch.cuda.nccl.version())" | tee -a "$OUT/summary.txt"

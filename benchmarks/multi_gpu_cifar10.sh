@@ -19,13 +19,7 @@ export PYTHONUNBUFFERED=1
 ARGS=(experiment=cifar10_snn data.root="$CIFAR" data.num_workers=6 data.max_train_samples=8000
       search.schedule.warmup_epochs=1 search.schedule.search_epochs=1 search.schedule.restabilize_epochs=1)
 
-timed() {  # timed <name> <limit_s> <command...>
-  local name=$1 limit=$2; shift 2
-  local start=$EPOCHREALTIME rc
-  (cd "$WORK" && timeout "$limit" "$@") > "$OUT/$name.log" 2>&1
-  rc=$?
-  python3 -c "print(f'{\"$name\":<22} exit {$rc:>3}  wall {$EPOCHREALTIME - $start:7.1f} s')" | tee -a "$OUT/summary.txt"
-}
+source "$REPO/benchmarks/timed.sh"
 
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/summary.txt"
 timed cifar_search_1gpu 280 python3 "$REPO/search.py" "${ARGS[@]}" hydra.run.dir="$WORK/c1"

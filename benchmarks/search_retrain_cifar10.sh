@@ -21,26 +21,19 @@ fi
 export PYTHONUNBUFFERED=1
 CIFAR_DATA=(data.root="$CIFAR" data.num_workers=8 data.max_train_samples=8000)
 
-timed() {  # timed <name> <limit_s> <script> <overrides...>: run in $WORK, log to $OUT/<name>.log
-  local name=$1 limit=$2; shift 2
-  local start=$EPOCHREALTIME rc
-  (cd "$WORK" && timeout "$limit" python3 "$REPO/$@") > "$OUT/$name.log" 2>&1
-  rc=$?
-  python3 -c "print(f'{\"$name\":<16} exit {$rc:>3}  wall {$EPOCHREALTIME - $start:7.1f} s')" \
-    | tee -a "$OUT/summary.txt"
-}
+source "$REPO/benchmarks/timed.sh"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/summary.txt"
 
-timed default_search 150 search.py hydra.run.dir="$WORK/default_search"
-timed cifar10_search 240 search.py experiment=cifar10_snn "${CIFAR_DATA[@]}" \
+timed default_search 150 python3 "$REPO/search.py" hydra.run.dir="$WORK/default_search"
+timed cifar10_search 240 python3 "$REPO/search.py" experiment=cifar10_snn "${CIFAR_DATA[@]}" \
   search.schedule.warmup_epochs=1 search.schedule.search_epochs=2 \
   search.schedule.restabilize_epochs=1 hydra.run.dir="$WORK/cifar10_search"
 # The final genotype; if the time limit stopped the search (SIGTERM: it saves and exits),
 # the newest cycle's.
 GENOTYPE=$(ls -t "$WORK"/cifar10_search/genotype.json "$WORK"/cifar10_search/genotypes/*.json 2>/dev/null | head -1)
-timed cifar10_retrain 120 train.py experiment=cifar10_snn "${CIFAR_DATA[@]}" epochs=3 \
+timed cifar10_retrain 120 python3 "$REPO/train.py" experiment=cifar10_snn "${CIFAR_DATA[@]}" epochs=3 \
   model.network.channels=16 model.network.layers=8 \
   genotype="$GENOTYPE" hydra.run.dir="$WORK/cifar10_retrain"
 
