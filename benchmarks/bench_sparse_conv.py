@@ -24,8 +24,9 @@ feeds the same fp16 spikes to all columns:
   zero blocks     fraction of the input's 8x8 (sample, channel) blocks that are all zero
 A cell that fails prints its error and reads nan; the other cells and rows go on.
 
-Usage: python benchmarks/bench_sparse_conv.py [--train-seconds 20] [--sweep] [--markdown FILE]
-  --sweep  first times forward/packing tile configs, the prescan alone and the host time per call
+Usage: python benchmarks/bench_sparse_conv.py [--train-seconds 20] [--sweep | --sweep-only] [--markdown FILE]
+  --sweep  first times forward/packing tile configs, the prescan alone, the host time per call
+           and calls issued back to back (--sweep-only: that, without the table)
 """
 from __future__ import annotations
 
@@ -251,10 +252,10 @@ def host_us_per_call(fn, calls: int = 200) -> float:
     return 1e6 * elapsed / calls
 
 
-# (forward_pixels, forward_block_k, forward_block_n, forward_num_warps, forward_num_stages); the first is the default
-FORWARD_SWEEP = [(128, 16, 128, 8, 2), (128, 32, 128, 8, 2), (128, 64, 128, 8, 2), (128, 16, 128, 4, 2),
-                 (128, 16, 128, 8, 1), (128, 16, 128, 8, 3), (64, 32, 128, 4, 2), (128, 32, 64, 4, 2),
-                 (256, 32, 64, 8, 2), (64, 16, 64, 4, 2)]
+# (forward_pixels, forward_block_n, forward_num_warps, forward_num_stages); the first is the default
+FORWARD_SWEEP = [(128, 128, 4, 2)] + [
+    config for config in itertools.product((64, 128, 256), (64, 128), (4, 8), (2,)) if config != (128, 128, 4, 2)]
+PRESCAN_SWEEP = list(itertools.product((4096, 8192, 16384, 32768), (4, 8)))  # (elements per program, warps)
 PACK_SWEEP = [(128, 32), (256, 16), (64, 64), (512, 8)]  # (pack_pixels, pack_slots); the first is the default
 DEPTHWISE_SWEEP = [(32, 4), (64, 8), (16, 2), (32, 1)]  # (block_c channels_last, block_c NCHW); first: default
 
@@ -268,14 +269,23 @@ def sweep(generator: torch.Generator) -> None:
               "dense NCHW": dense}
     weight = torch.randn((CHANNELS, CHANNELS, 3, 3), device="cuda").half()
     geometry = conv_geometry(silent, weight, [1, 1], [1, 1], [1, 1], 1)
-    print("\nsweep: fp16 [256,128,32,32], stage 2 alone (conv3x3 CL: packing included), µs", flush=True)
-    for pixels, block_k, block_n, warps, stages in FORWARD_SWEEP:
-        config = replace(DEFAULT_CONFIG, forward_pixels=pixels, forward_block_k=block_k, forward_block_n=block_n,
-                         forward_num_warps=warps, forward_num_stages=stages)
+    print("\nsweep: fp16 [256,128,32,32], stage 2 alone (CL: packing included), µs", flush=True)
+    silent_nchw = inputs["90% silent planes, NCHW"]
+    forward_times = {}
+    weight_cl = weight.to(memory_format=torch.channels_last)
+    print(f"cuDNN fp16 CL conv3x3 {median_us(lambda: F.conv2d(inputs['90% silent planes, CL'], weight_cl, None, 1, 1)):.1f}",
+          flush=True)
+    for pixels, block_n, warps, stages in FORWARD_SWEEP:
+        config = replace(DEFAULT_CONFIG, forward_pixels=pixels, forward_block_n=block_n, forward_num_warps=warps,
+                         forward_num_stages=stages)
+        forward_times[config] = guarded("forward", lambda: median_us(stage2(silent_nchw, weight, geometry, config)))
+        print(f"forward pixels={pixels} block_n={block_n} warps={warps} stages={stages}: "
+              f"90% silent NCHW {forward_times[config]:.1f}", flush=True)
+    for config in sorted(forward_times, key=forward_times.get)[:3]:
         times = ", ".join(f"{name} {guarded(name, lambda: median_us(stage2(x_, weight, geometry, config))):.1f}"
                           for name, x_ in inputs.items())
-        print(f"forward pixels={pixels} block_k={block_k} block_n={block_n} warps={warps} stages={stages}: {times}",
-              flush=True)
+        print(f"best forward {config.forward_pixels}/{config.forward_block_n}/{config.forward_num_warps}/"
+              f"{config.forward_num_stages}: {times}", flush=True)
     depthwise_w = torch.randn((CHANNELS, 1, 3, 3), device="cuda").half()
     depthwise_geometry = conv_geometry(silent, depthwise_w, [1, 1], [1, 1], [1, 1], CHANNELS)
     for block_c, planar_block_c in DEPTHWISE_SWEEP:
@@ -290,17 +300,38 @@ def sweep(generator: torch.Generator) -> None:
         config = replace(DEFAULT_CONFIG, pack_pixels=pixels, pack_slots=slots)
         us = guarded("pack", lambda: median_us(lambda: pack_active_planes(x_cl, lists, config)))
         print(f"pack pixels={pixels} slots={slots}: {us:.1f}", flush=True)
-    forward_geometry = lists.geometry
     for name, x_ in list(inputs.items())[:2]:
         blocks = block_activity(x_)
-        print(f"prescan {name}: block map {median_us(lambda: block_activity(x_)):.1f}, "
-              f"plane lists {median_us(lambda: plane_lists(blocks)):.1f}, "
-              f"forward tile lists {median_us(lambda: tile_activity(blocks, forward_geometry)):.1f}", flush=True)
+        times = ", ".join(f"{elements}/{warps} {median_us(lambda: block_activity(x_, elements, warps)):.1f}"
+                          for elements, warps in PRESCAN_SWEEP)
+        print(f"prescan {name}: block map (elements per program/warps) {times}; "
+              f"plane lists {median_us(lambda: plane_lists(blocks)):.1f}", flush=True)
     module = SparseConv2d(CHANNELS, CHANNELS, 3, padding=1, bias=False).cuda().half().requires_grad_(False)
+    lists = forward_lists(silent, block_activity(silent), geometry)
     with torch.no_grad():
         print(f"host µs per call: F.conv2d {host_us_per_call(lambda: F.conv2d(silent, weight, None, 1, 1)):.1f}, "
               f"sparse_conv2d(triton) {host_us_per_call(lambda: sparse_conv2d(silent, weight, None, 1, 1, backend='triton')):.1f}, "
+              f"of which block map {host_us_per_call(lambda: block_activity(silent)):.1f} and "
+              f"stage 2 {host_us_per_call(lambda: sparse_conv_fwd(silent, weight, None, lists)):.1f}; "
               f"SparseConv2d(auto) {host_us_per_call(lambda: module(silent)):.1f}", flush=True)
+        print(f"back to back, µs per call (100 calls, no L2 flush): "
+              f"F.conv2d fp16 CL {back_to_back_us(lambda: F.conv2d(x_cl, weight_cl, None, 1, 1)):.1f}, "
+              f"sparse_conv2d(triton) NCHW {back_to_back_us(lambda: sparse_conv2d(silent, weight, None, 1, 1, backend='triton')):.1f}",
+              flush=True)
+
+
+def back_to_back_us(fn, calls: int = 100) -> float:
+    """GPU time per call of `calls` calls issued back to back: host work shows where it exceeds
+    the GPU work (it is then the bound), unlike in do_bench's flushed single calls."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return 1000.0 * start.elapsed_time(end) / calls
 
 
 COLUMNS = [("zero blocks", "zero_blocks", "{:.3f}"), ("cuDNN fp16 CL", "cudnn_fp16_cl", "{:.1f}"),
@@ -335,6 +366,7 @@ def add_row(rows: list, name: str, inputs: str, measure_fn: Callable[[], dict[st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="time tile configs first (then the table)")
+    parser.add_argument("--sweep-only", action="store_true", help="the sweep, without the table")
     parser.add_argument("--train-seconds", type=float, default=20.0)
     parser.add_argument("--markdown", help="also write the table here")
     args = parser.parse_args()
@@ -345,8 +377,10 @@ def main() -> None:
               f"cuDNN {torch.backends.cudnn.version()} | {datetime.date.today()} | "
               f"copy {copy_bandwidth_gbs():.0f} GB/s | `python {' '.join(sys.argv)}`")
     print(header, flush=True)
-    if args.sweep:
+    if args.sweep or args.sweep_only:
         sweep(generator)
+    if args.sweep_only:
+        return
     rows: list[tuple[str, str, dict[str, float]]] = []
     for layer, (inputs, (density, silence)) in itertools.product(SYNTHETIC_LAYERS, SYNTHETIC_INPUTS.items()):
         x = spikes((BATCH, CHANNELS, SIZE, SIZE), density, silence, generator).half()

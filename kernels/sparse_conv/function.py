@@ -5,6 +5,7 @@ Forward: block map (prescan) + the sparse Triton kernel. Backward: grad_input th
 (aten.convolution_backward; it needs no input sparsity), grad_weight from the sparse Triton
 kernel when the dispatcher asked for it (`sparse_wgrad`), from cuDNN otherwise.
 """
+import functools
 from typing import Optional
 
 import torch
@@ -20,8 +21,13 @@ def conv_geometry(
     x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int], groups: int
 ) -> ConvGeometry:
     """The call's geometry with 8x8 output tiles: the activity tiles of the weight gradients (the
-    forward kernels retile it for their own programs)."""
-    return ConvGeometry.of(x, weight, stride, padding, dilation, groups, tile=(BLOCK, BLOCK))
+    forward kernels retile it for their own programs). Cached: it is host work on every call."""
+    return _cached_geometry(tuple(x.shape), tuple(weight.shape), tuple(stride), tuple(padding), tuple(dilation), groups)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_geometry(x_shape, weight_shape, stride, padding, dilation, groups) -> ConvGeometry:
+    return ConvGeometry.of_shapes(x_shape, weight_shape, stride, padding, dilation, groups, tile=(BLOCK, BLOCK))
 
 
 def sparse_conv2d_forward(

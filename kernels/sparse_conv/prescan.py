@@ -8,7 +8,8 @@ depends on shapes only, so the whole path is CUDA-graph capturable.
                             loads run along whichever axis is contiguous (W in NCHW, C in
                             channels_last) in long segments.
   `_tile_activity_kernel`   per (sample, output tile): ORs the flags of the blocks under the
-                            tile's input window -> `active` [N, tiles, C], and lists the active
+                            tile's input window (`window_flags`, which the NCHW forward kernel
+                            also calls itself) -> `active` [N, tiles, C], and lists the active
                             channels in `index` [N, tiles, C] (ascending) with `count` [N, tiles].
   `_plane_lists_kernel`     per sample: the channels active anywhere in the plane, listed the same
                             way ([N, C] and [N]).
@@ -21,9 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.sparse_conv.geometry import BLOCK, ConvGeometry
+from kernels.sparse_conv.geometry import BLOCK, ConvGeometry, cdiv, next_pow2
 
-_BLOCK_MAP_ELEMENTS = 16384  # x elements one block-map program loads (32 KB in fp16)
+BLOCK_MAP_ELEMENTS = 8192  # x elements one block-map program loads (16 KB in fp16); H100 sweep, RESULTS.md
+BLOCK_MAP_WARPS = 4
 
 
 @triton.jit
@@ -61,6 +63,38 @@ def _append_active(active, offs_c, c_ok, count, index_row):
     return count + tl.sum(active, axis=0)
 
 
+@triton.jit
+def window_bounds(tile, tiles_w, out_h, out_w, height, width, stride_h, stride_w, pad_h, pad_w, reach_h, reach_w,
+                  TILE_H: tl.constexpr, TILE_W: tl.constexpr):
+    """Input rows and cols read by output tile `tile`'s window, clamped to the image:
+    (lo_h, hi_h, lo_w, hi_w), empty (lo > hi) if the window covers padding only."""
+    tile_r = tile // tiles_w
+    tile_c = tile % tiles_w
+    lo_h = tl.maximum(tile_r * TILE_H * stride_h - pad_h, 0)
+    hi_h = tl.minimum((tl.minimum(tile_r * TILE_H + TILE_H, out_h) - 1) * stride_h - pad_h + reach_h, height - 1)
+    lo_w = tl.maximum(tile_c * TILE_W * stride_w - pad_w, 0)
+    hi_w = tl.minimum((tl.minimum(tile_c * TILE_W + TILE_W, out_w) - 1) * stride_w - pad_w + reach_w, width - 1)
+    return lo_h, hi_h, lo_w, hi_w
+
+
+@triton.jit
+def window_flags(blocks_ptr, n, offs_c, c_ok, channels, block_rows, block_cols, lo_h, hi_h, lo_w, hi_w,
+                 BLOCK: tl.constexpr, MAX_BLOCKS_H: tl.constexpr, MAX_BLOCKS_W: tl.constexpr):
+    """int32 flags of channels `offs_c` of sample n: 1 where a block under the window holds a
+    non-zero. The block loads are independent (static loops), so they are all in flight at once."""
+    window_ok = (lo_h <= hi_h) & (lo_w <= hi_w)
+    active = tl.zeros(offs_c.shape, tl.int32)
+    for i in tl.static_range(MAX_BLOCKS_H):
+        block_r = lo_h // BLOCK + i
+        for j in tl.static_range(MAX_BLOCKS_W):
+            block_c = lo_w // BLOCK + j
+            in_window = window_ok & (block_r <= hi_h // BLOCK) & (block_c <= hi_w // BLOCK)
+            flag = tl.load(blocks_ptr + ((n * block_rows + block_r) * block_cols + block_c) * channels + offs_c,
+                           mask=c_ok & in_window, other=0)
+            active = tl.maximum(active, flag.to(tl.int32))
+    return active
+
+
 @triton.jit(do_not_specialize=["stride_h", "stride_w", "pad_h", "pad_w"])
 def _tile_activity_kernel(
     blocks_ptr, active_ptr, index_ptr, count_ptr,
@@ -72,28 +106,15 @@ def _tile_activity_kernel(
     tile = tl.program_id(0)
     n = tl.program_id(1)
     pair = n * tl.num_programs(0) + tile
-    tile_r = tile // tiles_w
-    tile_c = tile % tiles_w
-    # Input rows/cols read by the tile's window, clamped to the image (empty if only padding).
-    lo_h = tl.maximum(tile_r * TILE_H * stride_h - pad_h, 0)
-    hi_h = tl.minimum((tl.minimum(tile_r * TILE_H + TILE_H, out_h) - 1) * stride_h - pad_h + reach_h, height - 1)
-    lo_w = tl.maximum(tile_c * TILE_W * stride_w - pad_w, 0)
-    hi_w = tl.minimum((tl.minimum(tile_c * TILE_W + TILE_W, out_w) - 1) * stride_w - pad_w + reach_w, width - 1)
-    window_ok = (lo_h <= hi_h) & (lo_w <= hi_w)
+    lo_h, hi_h, lo_w, hi_w = window_bounds(tile, tiles_w, out_h, out_w, height, width, stride_h, stride_w,
+                                           pad_h, pad_w, reach_h, reach_w, TILE_H, TILE_W)
     count = tl.full((), 0, tl.int32)
     c0 = 0
     while c0 < channels:
         offs_c = c0 + tl.arange(0, CHUNK_C)
         c_ok = offs_c < channels
-        active = tl.zeros((CHUNK_C,), tl.int32)
-        for i in tl.static_range(MAX_BLOCKS_H):
-            block_r = lo_h // BLOCK + i
-            for j in tl.static_range(MAX_BLOCKS_W):
-                block_c = lo_w // BLOCK + j
-                in_window = window_ok & (block_r <= hi_h // BLOCK) & (block_c <= hi_w // BLOCK)
-                flag = tl.load(blocks_ptr + ((n * block_rows + block_r) * block_cols + block_c) * channels + offs_c,
-                               mask=c_ok & in_window, other=0)
-                active = tl.maximum(active, flag.to(tl.int32))
+        active = window_flags(blocks_ptr, n, offs_c, c_ok, channels, block_rows, block_cols, lo_h, hi_h, lo_w, hi_w,
+                              BLOCK, MAX_BLOCKS_H, MAX_BLOCKS_W)
         tl.store(active_ptr + pair * channels + offs_c, active.to(tl.int8), mask=c_ok)
         count = _append_active(active, offs_c, c_ok, count, index_ptr + pair * channels)
         c0 += CHUNK_C
@@ -120,19 +141,20 @@ def _plane_lists_kernel(blocks_ptr, index_ptr, count_ptr, channels, blocks_per_p
 
 
 def _chunk(channels: int) -> int:
-    return min(256, triton.next_power_of_2(channels))
+    return min(256, next_pow2(channels))
 
 
-def block_activity(x: torch.Tensor) -> torch.Tensor:
-    """int8 [N, ceil(H/8), ceil(W/8), C]: 1 where the block of x holds a non-zero."""
+def block_activity(x: torch.Tensor, elements: int = BLOCK_MAP_ELEMENTS, num_warps: int = BLOCK_MAP_WARPS) -> torch.Tensor:
+    """int8 [N, ceil(H/8), ceil(W/8), C]: 1 where the block of x holds a non-zero. `elements` (x
+    elements per program) and `num_warps` are tuning knobs for `bench_sparse_conv.py --sweep`."""
     batch, channels, height, width = x.shape
-    block_rows, block_cols = triton.cdiv(height, BLOCK), triton.cdiv(width, BLOCK)
+    block_rows, block_cols = cdiv(height, BLOCK), cdiv(width, BLOCK)
     blocks = torch.empty((batch, block_rows, block_cols, channels), device=x.device, dtype=torch.int8)
-    padded_width = triton.next_power_of_2(block_cols * BLOCK)
-    block_c = max(1, min(_BLOCK_MAP_ELEMENTS // (BLOCK * padded_width), triton.next_power_of_2(channels)))
-    _block_activity_kernel[(triton.cdiv(channels, block_c), block_rows, batch)](
+    padded_width = next_pow2(block_cols * BLOCK)
+    block_c = max(1, min(elements // (BLOCK * padded_width), next_pow2(channels)))
+    _block_activity_kernel[(cdiv(channels, block_c), block_rows, batch)](
         x, blocks, channels, height, width, block_rows, block_cols, *x.stride(),
-        BLOCK_C=block_c, BLOCK=BLOCK, WIDTH=padded_width, num_warps=8,
+        BLOCK_C=block_c, BLOCK=BLOCK, WIDTH=padded_width, num_warps=num_warps,
     )
     return blocks
 

@@ -7,13 +7,14 @@ owns one output tile and reads only what touches it.
       channels and, for each BLOCK_K active input channels of its list and each kernel tap,
       does acc[p, co] += X[p + shift(tap), ci] @ W[tap, ci, co] (tl.dot; fp16/bf16 in, fp32
       accumulate; fp32 in runs on TF32 tensor cores, cuDNN's default for fp32 convolutions too).
-      A list of active channels is per (sample, output tile) when the layout keeps a channel's
-      pixels together (NCHW: every X row is BLOCK_P-ish contiguous pixels, coalesced), and per
-      sample when channels are innermost (channels_last): there `_pack_active_planes_kernel` first
-      copies the active planes into a dense [N, slots, H, W] buffer (one gathered pass over the
-      active channels instead of one per tap), and the forward reads that buffer.
-      Weights are re-arranged per call to [taps, C_in, C_out]: gathering a channel's row gives a
-      contiguous C_out vector.
+      The active channels are per (sample, output tile) when the layout keeps a channel's pixels
+      together (NCHW: every X row is BLOCK_P-ish contiguous pixels, coalesced): the program ORs
+      the block flags under its tile's window and compacts them into a list in registers, so
+      stage 1 is the block map alone. When channels are innermost (channels_last) they are per
+      sample: `_pack_active_planes_kernel` first copies the active planes into a dense
+      [N, slots, H, W] buffer (one gathered pass over the active channels instead of one per
+      tap), and the forward reads that buffer with its list. Weights are re-laid out per call to
+      [KH, KW, C_in, C_out] in memory: gathering a channel's row gives a contiguous C_out vector.
   `_sparse_depthwise_fwd_kernel`  depthwise, over the same row-band tiles: a program (BLOCK_C
       channels x one tile) whose channels are all silent there writes the bias, reading nothing.
 Weight gradients (input sparsity, a split reduction over (sample, 8x8 tile), no atomics):
@@ -26,6 +27,7 @@ The grid never depends on the data, so the path is CUDA-graph capturable.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -33,8 +35,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from kernels.sparse_conv.geometry import ConvGeometry
-from kernels.sparse_conv.prescan import plane_lists, tile_activity
+from kernels.sparse_conv.geometry import BLOCK, ConvGeometry, cdiv, next_pow2
+from kernels.sparse_conv.prescan import plane_lists, tile_activity, window_bounds, window_flags
 
 
 @dataclass(frozen=True)
@@ -63,10 +65,6 @@ _MAX_WGRAD_PARTIAL_BYTES = 8 << 20  # bound on the split reduction's scratch buf
 # Conv parameters stay run-time values: specializing on them (Triton does for ints equal to 1)
 # would compile a variant per stride/padding/dilation combination without a faster kernel.
 _CONV_ARGS = ["stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w"]
-
-
-def _next_pow2(value: int) -> int:
-    return triton.next_power_of_2(max(int(value), 1))
 
 
 def _memory_format(x: torch.Tensor) -> torch.memory_format:
@@ -124,23 +122,33 @@ def _pack_active_planes_kernel(
         s0 += BLOCK_S
 
 
+@triton.jit
+def _nth_active(active, rank, slots):
+    """The channels holding ranks `slots` among the set `active` flags ([C_PAD] int32 flags and
+    their exclusive ranks): the compaction of the active-channel list, done in registers."""
+    channel = tl.arange(0, active.shape[0])
+    match = (active[None, :] != 0) & (rank[None, :] == slots[:, None])
+    return tl.sum(tl.where(match, channel[None, :], 0), axis=1)
+
+
 @triton.jit(do_not_specialize=_CONV_ARGS)
 def _sparse_conv_fwd_kernel(
-    x_ptr, wt_ptr, bias_ptr, y_ptr, index_ptr, count_ptr,
-    in_channels, out_channels, height, width, out_h, out_w, tiles_w, list_tiles,
-    sx_n, sx_c, sx_h, sx_w, sy_n, sy_c, sy_h, sy_w,
+    x_ptr, w_ptr, bias_ptr, y_ptr, blocks_ptr, index_ptr, count_ptr,
+    in_channels, out_channels, height, width, out_h, out_w, tiles_w, block_rows, block_cols,
+    sx_n, sx_c, sx_h, sx_w, sy_n, sy_c, sy_h, sy_w, sw_o, sw_i, sw_h, sw_w,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     KH: tl.constexpr, KW: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    C_PAD: tl.constexpr, BLOCK: tl.constexpr, MAX_BLOCKS_H: tl.constexpr, MAX_BLOCKS_W: tl.constexpr,
 ):
     # Output-channel blocks vary fastest: programs of one tile run together and share its X in L2.
-    # list_tiles is 1 for per-sample lists, else the number of tiles (per-tile lists).
-    # PACKED: x holds the listed channels densely, slot by slot (see _pack_active_planes_kernel).
+    # PACKED: x holds each sample's active channels densely, slot by slot, and index/count list
+    # them (see _pack_active_planes_kernel). Else the program ORs the block map under its tile's
+    # window itself and compacts the active channels in registers: no list kernel, no list buffer.
     co_block = tl.program_id(0)
     tile = tl.program_id(1)
     n = tl.num_programs(2) - 1 - tl.program_id(2)  # back to front: the prescan's last reads are in L2
-    list_row = n * list_tiles + tile % list_tiles
     offs_p = tl.arange(0, TILE_H * TILE_W)
     oh = (tile // tiles_w) * TILE_H + offs_p // TILE_W
     ow = (tile % tiles_w) * TILE_W + offs_p % TILE_W
@@ -150,23 +158,34 @@ def _sparse_conv_fwd_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     x_base = x_ptr + n.to(tl.int64) * sx_n
     acc = tl.zeros((TILE_H * TILE_W, BLOCK_N), tl.float32)
-    active_channels = tl.load(count_ptr + list_row)
+    if PACKED:
+        active_channels = tl.load(count_ptr + n)
+    else:
+        lo_h, hi_h, lo_w, hi_w = window_bounds(
+            tile, tiles_w, out_h, out_w, height, width, stride_h, stride_w, pad_h, pad_w,
+            (KH - 1) * dil_h, (KW - 1) * dil_w, TILE_H, TILE_W)
+        offs_c = tl.arange(0, C_PAD)
+        active = window_flags(blocks_ptr, n, offs_c, offs_c < in_channels, in_channels, block_rows, block_cols,
+                              lo_h, hi_h, lo_w, hi_w, BLOCK, MAX_BLOCKS_H, MAX_BLOCKS_W)
+        rank = tl.cumsum(active, axis=0) - 1
+        active_channels = tl.sum(active, axis=0)
     k0 = 0
     while k0 < active_channels:
         slot = k0 + offs_k
         k_ok = slot < active_channels
-        ci = tl.load(index_ptr + list_row * in_channels + slot, mask=k_ok, other=0)
         if PACKED:
+            ci = tl.load(index_ptr + n * in_channels + slot, mask=k_ok, other=0)
             x_cols = x_base + slot[None, :] * sx_c
         else:
+            ci = _nth_active(active, rank, slot)
             x_cols = x_base + ci[None, :] * sx_c
+        w_rows = w_ptr + ci[:, None] * sw_i + offs_co[None, :] * sw_o
         for tap in tl.range(0, KH * KW, num_stages=NUM_STAGES):
             ih = oh * stride_h - pad_h + (tap // KW) * dil_h
             iw = ow * stride_w - pad_w + (tap % KW) * dil_w
             p_ok = pix_ok & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
             a = tl.load(x_cols + (ih * sx_h + iw * sx_w)[:, None], mask=p_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(wt_ptr + (tap * in_channels + ci)[:, None] * out_channels + offs_co[None, :],
-                        mask=k_ok[:, None] & co_ok[None, :], other=0.0)
+            b = tl.load(w_rows + (tap // KW) * sw_h + (tap % KW) * sw_w, mask=k_ok[:, None] & co_ok[None, :], other=0.0)
             acc = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc, input_precision="tf32")  # TF32: fp32 only
         k0 += BLOCK_K
     if HAS_BIAS:
@@ -184,36 +203,53 @@ def channels_innermost(x: torch.Tensor) -> bool:
 def forward_tile(out_h: int, out_w: int, config: KernelConfig = DEFAULT_CONFIG) -> tuple[int, int]:
     """Output tile of a forward program: whole rows (up to config.forward_pixels pixels) where
     they fit, at least 16 pixels (tl.dot's minimum M)."""
-    tile_w = min(max(_next_pow2(out_w), 8), config.forward_pixels)
-    tile_h = max(1, min(config.forward_pixels // tile_w, _next_pow2(out_h)), 16 // tile_w)
+    tile_w = min(max(next_pow2(out_w), 8), config.forward_pixels)
+    tile_h = max(1, min(config.forward_pixels // tile_w, next_pow2(out_h)), 16 // tile_w)
     return tile_h, tile_w
 
 
 @dataclass(frozen=True)
 class ForwardLists:
-    """What the dense forward iterates over: its output tiling and its active-channel lists
-    (per tile: `index` [N, tiles, C], `count` [N, tiles]; per sample: [N, C] and [N])."""
+    """What the dense forward iterates over: its output tiling, the block map, and for
+    channels_last input the per-sample lists of active channels (`index` [N, C], `count` [N]);
+    for other layouts the kernel derives each tile's list from the block map itself."""
 
     geometry: ConvGeometry
-    index: torch.Tensor
-    count: torch.Tensor
-    per_sample: bool
+    blocks: torch.Tensor
+    index: torch.Tensor | None = None
+    count: torch.Tensor | None = None
+
+    @property
+    def per_sample(self) -> bool:
+        return self.count is not None
 
 
 def forward_lists(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry,
                   config: KernelConfig = DEFAULT_CONFIG) -> ForwardLists:
     """The dense forward's lists for input x with block map `blocks`."""
-    tiled = geometry.retiled(forward_tile(geometry.rows.out_size, geometry.cols.out_size, config))
+    tiled = forward_geometry(geometry, config)
     if channels_innermost(x):
-        return ForwardLists(tiled, *plane_lists(blocks), per_sample=True)
-    return ForwardLists(tiled, *tile_activity(blocks, tiled)[1:], per_sample=False)
+        return ForwardLists(tiled, blocks, *plane_lists(blocks))
+    return ForwardLists(tiled, blocks)
+
+
+@functools.lru_cache(maxsize=4096)
+def forward_geometry(geometry: ConvGeometry, config: KernelConfig = DEFAULT_CONFIG) -> ConvGeometry:
+    """`geometry` with the forward kernels' output tiles (cached: host work on every call)."""
+    return geometry.retiled(forward_tile(geometry.rows.out_size, geometry.cols.out_size, config))
+
+
+def forward_counts(x: torch.Tensor, lists: ForwardLists) -> torch.Tensor:
+    """int32: how many active input channels each forward program iterates over ([N] per sample
+    for channels_last, [N, tiles] otherwise); a measurement for the dispatcher and the tests."""
+    return lists.count if lists.per_sample else tile_activity(lists.blocks, lists.geometry)[2]
 
 
 def pack_active_planes(x: torch.Tensor, lists: ForwardLists, config: KernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
     """[N, C, H, W] contiguous whose first count[n] channels of sample n are x's listed planes."""
     batch, channels, height, width = x.shape
     packed = torch.empty((batch, channels, height, width), device=x.device, dtype=x.dtype)
-    _pack_active_planes_kernel[(triton.cdiv(height * width, config.pack_pixels), batch)](
+    _pack_active_planes_kernel[(cdiv(height * width, config.pack_pixels), batch)](
         x, packed, lists.index, lists.count, channels, height, width, *x.stride(),
         BLOCK_PIX=config.pack_pixels, BLOCK_S=config.pack_slots,
     )
@@ -224,25 +260,30 @@ def sparse_conv_fwd(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lists: ForwardLists,
     config: KernelConfig = DEFAULT_CONFIG,
 ) -> torch.Tensor:
-    """Stage 2 for dense weights (groups=1): y from the listed active channels only."""
+    """Stage 2 for dense weights (groups=1): y from the active input channels only."""
     geometry = lists.geometry
     rows, cols = geometry.rows, geometry.cols
     y = _empty_output(x, geometry)
     source = pack_active_planes(x, lists, config) if lists.per_sample else x
-    # [taps, C_in, C_out]: the rows of a channel's taps are contiguous C_out vectors
-    weight_by_tap = weight.permute(2, 3, 1, 0).reshape(geometry.taps, geometry.in_channels, geometry.out_channels)
-    weight_by_tap = weight_by_tap.contiguous()
-    block_n = min(config.forward_block_n, max(16, _next_pow2(geometry.out_channels)))
-    num_warps = config.forward_num_warps
-    grid = (triton.cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)
+    block_n = min(config.forward_block_n, max(16, next_pow2(geometry.out_channels)))
+    grid = (cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)
+    blocks = lists.blocks
+    # The same weight, laid out [KH, KW, C_in, C_out] in memory: a channel's row of a tap is then
+    # a contiguous C_out vector. Reading the [C_out, C_in, KH, KW] layout in place by its strides
+    # saves this copy's launch but made the kernel 1.3x slower (H100 sweep, RESULTS.md).
+    weight = weight.permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1)
     _sparse_conv_fwd_kernel[grid](
-        source, weight_by_tap, bias if bias is not None else weight_by_tap, y, lists.index, lists.count,
+        source, weight, bias if bias is not None else weight, y, blocks,
+        lists.index if lists.per_sample else blocks, lists.count if lists.per_sample else blocks,
         geometry.in_channels, geometry.out_channels, rows.size, cols.size, rows.out_size, cols.out_size,
-        cols.tiles, 1 if lists.per_sample else geometry.tiles, *source.stride(), *y.stride(), *_conv_args(geometry),
+        cols.tiles, blocks.shape[1], blocks.shape[2], *source.stride(), *y.stride(), *weight.stride(),
+        *_conv_args(geometry),
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
         BLOCK_K=config.forward_block_k, BLOCK_N=block_n, NUM_STAGES=config.forward_num_stages,
         PACKED=lists.per_sample, HAS_BIAS=bias is not None, DOT_DTYPE=_dot_dtype(x.dtype),
-        num_warps=num_warps,
+        C_PAD=next_pow2(geometry.in_channels), BLOCK=BLOCK,
+        MAX_BLOCKS_H=rows.max_blocks_per_tile, MAX_BLOCKS_W=cols.max_blocks_per_tile,
+        num_warps=config.forward_num_warps,
     )
     return y
 
@@ -292,7 +333,7 @@ def depthwise_activity(blocks: torch.Tensor, geometry: ConvGeometry,
                        config: KernelConfig = DEFAULT_CONFIG) -> tuple[ConvGeometry, torch.Tensor]:
     """The depthwise forward's tiling (the dense forward's row bands) and its `active` flags
     [N, tiles, C]."""
-    tiled = geometry.retiled(forward_tile(geometry.rows.out_size, geometry.cols.out_size, config))
+    tiled = forward_geometry(geometry, config)
     return tiled, tile_activity(blocks, tiled)[0]
 
 
@@ -300,7 +341,7 @@ def _depthwise_block_c(x: torch.Tensor, config: KernelConfig) -> int:
     """Channels per depthwise program: many where they are contiguous (vector loads), few where
     each is its own plane (a program is skipped only if all its channels are silent)."""
     block_c = config.depthwise_block_c if channels_innermost(x) else config.depthwise_planar_block_c
-    return min(block_c, _next_pow2(x.shape[1]))
+    return min(block_c, next_pow2(x.shape[1]))
 
 
 def sparse_depthwise_fwd(
@@ -313,7 +354,7 @@ def sparse_depthwise_fwd(
     y = _empty_output(x, geometry)
     weight = weight.contiguous()
     block_c = _depthwise_block_c(x, config)
-    grid = (triton.cdiv(geometry.in_channels, block_c), geometry.tiles, geometry.batch)
+    grid = (cdiv(geometry.in_channels, block_c), geometry.tiles, geometry.batch)
     _sparse_depthwise_fwd_kernel[grid](
         x, weight, bias if bias is not None else weight, y, active,
         geometry.in_channels, rows.size, cols.size, rows.out_size, cols.out_size, cols.tiles,
@@ -418,7 +459,7 @@ def _sparse_depthwise_wgrad_kernel(
 
 def _wgrad_chunk(geometry: ConvGeometry, config: KernelConfig) -> int:
     """Input channels per weight-gradient program: rows = (padded taps) x channels."""
-    return max(1, config.wgrad_rows // _next_pow2(geometry.taps))
+    return max(1, config.wgrad_rows // next_pow2(geometry.taps))
 
 
 def _split_count(x: torch.Tensor, programs: int, pairs: int, partial_bytes_per_split: int) -> int:
@@ -426,7 +467,7 @@ def _split_count(x: torch.Tensor, programs: int, pairs: int, partial_bytes_per_s
     within the scratch-buffer bound."""
     target = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 2
     by_memory = max(1, _MAX_WGRAD_PARTIAL_BYTES // partial_bytes_per_split)
-    return max(1, min(triton.cdiv(target, programs), pairs, by_memory))
+    return max(1, min(cdiv(target, programs), pairs, by_memory))
 
 
 def sparse_conv_wgrad(
@@ -437,8 +478,8 @@ def sparse_conv_wgrad(
     rows, cols = geometry.rows, geometry.cols
     taps, c_in, c_out = geometry.taps, geometry.in_channels, geometry.out_channels
     chunk = _wgrad_chunk(geometry, config)
-    block_n = min(config.wgrad_block_n, max(16, _next_pow2(c_out)))
-    programs = triton.cdiv(c_in, chunk) * triton.cdiv(c_out, block_n)
+    block_n = min(config.wgrad_block_n, max(16, next_pow2(c_out)))
+    programs = cdiv(c_in, chunk) * cdiv(c_out, block_n)
     pairs = geometry.batch * geometry.tiles
     splits = _split_count(x, programs, pairs, taps * c_in * c_out * 4)
     partial = torch.empty((splits, taps, c_in, c_out), device=x.device, dtype=torch.float32)
@@ -447,7 +488,7 @@ def sparse_conv_wgrad(
         c_in, c_out, rows.size, cols.size, rows.out_size, cols.out_size, geometry.tiles, cols.tiles, pairs,
         *x.stride(), *grad_y.stride(), *_conv_args(geometry),
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
-        CHUNK_C=chunk, TAPS_PAD=_next_pow2(taps), BLOCK_N=block_n,
+        CHUNK_C=chunk, TAPS_PAD=next_pow2(taps), BLOCK_N=block_n,
         DOT_DTYPE=_dot_dtype(x.dtype),
         num_warps=config.wgrad_num_warps,
     )
@@ -462,8 +503,8 @@ def sparse_depthwise_wgrad(
     """dL/dW [C, 1, KH, KW] for depthwise weights, reading only active (sample, tile, channel)s."""
     rows, cols = geometry.rows, geometry.cols
     taps, channels = geometry.taps, geometry.in_channels
-    block_c = min(config.depthwise_block_c, _next_pow2(channels))
-    programs = triton.cdiv(channels, block_c)
+    block_c = min(config.depthwise_block_c, next_pow2(channels))
+    programs = cdiv(channels, block_c)
     pairs = geometry.batch * geometry.tiles
     splits = _split_count(x, programs, pairs, taps * channels * 4)
     partial = torch.empty((splits, taps, channels), device=x.device, dtype=torch.float32)
@@ -472,7 +513,7 @@ def sparse_depthwise_wgrad(
         channels, rows.size, cols.size, rows.out_size, cols.out_size, geometry.tiles, cols.tiles, pairs,
         *x.stride(), *grad_y.stride(), *_conv_args(geometry),
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
-        TAPS_PAD=_next_pow2(taps), BLOCK_C=block_c, num_warps=config.depthwise_num_warps,
+        TAPS_PAD=next_pow2(taps), BLOCK_C=block_c, num_warps=config.depthwise_num_warps,
     )
     grad_w = partial.sum(dim=0).view(rows.kernel, cols.kernel, channels).permute(2, 0, 1).unsqueeze(1)
     return grad_w.to(weight_dtype).contiguous()
@@ -496,8 +537,8 @@ def work_fractions(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry
     if geometry.is_depthwise:
         forward = _any_per_chunk(depthwise_activity(blocks, geometry, config)[1], _depthwise_block_c(x, config))
     else:
-        count = forward_lists(x, blocks, geometry, config).count
+        count = forward_counts(x, forward_lists(x, blocks, geometry, config))
         block_k = config.forward_block_k
         forward = torch.div(count + block_k - 1, block_k, rounding_mode="floor").float().mean()
-        forward = forward / triton.cdiv(geometry.in_channels, block_k)
+        forward = forward / cdiv(geometry.in_channels, block_k)
     return torch.stack([forward, wgrad])
