@@ -124,7 +124,8 @@ def copy_bandwidth_gbs() -> float:
 
 def stage2(x: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry,
            config: KernelConfig = DEFAULT_CONFIG) -> Callable[[], torch.Tensor]:
-    """The stage-2 work on x (packing included), with the activity lists made beforehand."""
+    """The stage-2 work on x (packing included), with the block map and the channels_last
+    per-sample lists made beforehand (on NCHW the forward compacts its own lists: included)."""
     blocks = block_activity(x)
     if geometry.is_depthwise:
         tiled, active = depthwise_activity(blocks, geometry, config)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
-
 BLOCK = 8  # side of an activity block, in input pixels
 
 
@@ -81,19 +79,6 @@ class ConvGeometry:
     groups: int
     rows: AxisGeometry
     cols: AxisGeometry
-
-    @classmethod
-    def of(
-        cls,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        stride: int | tuple[int, int] | list[int],
-        padding: int | tuple[int, int] | list[int],
-        dilation: int | tuple[int, int] | list[int],
-        groups: int,
-        tile: tuple[int, int] = (BLOCK, BLOCK),
-    ) -> ConvGeometry:
-        return cls.of_shapes(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups, tile)
 
     @classmethod
     def of_shapes(
