@@ -177,6 +177,17 @@ def test_forward_loops_over_channel_chunks_output_blocks_and_tiles(channels_last
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-4)
 
 
+def test_nchw_forward_compacts_hundreds_of_channels():
+    """300 input channels (the in-register list pads them to 512), about 150 active per tile:
+    ten K chunks, windows over several 8x8 blocks, and a silent sample."""
+    generator = torch.Generator().manual_seed(13)
+    x = spikes((3, 300, 10, 12), 0.2, generator, plane_silence=0.5)
+    x[1] = 0
+    weight, bias = torch.randn((7, 300, 3, 3), generator=generator), torch.randn(7, generator=generator)
+    y = sparse_conv2d(x, weight, bias, 1, 1, backend="triton")
+    torch.testing.assert_close(y, F.conv2d(x, weight, bias, 1, 1), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("out_size,tile", [
     ((32, 32), (4, 32)), ((28, 28), (4, 32)), ((14, 14), (8, 16)), ((7, 7), (8, 8)), ((1, 1), (2, 8)),
     ((3, 300), (1, 128)),
