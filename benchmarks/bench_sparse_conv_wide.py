@@ -1,0 +1,81 @@
+"""Spike-sparse convolution on wide layers (claim: issue 4, RESULTS.md "Wide layers"). Needs a CUDA GPU.
+
+    PYTHONPATH=. python benchmarks/bench_sparse_conv_wide.py
+
+conv3x3 with 256 output channels on [64, C_in, 14, 14] spikes with 90% of the (sample,
+channel) planes silent, NCHW, C_in in {256, 512, 1024, 2048}. The NCHW forward compacts each
+tile's active channels in registers over a list padded to a power of two, so the width is what
+this exercises. Per C_in and dtype (fp16, bf16, fp32): the error of
+`sparse_conv2d(backend="triton")` against an fp32 conv, its first call (compile included), and
+its median time next to `F.conv2d` on the same tensors (triton.testing.do_bench, which flushes
+L2 before every call; both eager). Then, in fp16, the dispatcher (`SparseConv2d`, backend
+"auto", after 40 warm-up calls) against `F.conv2d`, with the paths it took.
+"""
+import datetime
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts, sparse_conv2d
+
+WIDTHS = (256, 512, 1024, 2048)
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+OUT_CHANNELS, BATCH, SIZE, SILENT_PLANES = 256, 64, 14, 0.9
+
+
+def median_us(fn) -> float:
+    return 1000.0 * do_bench(fn, return_mode="median")
+
+
+def silent_plane_spikes(channels: int, generator: torch.Generator) -> torch.Tensor:
+    shape = (BATCH, channels, SIZE, SIZE)
+    x = torch.randn(shape, generator=generator, device="cuda").sign()
+    x *= torch.rand(shape, generator=generator, device="cuda") < 0.5
+    return x * (torch.rand(shape[:2], generator=generator, device="cuda") >= SILENT_PLANES)[:, :, None, None]
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want).norm() / want.norm()).item()
+
+
+def main() -> None:
+    generator = torch.Generator("cuda").manual_seed(0)
+    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | "
+          f"{datetime.date.today()} | conv3x3 -> {OUT_CHANNELS} on [{BATCH}, C_in, {SIZE}, {SIZE}], "
+          f"{SILENT_PLANES:.0%} silent planes, NCHW\n")
+    print("| C_in | dtype | rel err | first call (s) | ours µs | cuDNN µs | ×cuDNN |\n|---:|---|---:|---:|---:|---:|---:|")
+    inputs = {}
+    for channels in WIDTHS:
+        x = silent_plane_spikes(channels, generator)
+        weight = torch.randn(OUT_CHANNELS, channels, 3, 3, generator=generator, device="cuda") / (9 * channels) ** 0.5
+        inputs[channels] = x.half()
+        reference = F.conv2d(x, weight, None, 1, 1)
+        for name, dtype in DTYPES.items():
+            x_, w_ = x.to(dtype), weight.to(dtype)
+            start = time.perf_counter()
+            y = sparse_conv2d(x_, w_, None, 1, 1, backend="triton")
+            torch.cuda.synchronize()
+            first = time.perf_counter() - start
+            ours = median_us(lambda: sparse_conv2d(x_, w_, None, 1, 1, backend="triton"))
+            cudnn = median_us(lambda: F.conv2d(x_, w_, None, 1, 1))
+            print(f"| {channels} | {name} | {relative_error(y, reference):.1e} | {first:.1f} | {ours:.1f} | "
+                  f"{cudnn:.1f} | {cudnn / ours:.2f} |", flush=True)
+    print("\n| C_in | dispatcher µs | cuDNN µs | ×cuDNN | paths |\n|---:|---:|---:|---:|---|")
+    for channels, x in inputs.items():
+        module = SparseConv2d(channels, OUT_CHANNELS, 3, padding=1, bias=False).cuda().half().requires_grad_(False)
+        with torch.no_grad():
+            for _ in range(40):  # calibrate, and let the call site's density measurement come back
+                module(x)
+            torch.cuda.synchronize()
+            reset_path_counts()
+            dispatcher = median_us(lambda: module(x))
+            paths = path_counts()
+            cudnn = median_us(lambda: F.conv2d(x, module.weight, None, 1, 1))
+        print(f"| {channels} | {dispatcher:.1f} | {cudnn:.1f} | {cudnn / dispatcher:.2f} | {paths} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
