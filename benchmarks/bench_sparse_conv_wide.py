@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
+from benchmarks.bench_sparse_conv import relative_error, spikes
 from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts, sparse_conv2d
 
 WIDTHS = (256, 512, 1024, 2048)
@@ -26,19 +27,8 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 OUT_CHANNELS, BATCH, SIZE, SILENT_PLANES = 256, 64, 14, 0.9
 
 
-def median_us(fn) -> float:
+def median_us(fn) -> float:  # do_bench's default warm-up and repetitions (bench_sparse_conv's are shorter)
     return 1000.0 * do_bench(fn, return_mode="median")
-
-
-def silent_plane_spikes(channels: int, generator: torch.Generator) -> torch.Tensor:
-    shape = (BATCH, channels, SIZE, SIZE)
-    x = torch.randn(shape, generator=generator, device="cuda").sign()
-    x *= torch.rand(shape, generator=generator, device="cuda") < 0.5
-    return x * (torch.rand(shape[:2], generator=generator, device="cuda") >= SILENT_PLANES)[:, :, None, None]
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.float() - want).norm() / want.norm()).item()
 
 
 def main() -> None:
@@ -49,7 +39,7 @@ def main() -> None:
     print("| C_in | dtype | rel err | first call (s) | ours µs | cuDNN µs | ×cuDNN |\n|---:|---|---:|---:|---:|---:|---:|")
     inputs = {}
     for channels in WIDTHS:
-        x = silent_plane_spikes(channels, generator)
+        x = spikes((BATCH, channels, SIZE, SIZE), 0.5, SILENT_PLANES, generator)
         weight = torch.randn(OUT_CHANNELS, channels, 3, 3, generator=generator, device="cuda") / (9 * channels) ** 0.5
         inputs[channels] = x.half()
         reference = F.conv2d(x, weight, None, 1, 1)
