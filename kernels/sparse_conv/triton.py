@@ -37,6 +37,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from kernels.sparse_conv.geometry import BLOCK, ConvGeometry, cdiv, next_pow2
 from kernels.sparse_conv.prescan import plane_lists, tile_activity, window_bounds, window_flags
+from kernels.sparse_conv.tma import pack_active_channels, tma_available, tma_conv_fwd
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class KernelConfig:
     wgrad_rows: int = 128  # rows of the weight-gradient tile: (tap, channel) pairs
     wgrad_block_n: int = 128
     wgrad_num_warps: int = 4
+    tma: bool | None = None  # stride-1 dense forward on TMA loads (tma.py); None: wherever available
+    tma_num_stages: int = 4  # H100 sweep (RESULTS.md, fifth run): 4 stages 54 µs, 2 stages 65 µs
+    tma_pack_pixels: int = 512
+    tma_pack_num_warps: int = 4
 
 
 DEFAULT_CONFIG = KernelConfig()
@@ -210,14 +215,16 @@ def forward_tile(out_h: int, out_w: int, config: KernelConfig = DEFAULT_CONFIG) 
 
 @dataclass(frozen=True)
 class ForwardLists:
-    """What the dense forward iterates over: its output tiling, the block map, and for
-    channels_last input the per-sample lists of active channels (`index` [N, C], `count` [N]);
-    for other layouts the kernel derives each tile's list from the block map itself."""
+    """What the dense forward iterates over: its output tiling, the block map, and for the TMA
+    forward and channels_last input the per-sample lists of active channels (`index` [N, C],
+    `count` [N]), with the TMA forward's `packed` input; for other layouts the kernel derives
+    each tile's list from the block map itself."""
 
     geometry: ConvGeometry
     blocks: torch.Tensor
     index: torch.Tensor | None = None
     count: torch.Tensor | None = None
+    packed: torch.Tensor | None = None
 
     @property
     def per_sample(self) -> bool:
@@ -228,9 +235,21 @@ def forward_lists(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry,
                   config: KernelConfig = DEFAULT_CONFIG) -> ForwardLists:
     """The dense forward's lists for input x with block map `blocks`."""
     tiled = forward_geometry(geometry, config)
+    if uses_tma(x, geometry, config):
+        packed, index, count = pack_active_channels(x, blocks, config.tma_pack_pixels, config.tma_pack_num_warps)
+        return ForwardLists(tiled, blocks, index, count, packed)
     if channels_innermost(x):
         return ForwardLists(tiled, blocks, *plane_lists(blocks))
     return ForwardLists(tiled, blocks)
+
+
+def uses_tma(x: torch.Tensor, geometry: ConvGeometry, config: KernelConfig = DEFAULT_CONFIG) -> bool:
+    """True when the dense forward of this call runs on TMA loads (tma.py)."""
+    available = tma_available(x, geometry, interpreted())
+    if config.tma and not available:
+        raise ValueError("KernelConfig(tma=True) needs stride 1, groups=1 and a GPU with TMA "
+                         "(compute capability >= 9.0) or TRITON_INTERPRET=1; leave tma=None to use it where possible")
+    return available if config.tma is None else config.tma
 
 
 @functools.lru_cache(maxsize=4096)
@@ -264,14 +283,18 @@ def sparse_conv_fwd(
     geometry = lists.geometry
     rows, cols = geometry.rows, geometry.cols
     y = _empty_output(x, geometry)
-    source = pack_active_planes(x, lists, config) if lists.per_sample else x
     block_n = min(config.forward_block_n, max(16, next_pow2(geometry.out_channels)))
-    grid = (cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)
-    blocks = lists.blocks
     # The same weight, laid out [KH, KW, C_in, C_out] in memory: a channel's row of a tap is then
     # a contiguous C_out vector. Reading the [C_out, C_in, KH, KW] layout in place by its strides
     # saves this copy's launch but made the kernel 1.3x slower (H100 sweep, RESULTS.md).
     weight = weight.permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1)
+    if lists.packed is not None:
+        return tma_conv_fwd(lists.packed, lists.index, lists.count, weight, bias, y, geometry, block_n=block_n,
+                            num_stages=config.tma_num_stages, num_warps=config.forward_num_warps,
+                            dot_dtype=_dot_dtype(x.dtype))
+    source = pack_active_planes(x, lists, config) if lists.per_sample else x
+    grid = (cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)
+    blocks = lists.blocks
     _sparse_conv_fwd_kernel[grid](
         source, weight, bias if bias is not None else weight, y, blocks,
         lists.index if lists.per_sample else blocks, lists.count if lists.per_sample else blocks,
@@ -537,7 +560,10 @@ def work_fractions(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry
     if geometry.is_depthwise:
         forward = _any_per_chunk(depthwise_activity(blocks, geometry, config)[1], _depthwise_block_c(x, config))
     else:
-        count = forward_counts(x, forward_lists(x, blocks, geometry, config))
+        if uses_tma(x, geometry, config):  # its per-sample lists, without the packing
+            count = plane_lists(blocks)[1]
+        else:
+            count = forward_counts(x, forward_lists(x, blocks, geometry, config))
         block_k = config.forward_block_k
         forward = torch.div(count + block_k - 1, block_k, rounding_mode="floor").float().mean()
         forward = forward / cdiv(geometry.in_channels, block_k)

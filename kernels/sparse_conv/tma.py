@@ -1,0 +1,177 @@
+"""Stride-1 dense forward on tensor-memory-accelerator (TMA) loads: pack, then an implicit GEMM.
+
+Why a second forward: at 90% silent planes the pointer-gather forward (`triton.py`) spent ~80 µs
+on a tenth of the dense work of conv3x3 [256,128,32,32] on an H100, bound by per-element address
+arithmetic and load latency at low occupancy. Here each tap of a K chunk is one TMA box load
+(no addresses, no masks; the hardware zero-fills what falls outside the image, which is the
+conv's zero padding) and the same call took ~54 µs (RESULTS.md, fifth run).
+
+  `_pack_kernel`   per (sample, pixel range): ORs the sample's block map over the whole plane,
+                   ranks the active channels (`tl.cumsum`), and copies them, KC at a time, to
+                   packed [N, C/KC, H, W, KC]: slot s of sample n (its s-th active channel) is
+                   chunk s // KC, lane s % KC, channels innermost. Lanes past the sample's count
+                   in its last chunk are written as zeros. Program 0 of a sample also writes
+                   its list (`index` [N, C], `count` [N]), which the forward reads for weights.
+  `_tma_fwd_kernel` per (output-channel block, output tile, sample): for each KC chunk and tap,
+                   a [1, 1, TILE_H, TILE_W, KC] box at the tap's shifted position is the GEMM's
+                   A [pixels, KC]; B is the chunk's weight rows of that tap (a gather of
+                   contiguous C_out vectors from the [KH, KW, C_in, C_out] copy).
+Any input layout (the pack reads by strides), any padding and dilation; stride 1 only (a TMA
+box is contiguous). Needs TMA: compute capability >= 9.0, or Triton's interpreter (how CI runs
+it). Box coordinates may be negative; the innermost one is always 0, which the interpreter
+requires. The grid depends on shapes only (no host sync; CUDA-graph capturable).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels.sparse_conv.geometry import ConvGeometry, cdiv, next_pow2
+
+KC = 16  # channels per K chunk: one tl.dot's K, and the packed layout's innermost extent
+
+
+@triton.jit
+def _pack_kernel(
+    x_ptr, blocks_ptr, packed_ptr, index_ptr, count_ptr,
+    channels, height, width, blocks_per_plane, sx_n, sx_c, sx_h, sx_w,
+    C_PAD: tl.constexpr, BLOCK_PIX: tl.constexpr, KC: tl.constexpr, BLOCK_B: tl.constexpr,
+    PLANAR: tl.constexpr,
+):
+    pix_block = tl.program_id(0)
+    n = tl.program_id(1)
+    offs_c = tl.arange(0, C_PAD)
+    c_ok = offs_c < channels
+    active = tl.zeros((C_PAD,), tl.int32)
+    b0 = 0
+    while b0 < blocks_per_plane:
+        offs_b = b0 + tl.arange(0, BLOCK_B)
+        flags = tl.load(blocks_ptr + (n * blocks_per_plane + offs_b[:, None]) * channels + offs_c[None, :],
+                        mask=(offs_b < blocks_per_plane)[:, None] & c_ok[None, :], other=0)
+        active = tl.maximum(active, tl.max(flags.to(tl.int32), axis=0))
+        b0 += BLOCK_B
+    rank = tl.cumsum(active, axis=0) - 1
+    count = tl.sum(active, axis=0)
+    if pix_block == 0:
+        tl.store(index_ptr + n * channels + rank, offs_c, mask=c_ok & (active != 0))
+        tl.store(count_ptr + n, count)
+    plane = height * width
+    pix = pix_block * BLOCK_PIX + tl.arange(0, BLOCK_PIX)
+    pix_ok = pix < plane
+    if PLANAR:  # each channel's plane is one contiguous run: vector loads along pixels
+        pix_offset = pix
+    else:
+        pix_offset = (pix // width) * sx_h + (pix % width) * sx_w
+    src = x_ptr + n.to(tl.int64) * sx_n + pix_offset[:, None]
+    offs_j = tl.arange(0, KC)
+    dst = packed_ptr + (n.to(tl.int64) * tl.cdiv(channels, KC) * plane + pix[:, None]) * KC + offs_j[None, :]
+    k0 = 0
+    while k0 < count:
+        slot = k0 + offs_j
+        # The channel holding each slot's rank: the compaction, done in registers.
+        match = (active[None, :] != 0) & (rank[None, :] == slot[:, None])
+        ci = tl.sum(tl.where(match, offs_c[None, :], 0), axis=1)
+        values = tl.load(src + ci[None, :] * sx_c, mask=pix_ok[:, None] & (slot < count)[None, :], other=0.0)
+        tl.store(dst + (k0 // KC) * plane * KC, values, mask=pix_ok[:, None])
+        k0 += KC
+
+
+@triton.jit(do_not_specialize=["pad_h", "pad_w", "dil_h", "dil_w"])
+def _tma_fwd_kernel(
+    packed_desc, w_ptr, bias_ptr, y_ptr, index_ptr, count_ptr,
+    in_channels, out_channels, out_h, out_w, tiles_w,
+    sy_n, sy_c, sy_h, sy_w, sw_o, sw_i, sw_h, sw_w, pad_h, pad_w, dil_h, dil_w,
+    KH: tl.constexpr, KW: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr, KC: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr,
+):
+    co_block = tl.program_id(0)
+    tile = tl.program_id(1)
+    n = tl.program_id(2)
+    PIXELS: tl.constexpr = TILE_H * TILE_W
+    row0 = (tile // tiles_w) * TILE_H
+    col0 = (tile % tiles_w) * TILE_W
+    offs_co = co_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    co_ok = offs_co < out_channels
+    offs_k = tl.arange(0, KC)
+    count = tl.load(count_ptr + n)
+    acc = tl.zeros((PIXELS, BLOCK_N), tl.float32)
+    k0 = 0
+    while k0 < count:
+        slot = k0 + offs_k
+        k_ok = slot < count
+        ci = tl.load(index_ptr + n * in_channels + slot, mask=k_ok, other=0)
+        w_rows = w_ptr + ci[:, None] * sw_i + offs_co[None, :] * sw_o
+        for tap in tl.range(0, KH * KW, num_stages=NUM_STAGES):
+            kh = tap // KW
+            kw = tap % KW
+            a = packed_desc.load([n, k0 // KC, row0 - pad_h + kh * dil_h, col0 - pad_w + kw * dil_w, 0])
+            b = tl.load(w_rows + kh * sw_h + kw * sw_w, mask=k_ok[:, None] & co_ok[None, :], other=0.0)
+            acc = tl.dot(a.reshape(PIXELS, KC).to(DOT_DTYPE), b.to(DOT_DTYPE), acc, input_precision="tf32")
+        k0 += KC
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_co, mask=co_ok, other=0.0).to(tl.float32)[None, :]
+    offs_p = tl.arange(0, PIXELS)
+    oh = row0 + offs_p // TILE_W
+    ow = col0 + offs_p % TILE_W
+    y_ptrs = y_ptr + n.to(tl.int64) * sy_n + offs_co[None, :] * sy_c + (oh * sy_h + ow * sy_w)[:, None]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=((oh < out_h) & (ow < out_w))[:, None] & co_ok[None, :])
+
+
+def tma_available(x: torch.Tensor, geometry: ConvGeometry, interpreted: bool) -> bool:
+    """True where this forward can run: stride 1, dense weights, and TMA (or the interpreter)."""
+    if geometry.groups != 1 or geometry.rows.stride != 1 or geometry.cols.stride != 1:
+        return False
+    if interpreted:
+        return True
+    return x.is_cuda and _has_tma(x.device.index if x.device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _has_tma(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def pack_active_channels(
+    x: torch.Tensor, blocks: torch.Tensor, block_pixels: int, num_warps: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(packed [N, C/KC, H, W, KC], index int32 [N, C], count int32 [N]) of x with block map
+    `blocks`: each sample's active channels, in ascending order, KC per chunk, zero-filled."""
+    batch, channels, height, width = x.shape
+    plane = height * width
+    packed = torch.empty((batch, cdiv(channels, KC), height, width, KC), device=x.device, dtype=x.dtype)
+    index = torch.empty((batch, channels), device=x.device, dtype=torch.int32)
+    count = torch.empty((batch,), device=x.device, dtype=torch.int32)
+    blocks_per_plane = blocks.shape[1] * blocks.shape[2]
+    block_pixels = min(block_pixels, next_pow2(plane))
+    planar = x.stride(3) == 1 and x.stride(2) == width
+    _pack_kernel[(cdiv(plane, block_pixels), batch)](
+        x, blocks, packed, index, count, channels, height, width, blocks_per_plane, *x.stride(),
+        C_PAD=next_pow2(channels), BLOCK_PIX=block_pixels, KC=KC, BLOCK_B=min(16, next_pow2(blocks_per_plane)),
+        PLANAR=planar, num_warps=num_warps,
+    )
+    return packed, index, count
+
+
+def tma_conv_fwd(
+    packed: torch.Tensor, index: torch.Tensor, count: torch.Tensor, weight: torch.Tensor,
+    bias: torch.Tensor | None, y: torch.Tensor, geometry: ConvGeometry, *,
+    block_n: int, num_stages: int, num_warps: int, dot_dtype: tl.dtype,
+) -> torch.Tensor:
+    """Writes the conv of the packed input into y; `weight` is laid out [KH, KW, C_in, C_out] in
+    memory and `geometry` carries the output tiles."""
+    rows, cols = geometry.rows, geometry.cols
+    descriptor = TensorDescriptor.from_tensor(packed, [1, 1, rows.tile, cols.tile, KC])
+    grid = (cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)
+    _tma_fwd_kernel[grid](
+        descriptor, weight, bias if bias is not None else weight, y, index, count,
+        geometry.in_channels, geometry.out_channels, rows.out_size, cols.out_size, cols.tiles,
+        *y.stride(), *weight.stride(), rows.padding, cols.padding, rows.dilation, cols.dilation,
+        KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile, KC=KC,
+        BLOCK_N=block_n, NUM_STAGES=num_stages, HAS_BIAS=bias is not None, DOT_DTYPE=dot_dtype,
+        num_warps=num_warps,
+    )
+    return y
