@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from kernels.sparse_conv.calibration import Crossover, CrossoverCache, call_key, default_cache_file
 from kernels.sparse_conv.function import conv_geometry, sparse_conv2d_forward, sparse_conv2d_triton
-from kernels.sparse_conv.geometry import ConvGeometry
+from kernels.sparse_conv.geometry import BLOCK, ConvGeometry
 from kernels.sparse_conv.prescan import block_activity
 from kernels.sparse_conv.reference import sparse_conv2d_reference
 from kernels.sparse_conv.triton import interpreted, work_fractions
@@ -91,6 +91,7 @@ class ConvCall:
     dilation: list[int]
     groups: int
     tracker: DensityTracker | None
+    block_map: torch.Tensor | None = None  # written by the ST-BIF kernel that made x, if any
 
     @property
     def geometry(self) -> ConvGeometry:
@@ -120,6 +121,15 @@ def _autocast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
         return x, weight, bias
     dtype = torch.get_autocast_dtype(x.device.type)
     return x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
+def _validate_block_map(x: torch.Tensor, block_map: torch.Tensor) -> None:
+    batch, channels, height, width = x.shape
+    expected = (batch, -(-height // BLOCK), -(-width // BLOCK), channels)
+    if block_map.dtype != torch.int8 or block_map.device != x.device or tuple(block_map.shape) != expected:
+        raise ValueError(f"sparse_conv2d: block_map must be int8 {list(expected)} on {x.device} for an input of shape "
+                         f"{list(x.shape)}, got {block_map.dtype} {list(block_map.shape)} on {block_map.device}; pass "
+                         "the map that st_bif_multistep_with_block_map returned with this input, or block_map=None")
 
 
 def _validate(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: int) -> None:
@@ -167,8 +177,8 @@ def _sparse(call: ConvCall, sparse_wgrad: bool) -> tuple[torch.Tensor, torch.Ten
     _PATH_COUNTS["sparse_wgrad"] += int(sparse_wgrad and call.needs_weight_grad)
     args = (call.x, call.weight, call.bias, call.stride, call.padding, call.dilation, call.groups)
     if call.needs_autograd or torch.compiler.is_compiling():
-        return sparse_conv2d_triton(*args, sparse_wgrad)
-    return sparse_conv2d_forward(*args)
+        return sparse_conv2d_triton(*args, sparse_wgrad, call.block_map)
+    return sparse_conv2d_forward(*args, call.block_map)
 
 
 def _run_torch(call: ConvCall) -> torch.Tensor:
@@ -253,7 +263,8 @@ def _run_auto(call: ConvCall) -> torch.Tensor:
         return y
     if sample:  # probe: has the input become sparse?
         _PATH_COUNTS["probe"] += 1
-        tracker.record(work_fractions(call.x, block_activity(call.x), plan.geometry))
+        blocks = call.block_map if call.block_map is not None else block_activity(call.x)
+        tracker.record(work_fractions(call.x, blocks, plan.geometry))
     return _dense(call, "dense:too_dense")
 
 
@@ -302,12 +313,15 @@ def sparse_conv2d(
     *,
     backend: str = "auto",
     tracker: DensityTracker | None = None,
+    block_map: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """F.conv2d(x, weight, bias, stride, padding, dilation, groups), skipping all-zero input
     blocks where that is faster; the result does not depend on the backend (up to rounding).
 
     `tracker` keeps the sparsity measurements of one call site (a module passes its own);
-    without it, calls of the same key share one.
+    without it, calls of the same key share one. `block_map` is x's block map as the ST-BIF
+    kernel wrote it (`kernels.st_bif.st_bif_multistep_with_block_map`): the sparse path then
+    skips its prescan. A wrong map gives wrong results; its shape, dtype and device are checked.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"sparse_conv2d: unknown backend {backend!r}; expected one of {sorted(_BACKENDS)}")
@@ -315,6 +329,8 @@ def sparse_conv2d(
         raise ValueError(f"sparse_conv2d: padding must be numeric, got {padding!r}; pass an int or a pair")
     x, weight, bias = _autocast(x, weight, bias)
     _validate(x, weight, bias, groups)
+    if block_map is not None:
+        _validate_block_map(x, block_map)
     call = ConvCall(x, weight, bias, _pair(stride, "stride"), _pair(padding, "padding"),
-                    _pair(dilation, "dilation"), groups, tracker)
+                    _pair(dilation, "dilation"), groups, tracker, block_map)
     return _BACKENDS[backend](call)

@@ -46,7 +46,12 @@ class SparseConv2d(nn.Conv2d):
         sparse.load_state_dict(conv.state_dict())
         return sparse
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def wants_block_map(self, x: torch.Tensor) -> bool:
+        """Whether a block map of input x (written by the ST-BIF kernel before this layer) could
+        be used: not when this layer's calls run on cuDNN anyway (then writing it is wasted)."""
+        return self.backend != "torch" and x.is_cuda and self._dense_route is None
+
+    def forward(self, x: torch.Tensor, block_map: torch.Tensor | None = None) -> torch.Tensor:
         key = (x.shape, x.stride(), x.dtype, x.device, self.weight.dtype, self.backend,
                torch.is_autocast_enabled(x.device.type))
         if self._dense_route is not None and self._dense_route[0] == key:
@@ -54,7 +59,7 @@ class SparseConv2d(nn.Conv2d):
             return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
         y = sparse_conv2d(
             x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
-            backend=self.backend, tracker=self.density,
+            backend=self.backend, tracker=self.density, block_map=block_map,
         )
         path = fixed_dense_path(x, self.weight, self.stride, self.padding, self.dilation, self.groups, self.backend)
         self._dense_route = None if path is None else (key, path)

@@ -11,11 +11,12 @@ import torch
 from torch import Tensor, nn
 
 from .function import st_bif_triton
+from .triton import new_block_map
 from .reference import st_bif_reference
 from .surrogates import SURROGATES, get_surrogate
 from .validation import check_bounds, check_sequence, check_threshold, check_threshold_value
 
-__all__ = ["STBIFNeuron", "SURROGATES", "level_bounds", "st_bif_multistep"]
+__all__ = ["STBIFNeuron", "SURROGATES", "level_bounds", "st_bif_multistep", "st_bif_multistep_with_block_map"]
 
 
 def _st_bif_torch(
@@ -76,6 +77,34 @@ def st_bif_multistep(
     return run(x_seq, q_threshold, pos_max, neg_min, surrogate)
 
 
+def st_bif_multistep_with_block_map(
+    x_seq: Tensor,
+    q_threshold: float | Tensor,
+    pos_max: int,
+    neg_min: int,
+    *,
+    surrogate: str = "sigmoid",
+    backend: str = "auto",
+) -> tuple[Tensor, Tensor | None]:
+    """`st_bif_multistep` and the block map of its output, for x_seq [T, B, C, H, W].
+
+    The map (int8 [T*B, ceil(H/8), ceil(W/8), C], 1 where an 8x8 block of a plane holds a spike)
+    is what `kernels.sparse_conv.sparse_conv2d(..., block_map=)` would otherwise compute with a
+    pass over the output. The Triton kernel writes it while it writes the spikes; on the torch
+    backend, under torch.compile, or for other shapes the map is None (the conv then makes its own).
+    """
+    check_sequence(x_seq)
+    if x_seq.dim() != 5 or _resolve_backend(backend, x_seq.device) != "triton" or torch.compiler.is_compiling():
+        return st_bif_multistep(x_seq, q_threshold, pos_max, neg_min, surrogate=surrogate, backend=backend), None
+    check_threshold(q_threshold, x_seq)
+    check_bounds(pos_max, neg_min)
+    get_surrogate(surrogate)
+    if not isinstance(q_threshold, Tensor):
+        q_threshold = torch.full((), float(q_threshold), device=x_seq.device)
+    block_map = new_block_map(x_seq)
+    return st_bif_triton(x_seq, q_threshold, pos_max, neg_min, surrogate, block_map), block_map
+
+
 class STBIFNeuron(nn.Module):
     """Multi-step ST-BIF neuron for `[T, B, ...]` input, a drop-in for a spikingjelly neuron.
 
@@ -114,6 +143,12 @@ class STBIFNeuron(nn.Module):
             self.neg_min,
             surrogate=self.surrogate,
             backend=self.backend,
+        )
+
+    def forward_with_block_map(self, x_seq: Tensor) -> tuple[Tensor, Tensor | None]:
+        """`forward` and the block map of its output (`st_bif_multistep_with_block_map`)."""
+        return st_bif_multistep_with_block_map(
+            x_seq, self.q_threshold, self.pos_max, self.neg_min, surrogate=self.surrogate, backend=self.backend
         )
 
     def extra_repr(self) -> str:

@@ -86,22 +86,30 @@ class STBIFFunction(torch.autograd.Function):
     """The eager path: the custom ops' forward and backward, calling the launchers directly."""
 
     @staticmethod
-    def forward(ctx, x_seq: Tensor, q_threshold: Tensor, pos_max: int, neg_min: int, surrogate: str) -> Tensor:
+    def forward(
+        ctx, x_seq: Tensor, q_threshold: Tensor, pos_max: int, neg_min: int, surrogate: str,
+        block_map: Tensor | None = None,
+    ) -> Tensor:
+        # block_map: filled in place by the kernel (see st_bif_fwd); not part of the autograd graph.
         _setup_context(ctx, (x_seq, q_threshold, pos_max, neg_min, surrogate), None)
-        return st_bif_fwd(x_seq, q_threshold, pos_max, neg_min)[0]
+        return st_bif_fwd(x_seq, q_threshold, pos_max, neg_min, block_map=block_map)[0]
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor | None, None, None, None]:
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor | None, None, None, None, None]:
         x_seq, q_threshold = ctx.saved_tensors
         grad_threshold = ctx.needs_input_grad[1]
         grad_x, partials = st_bif_bwd(grad_out, x_seq, q_threshold, *ctx.bounds, ctx.surrogate, grad_threshold)
-        return grad_x, _threshold_grad(partials, q_threshold) if grad_threshold else None, None, None, None
+        return grad_x, _threshold_grad(partials, q_threshold) if grad_threshold else None, None, None, None, None
 
 
 def st_bif_triton(
-    x_seq: Tensor, q_threshold: Tensor, pos_max: int, neg_min: int, surrogate: str
+    x_seq: Tensor, q_threshold: Tensor, pos_max: int, neg_min: int, surrogate: str,
+    block_map: Tensor | None = None,
 ) -> Tensor:
-    """ST-BIF forward on the Triton kernels, differentiable in x_seq and q_threshold."""
+    """ST-BIF forward on the Triton kernels, differentiable in x_seq and q_threshold; fills
+    `block_map` if given (eager only: under torch.compile it must be None)."""
     if torch.compiler.is_compiling():
+        if block_map is not None:
+            raise ValueError("st_bif: a block map is not written under torch.compile; pass block_map=None")
         return _st_bif_forward_op(x_seq, q_threshold, pos_max, neg_min, surrogate)
-    return STBIFFunction.apply(x_seq, q_threshold, pos_max, neg_min, surrogate)
+    return STBIFFunction.apply(x_seq, q_threshold, pos_max, neg_min, surrogate, block_map)

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from .surrogates import get_surrogate
 
+MAP_BLOCK = 8  # side of a block of the sparse conv's block map (kernels.sparse_conv.geometry.BLOCK)
 # Steps kept in registers at once: bounds register use for long sequences.
 _MAX_CHUNK = 8
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -62,15 +63,21 @@ def _st_bif_fwd_kernel(
     q_out_ptr,
     acc_out_ptr,
     theta_ptr,
+    map_ptr,
     n_neurons,
     x_stride_t,
     x_stride_n,
     pos_max,
     neg_min,
+    channels,
+    height,
+    width,
     T: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
     WRITE_STATE: tl.constexpr,
+    WRITE_MAP: tl.constexpr,
+    MAP_BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_neurons
@@ -79,6 +86,15 @@ def _st_bif_fwd_kernel(
     out_base = out_ptr + offs
     x_stride_t = tl.cast(x_stride_t, tl.int64)  # T·N may exceed 2**31
     out_stride_t = tl.cast(n_neurons, tl.int64)
+    if WRITE_MAP:
+        # Neuron (b, c, h, w) of step t spiking sets map[t*B + b, h // 8, w // 8, c]: a plain store
+        # of 1, so lanes racing on one flag all write the same value (no atomics, no reduction).
+        block_rows = tl.cdiv(height, MAP_BLOCK)
+        block_cols = tl.cdiv(width, MAP_BLOCK)
+        plane = offs // width // height
+        sample_block = (plane // channels * block_rows + offs // width % height // MAP_BLOCK) * block_cols
+        map_base = map_ptr + (sample_block + offs % width // MAP_BLOCK) * channels + plane % channels
+        map_stride_t = n_neurons // (height * width * channels) * block_rows * block_cols * channels
 
     q = tl.full([BLOCK], 0.5, tl.float32)
     acc = tl.zeros([BLOCK], tl.float32)
@@ -94,6 +110,8 @@ def _st_bif_fwd_kernel(
                 q = u - s
                 out = (s * theta).to(out_ptr.dtype.element_ty)
                 tl.store(out_base + (start + k) * out_stride_t, out, mask=mask)
+                if WRITE_MAP:
+                    tl.store(map_base + (start + k) * map_stride_t, tl.full([BLOCK], 1, tl.int8), mask=mask & (s != 0))
     if WRITE_STATE:
         tl.store(q_out_ptr + offs, q, mask=mask)
         tl.store(acc_out_ptr + offs, acc, mask=mask)
@@ -241,8 +259,14 @@ def st_bif_fwd(
     *,
     with_state: bool = False,
     config: LaunchConfig | None = None,
+    block_map: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Forward over x_seq [T, ...]; returns (out, q_T, acc_T), the states only if with_state."""
+    """Forward over x_seq [T, ...]; returns (out, q_T, acc_T), the states only if with_state.
+
+    `block_map` (for x_seq [T, B, C, H, W]: int8 zeros [T*B, ceil(H/8), ceil(W/8), C], see
+    `new_block_map`) gets a 1 wherever an 8x8 block of a (step, sample, channel) plane spikes:
+    the spike-sparse convolution's block map, so that it need not read the output to make it.
+    """
     _check_triton_input(x_seq)
     num_steps = x_seq.shape[0]
     block, num_warps = config or fwd_config(num_steps)
@@ -256,13 +280,23 @@ def st_bif_fwd(
     if n == 0:
         return out, q_final, acc_final
     with _device_guard(x_seq):
+        channels, height, width = x_seq.shape[2:] if block_map is not None else (1, 1, 1)
         _st_bif_fwd_kernel[(triton.cdiv(n, block),)](
-            x2d, out, q_final, acc_final, q_threshold,
-            n, x2d.stride(0), x2d.stride(1), pos_max, neg_min,
+            x2d, out, q_final, acc_final, q_threshold, block_map,
+            n, x2d.stride(0), x2d.stride(1), pos_max, neg_min, channels, height, width,
             T=num_steps, CHUNK=_chunk(num_steps), BLOCK=block, WRITE_STATE=with_state,
-            num_warps=num_warps,
+            WRITE_MAP=block_map is not None, MAP_BLOCK=MAP_BLOCK, num_warps=num_warps,
         )  # fmt: skip
     return out, q_final, acc_final
+
+
+def new_block_map(x_seq: Tensor) -> Tensor:
+    """The zeroed block map that `st_bif_fwd(..., block_map=)` fills, for x_seq [T, B, C, H, W]."""
+    if x_seq.dim() != 5:
+        raise ValueError(f"a block map needs a [T, B, C, H, W] sequence, got shape {tuple(x_seq.shape)}")
+    steps, batch, channels, height, width = x_seq.shape
+    shape = (steps * batch, triton.cdiv(height, MAP_BLOCK), triton.cdiv(width, MAP_BLOCK), channels)
+    return torch.zeros(shape, dtype=torch.int8, device=x_seq.device)
 
 
 def st_bif_bwd(

@@ -396,3 +396,38 @@ def test_crossover_cache_reads_back_and_ignores_garbage(tmp_path):
     assert CrossoverCache(path).get("small") == never
     path.write_text("{not json")
     assert CrossoverCache(path).get("key") is None
+
+
+@pytest.mark.parametrize("kind", ["dense", "depthwise"])
+def test_block_map_from_the_st_bif_kernel_replaces_the_prescan(kind, monkeypatch):
+    """ST-BIF spikes with their kernel-written map: the conv (and its gradients) match F.conv2d,
+    and the prescan never runs."""
+    from kernels.sparse_conv import function as sparse_function
+    from kernels.st_bif import st_bif_multistep_with_block_map
+
+    generator = torch.Generator().manual_seed(17)
+    drive = torch.randn((2, 3, 6, 9, 11), generator=generator) * 2
+    drive[:, :, 1:4] = 0  # silent planes
+    spikes_seq, block_map = st_bif_multistep_with_block_map(drive, 0.7, 3, -4, backend="triton")
+    x = spikes_seq.flatten(0, 1)
+    c_out, groups = (6, 6) if kind == "depthwise" else (5, 1)
+    weight = torch.randn((c_out, 6 // groups, 3, 3), generator=generator)
+    monkeypatch.setattr(sparse_function, "block_activity", lambda *args: pytest.fail("the prescan ran"))
+    y = sparse_conv2d(x, weight, None, 1, 1, 1, groups, backend="triton", block_map=block_map)
+    torch.testing.assert_close(y, F.conv2d(x, weight, None, 1, 1, 1, groups), rtol=1e-5, atol=1e-4)
+    x_grad, w_grad = x.detach().requires_grad_(), weight.detach().requires_grad_()
+    y = sparse_conv2d(x_grad, w_grad, None, 1, 1, 1, groups, backend="triton", block_map=block_map)
+    y.backward(torch.ones_like(y))
+    ref_x, ref_w = x.detach().requires_grad_(), weight.detach().requires_grad_()
+    F.conv2d(ref_x, ref_w, None, 1, 1, 1, groups).backward(torch.ones_like(y))
+    torch.testing.assert_close(x_grad.grad, ref_x.grad, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(w_grad.grad, ref_w.grad, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("bad_map", ["shape", "dtype"])
+def test_a_block_map_of_another_input_is_a_clear_error(bad_map):
+    x, weight, bias, _ = conv_case("dense", 3, channels_last=False)
+    block_map = sparse_prescan.block_activity(x)
+    block_map = block_map[:, :1] if bad_map == "shape" else block_map.bool()
+    with pytest.raises(ValueError, match="block_map must be int8"):
+        sparse_conv2d(x, weight, bias, 1, 1, backend="triton", block_map=block_map)

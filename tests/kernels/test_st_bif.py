@@ -176,3 +176,30 @@ def test_bad_input_raises_value_error(call, match):
     x_seq = random_sequence((3, 2, 4), torch.float32, seed=18)
     with pytest.raises(ValueError, match=match):
         call(x_seq)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 2, 3, 9, 17), (11, 2, 5, 8, 8), (3, 1, 2, 20, 6)])
+def test_block_map_is_the_prescan_of_the_output(shape, dtype):
+    """The map the forward kernel writes equals the sparse conv's prescan of its output: odd
+    sizes (partial 8x8 blocks), T = 1 and T > 8, silent planes, and the same spikes as without it."""
+    from kernels.sparse_conv.prescan import block_activity
+    from kernels.st_bif import st_bif_multistep_with_block_map
+
+    x_seq = random_sequence(shape, dtype, seed=sum(shape))
+    x_seq[:, :, 0] = 0  # channel 0 never fires (its membrane stays at 0.5)
+    out, block_map = st_bif_multistep_with_block_map(x_seq, 0.8, POS_MAX, NEG_MIN, backend="triton")
+    expected = st_bif_multistep(x_seq, 0.8, POS_MAX, NEG_MIN, backend="triton")
+    assert torch.equal(out, expected)
+    flat = out.flatten(0, 1)
+    assert torch.equal(block_map, block_activity(flat))
+    assert block_map[..., 0].eq(0).all() and block_map.any()
+
+
+def test_block_map_only_where_the_triton_kernel_writes_it():
+    from kernels.st_bif import st_bif_multistep_with_block_map
+
+    x_seq = random_sequence((2, 2, 3, 4, 4), torch.float32, seed=1)
+    assert st_bif_multistep_with_block_map(x_seq, 1.0, POS_MAX, NEG_MIN, backend="torch")[1] is None
+    out, block_map = st_bif_multistep_with_block_map(x_seq[:, :, 0], 1.0, POS_MAX, NEG_MIN, backend="triton")
+    assert block_map is None and out.shape == (2, 2, 4, 4)
