@@ -13,8 +13,8 @@ feeds the same fp16 spikes to all columns:
                   prescan, packing of the active planes and host work included
   ours NCHW       the same on the fp16 NCHW input (the layout our networks run in)
   ours graph      "ours NCHW" captured in a CUDA graph and replayed: GPU time only, no host work
-  CL stage 2      the stage-2 work alone on the channels_last input (packing + forward kernel,
-                  activity lists given, as if the neuron made them)
+  CL stage 2      the stage-2 work alone on the channels_last input (packing + forward kernel;
+                  the block map given, as if the neuron made it)
   dispatcher      SparseConv2d(backend="auto") in steady state (calibrated, tracker warmed up),
                   on the channels_last input
   ×CL, ×NCHW      speedup of ours CL / ours NCHW over the best cuDNN column
@@ -51,7 +51,7 @@ from kernels.sparse_conv.geometry import ConvGeometry
 from kernels.sparse_conv.prescan import block_activity, plane_lists, tile_activity
 from kernels.sparse_conv.triton import (
     DEFAULT_CONFIG, KernelConfig, depthwise_activity, forward_lists, pack_active_planes, sparse_conv_fwd, sparse_conv_wgrad,
-    sparse_depthwise_fwd, sparse_depthwise_wgrad,
+    sparse_depthwise_fwd, sparse_depthwise_wgrad, uses_tma,
 )
 
 log = logging.getLogger("bench_sparse_conv")
@@ -124,12 +124,15 @@ def copy_bandwidth_gbs() -> float:
 
 def stage2(x: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry,
            config: KernelConfig = DEFAULT_CONFIG) -> Callable[[], torch.Tensor]:
-    """The stage-2 work on x (packing included), with the block map and the channels_last
-    per-sample lists made beforehand (on NCHW the forward compacts its own lists: included)."""
+    """The stage-2 work on x (packing included), with the block map made beforehand; the pointer
+    forward's channels_last per-sample lists too (on NCHW it compacts its own lists, and the
+    TMA forward's packing makes them: included)."""
     blocks = block_activity(x)
     if geometry.is_depthwise:
         tiled, active = depthwise_activity(blocks, geometry, config)
         return lambda: sparse_depthwise_fwd(x, weight, None, tiled, active, config)
+    if uses_tma(x, geometry, config):
+        return lambda: sparse_conv_fwd(x, weight, None, forward_lists(x, blocks, geometry, config), config)
     lists = forward_lists(x, blocks, geometry, config)
     return lambda: sparse_conv_fwd(x, weight, None, lists, config)
 
@@ -253,9 +256,15 @@ def host_us_per_call(fn, calls: int = 200) -> float:
     return 1e6 * elapsed / calls
 
 
-# (forward_pixels, forward_block_n, forward_num_warps, forward_num_stages); the first is the default
+# (forward_pixels, forward_block_n, forward_num_warps, forward_num_stages) of the pointer forward
+# (tma=False); the first is the default
 FORWARD_SWEEP = [(128, 128, 4, 2)] + [
     config for config in itertools.product((64, 128, 256), (64, 128), (4, 8), (2,)) if config != (128, 128, 4, 2)]
+# (forward_pixels, forward_block_n, forward_num_warps, tma_num_stages) of the TMA forward; first: default
+TMA_SWEEP = [(128, 128, 4, 4)] + [
+    config for config in itertools.product((64, 128, 256), (64, 128), (4, 8), (3, 4, 5)) if config != (128, 128, 4, 4)
+    and config[0] * config[1] <= 128 * 128 * config[2] // 4]
+TMA_PACK_SWEEP = [(512, 4)] + [c for c in itertools.product((256, 512, 1024), (2, 4, 8)) if c != (512, 4)]
 PRESCAN_SWEEP = list(itertools.product((4096, 8192, 16384, 32768), (4, 8)))  # (elements per program, warps)
 PACK_SWEEP = [(128, 32), (256, 16), (64, 64), (512, 8)]  # (pack_pixels, pack_slots); the first is the default
 DEPTHWISE_SWEEP = [(32, 4), (64, 8), (16, 2), (32, 1)]  # (block_c channels_last, block_c NCHW); first: default
@@ -276,17 +285,29 @@ def sweep(generator: torch.Generator) -> None:
     weight_cl = weight.to(memory_format=torch.channels_last)
     print(f"cuDNN fp16 CL conv3x3 {median_us(lambda: F.conv2d(inputs['90% silent planes, CL'], weight_cl, None, 1, 1)):.1f}",
           flush=True)
+    blocks = block_activity(silent_nchw)
+    for pixels, warps in TMA_PACK_SWEEP:
+        config = replace(DEFAULT_CONFIG, tma_pack_pixels=pixels, tma_pack_num_warps=warps)
+        us = guarded("tma pack", lambda: median_us(lambda: forward_lists(silent_nchw, blocks, geometry, config)))
+        print(f"tma packing pixels={pixels} warps={warps}: 90% silent NCHW {us:.1f}", flush=True)
+    for pixels, block_n, warps, stages in TMA_SWEEP:
+        config = replace(DEFAULT_CONFIG, forward_pixels=pixels, forward_block_n=block_n, forward_num_warps=warps,
+                         tma_num_stages=stages)
+        forward_times[config] = guarded("forward", lambda: median_us(stage2(silent_nchw, weight, geometry, config)))
+        print(f"tma forward (packing included) pixels={pixels} block_n={block_n} warps={warps} stages={stages}: "
+              f"90% silent NCHW {forward_times[config]:.1f}", flush=True)
     for pixels, block_n, warps, stages in FORWARD_SWEEP:
         config = replace(DEFAULT_CONFIG, forward_pixels=pixels, forward_block_n=block_n, forward_num_warps=warps,
-                         forward_num_stages=stages)
+                         forward_num_stages=stages, tma=False)
         forward_times[config] = guarded("forward", lambda: median_us(stage2(silent_nchw, weight, geometry, config)))
-        print(f"forward pixels={pixels} block_n={block_n} warps={warps} stages={stages}: "
+        print(f"pointer forward pixels={pixels} block_n={block_n} warps={warps} stages={stages}: "
               f"90% silent NCHW {forward_times[config]:.1f}", flush=True)
     for config in sorted(forward_times, key=forward_times.get)[:3]:
         times = ", ".join(f"{name} {guarded(name, lambda: median_us(stage2(x_, weight, geometry, config))):.1f}"
                           for name, x_ in inputs.items())
-        print(f"best forward {config.forward_pixels}/{config.forward_block_n}/{config.forward_num_warps}/"
-              f"{config.forward_num_stages}: {times}", flush=True)
+        stages = config.forward_num_stages if config.tma is False else config.tma_num_stages
+        print(f"best forward {'pointer' if config.tma is False else 'tma'} {config.forward_pixels}/"
+              f"{config.forward_block_n}/{config.forward_num_warps}/{stages}: {times}", flush=True)
     depthwise_w = torch.randn((CHANNELS, 1, 3, 3), device="cuda").half()
     depthwise_geometry = conv_geometry(silent, depthwise_w, [1, 1], [1, 1], [1, 1], CHANNELS)
     for block_c, planar_block_c in DEPTHWISE_SWEEP:
