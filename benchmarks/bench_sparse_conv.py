@@ -288,22 +288,22 @@ def sweep(generator: torch.Generator) -> None:
     blocks = block_activity(silent_nchw)
     for pixels, warps in TMA_PACK_SWEEP:
         config = replace(DEFAULT_CONFIG, tma_pack_pixels=pixels, tma_pack_num_warps=warps)
-        us = guarded("tma pack", lambda: median_us(lambda: forward_lists(silent_nchw, blocks, geometry, config)))
-        print(f"tma packing pixels={pixels} warps={warps}: 90% silent NCHW {us:.1f}", flush=True)
+        us = guarded("tma pack", lambda: graph_us(lambda: forward_lists(silent_nchw, blocks, geometry, config)))
+        print(f"tma packing (graph) pixels={pixels} warps={warps}: 90% silent NCHW {us:.1f}", flush=True)
     for pixels, block_n, warps, stages in TMA_SWEEP:
         config = replace(DEFAULT_CONFIG, forward_pixels=pixels, forward_block_n=block_n, forward_num_warps=warps,
                          tma_num_stages=stages)
-        forward_times[config] = guarded("forward", lambda: median_us(stage2(silent_nchw, weight, geometry, config)))
-        print(f"tma forward (packing included) pixels={pixels} block_n={block_n} warps={warps} stages={stages}: "
+        forward_times[config] = guarded("forward", lambda: graph_us(stage2(silent_nchw, weight, geometry, config)))
+        print(f"tma forward (packing included, graph) pixels={pixels} block_n={block_n} warps={warps} stages={stages}: "
               f"90% silent NCHW {forward_times[config]:.1f}", flush=True)
     for pixels, block_n, warps, stages in FORWARD_SWEEP:
         config = replace(DEFAULT_CONFIG, forward_pixels=pixels, forward_block_n=block_n, forward_num_warps=warps,
                          forward_num_stages=stages, tma=False)
-        forward_times[config] = guarded("forward", lambda: median_us(stage2(silent_nchw, weight, geometry, config)))
-        print(f"pointer forward pixels={pixels} block_n={block_n} warps={warps} stages={stages}: "
+        forward_times[config] = guarded("forward", lambda: graph_us(stage2(silent_nchw, weight, geometry, config)))
+        print(f"pointer forward (graph) pixels={pixels} block_n={block_n} warps={warps} stages={stages}: "
               f"90% silent NCHW {forward_times[config]:.1f}", flush=True)
     for config in sorted(forward_times, key=forward_times.get)[:3]:
-        times = ", ".join(f"{name} {guarded(name, lambda: median_us(stage2(x_, weight, geometry, config))):.1f}"
+        times = ", ".join(f"{name} {guarded(name, lambda: graph_us(stage2(x_, weight, geometry, config))):.1f}"
                           for name, x_ in inputs.items())
         stages = config.forward_num_stages if config.tma is False else config.tma_num_stages
         print(f"best forward {'pointer' if config.tma is False else 'tma'} {config.forward_pixels}/"

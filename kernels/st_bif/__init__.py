@@ -94,7 +94,8 @@ def st_bif_multistep_with_block_map(
     backend, under torch.compile, or for other shapes the map is None (the conv then makes its own).
     """
     check_sequence(x_seq)
-    if x_seq.dim() != 5 or _resolve_backend(backend, x_seq.device) != "triton" or torch.compiler.is_compiling():
+    if (x_seq.dim() != 5 or x_seq[0].numel() >= 2**31 or torch.compiler.is_compiling()
+            or _resolve_backend(backend, x_seq.device) != "triton"):
         return st_bif_multistep(x_seq, q_threshold, pos_max, neg_min, surrogate=surrogate, backend=backend), None
     check_threshold(q_threshold, x_seq)
     check_bounds(pos_max, neg_min)

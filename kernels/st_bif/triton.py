@@ -69,15 +69,15 @@ def _st_bif_fwd_kernel(
     x_stride_n,
     pos_max,
     neg_min,
-    channels,
-    height,
-    width,
     T: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
     WRITE_STATE: tl.constexpr,
     WRITE_MAP: tl.constexpr,
     MAP_BLOCK: tl.constexpr,
+    CHANNELS: tl.constexpr,
+    HEIGHT: tl.constexpr,
+    WIDTH: tl.constexpr,
 ):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_neurons
@@ -89,12 +89,18 @@ def _st_bif_fwd_kernel(
     if WRITE_MAP:
         # Neuron (b, c, h, w) of step t spiking sets map[t*B + b, h // 8, w // 8, c]: a plain store
         # of 1, so lanes racing on one flag all write the same value (no atomics, no reduction).
-        block_rows = tl.cdiv(height, MAP_BLOCK)
-        block_cols = tl.cdiv(width, MAP_BLOCK)
-        plane = offs // width // height
-        sample_block = (plane // channels * block_rows + offs // width % height // MAP_BLOCK) * block_cols
-        map_base = map_ptr + (sample_block + offs % width // MAP_BLOCK) * channels + plane % channels
-        map_stride_t = n_neurons // (height * width * channels) * block_rows * block_cols * channels
+        # The plane's sizes are constexprs and the indices int32 (the launcher checks N < 2**31):
+        # divisions by run-time int64 values cost more than the neuron itself.
+        BLOCK_ROWS: tl.constexpr = (HEIGHT + MAP_BLOCK - 1) // MAP_BLOCK
+        BLOCK_COLS: tl.constexpr = (WIDTH + MAP_BLOCK - 1) // MAP_BLOCK
+        neuron = offs.to(tl.int32)
+        plane = neuron // (HEIGHT * WIDTH)
+        pixel = neuron - plane * (HEIGHT * WIDTH)
+        row = pixel // WIDTH
+        sample = plane // CHANNELS
+        block = (sample * BLOCK_ROWS + row // MAP_BLOCK) * BLOCK_COLS + (pixel - row * WIDTH) // MAP_BLOCK
+        map_base = map_ptr + block * CHANNELS + (plane - sample * CHANNELS)
+        map_stride_t = tl.cast(n_neurons // (HEIGHT * WIDTH * CHANNELS) * (BLOCK_ROWS * BLOCK_COLS * CHANNELS), tl.int64)
 
     q = tl.full([BLOCK], 0.5, tl.float32)
     acc = tl.zeros([BLOCK], tl.float32)
@@ -280,12 +286,14 @@ def st_bif_fwd(
     if n == 0:
         return out, q_final, acc_final
     with _device_guard(x_seq):
+        # Map variants are compiled per plane shape (a few per network); others share one.
         channels, height, width = x_seq.shape[2:] if block_map is not None else (1, 1, 1)
         _st_bif_fwd_kernel[(triton.cdiv(n, block),)](
             x2d, out, q_final, acc_final, q_threshold, block_map,
-            n, x2d.stride(0), x2d.stride(1), pos_max, neg_min, channels, height, width,
+            n, x2d.stride(0), x2d.stride(1), pos_max, neg_min,
             T=num_steps, CHUNK=_chunk(num_steps), BLOCK=block, WRITE_STATE=with_state,
-            WRITE_MAP=block_map is not None, MAP_BLOCK=MAP_BLOCK, num_warps=num_warps,
+            WRITE_MAP=block_map is not None, MAP_BLOCK=MAP_BLOCK, CHANNELS=channels, HEIGHT=height, WIDTH=width,
+            num_warps=num_warps,
         )  # fmt: skip
     return out, q_final, acc_final
 
@@ -294,6 +302,8 @@ def new_block_map(x_seq: Tensor) -> Tensor:
     """The zeroed block map that `st_bif_fwd(..., block_map=)` fills, for x_seq [T, B, C, H, W]."""
     if x_seq.dim() != 5:
         raise ValueError(f"a block map needs a [T, B, C, H, W] sequence, got shape {tuple(x_seq.shape)}")
+    if x_seq[0].numel() >= 2**31:
+        raise ValueError(f"a block map needs fewer than 2**31 neurons per step, got {x_seq[0].numel()}")
     steps, batch, channels, height, width = x_seq.shape
     shape = (steps * batch, triton.cdiv(height, MAP_BLOCK), triton.cdiv(width, MAP_BLOCK), channels)
     return torch.zeros(shape, dtype=torch.int8, device=x_seq.device)
