@@ -93,7 +93,10 @@ def _st_bif_fwd_kernel(
         # divisions by run-time int64 values cost more than the neuron itself.
         BLOCK_ROWS: tl.constexpr = (HEIGHT + MAP_BLOCK - 1) // MAP_BLOCK
         BLOCK_COLS: tl.constexpr = (WIDTH + MAP_BLOCK - 1) // MAP_BLOCK
-        neuron = offs.to(tl.int32)
+        # Rows that hold whole blocks (W % 8 == 0): OR each run of 8 neurons first, one store per block row.
+        GROUP: tl.constexpr = MAP_BLOCK if WIDTH % MAP_BLOCK == 0 else 1
+        neuron = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK // GROUP) * GROUP).to(tl.int32)
+        group_ok = neuron < n_neurons
         plane = neuron // (HEIGHT * WIDTH)
         pixel = neuron - plane * (HEIGHT * WIDTH)
         row = pixel // WIDTH
@@ -117,7 +120,9 @@ def _st_bif_fwd_kernel(
                 out = (s * theta).to(out_ptr.dtype.element_ty)
                 tl.store(out_base + (start + k) * out_stride_t, out, mask=mask)
                 if WRITE_MAP:
-                    tl.store(map_base + (start + k) * map_stride_t, tl.full([BLOCK], 1, tl.int8), mask=mask & (s != 0))
+                    spiking = tl.max(tl.reshape((s != 0).to(tl.int32), (BLOCK // GROUP, GROUP)), axis=1)
+                    tl.store(map_base + (start + k) * map_stride_t, tl.full([BLOCK // GROUP], 1, tl.int8),
+                             mask=group_ok & (spiking != 0))
     if WRITE_STATE:
         tl.store(q_out_ptr + offs, q, mask=mask)
         tl.store(acc_out_ptr + offs, acc, mask=mask)
