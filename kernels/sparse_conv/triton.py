@@ -1,7 +1,9 @@
 """Stage-2 Triton kernels of the spike-sparse convolution, their launchers, and the weight gradient.
 
-Stage 1 (which channels are active where) is `prescan.py`. Stage 2, scatter-free: each program
-owns one output tile and reads only what touches it.
+Stage 1 (which channels are active where) is `prescan.py`, or the ST-BIF kernel's block map.
+Stage 2, scatter-free: each program owns one output tile and reads only what touches it. Stride-1
+dense calls on GPUs with TMA (and under the interpreter) take `tma.py`'s forward instead of
+`_sparse_conv_fwd_kernel` (`uses_tma`; KernelConfig.tma forces either).
   `_sparse_conv_fwd_kernel`  dense weights (groups=1), an implicit GEMM on tensor cores: a program
       owns BLOCK_P output pixels (whole rows where they fit: 4 x 32, 8 x 16, ...) x BLOCK_N output
       channels and, for each BLOCK_K active input channels of its list and each kernel tap,
