@@ -64,20 +64,33 @@ class SpikingNeuron(nn.Module):
         return self.spike_count / self.neuron_steps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(x, with_block_map=False)[0]
+
+    def forward_with_block_map(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward`, and the block map of its output where the neuron's kernel writes one (ST-BIF
+        on the Triton backend, [T*B, C, H, W] input; see kernels.st_bif), else None."""
+        return self._run(x, with_block_map=hasattr(self.neuron, "forward_with_block_map"))
+
+    def _run(self, x: torch.Tensor, with_block_map: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         if x.shape[0] % self.timesteps:
             raise ValueError(
                 f"a neuron with T={self.timesteps} got a leading dimension of {x.shape[0]}, "
                 "which is not T*B: flatten multi-step tensors time-first to [T*B, ...]"
             )
+        x_seq = x.unflatten(0, (self.timesteps, -1))
+        block_map = None
         try:
-            out = self.neuron(x.unflatten(0, (self.timesteps, -1)))
+            if with_block_map:
+                out, block_map = self.neuron.forward_with_block_map(x_seq)
+            else:
+                out = self.neuron(x_seq)
         finally:  # back to the initial state (also after an error), dropping the sequence's graph
             if self.stateful:
                 self.neuron.reset()
         if self.record_firing_rate:
             self.spike_count = torch.count_nonzero(out)
             self.neuron_steps = out.numel()
-        return out.flatten(0, 1)
+        return out.flatten(0, 1), block_map
 
     def extra_repr(self) -> str:
         return f"timesteps={self.timesteps}"

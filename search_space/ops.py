@@ -10,7 +10,8 @@ Two families:
 (a) DARTS's operations (quark0/darts ``cnn/operations.py``) with exactly its definitions,
     the ReLU replaced by the configured neuron (with ``neuron="relu"`` they ARE DARTS's ops);
 (b) spiking ops, neuron → conv → BN.
-Every conv that follows a neuron reads spikes and is a ``kernels.sparse_conv.SparseConv2d``;
+Every conv that follows a neuron reads spikes and is a ``kernels.sparse_conv.SparseConv2d``
+(``neuron_then_conv`` hands it the block map that the ST-BIF kernel writes, where it is used);
 the convs that follow another conv read real values and stay ``nn.Conv2d``. Attribute names
 follow DARTS so that state_dict keys (and DARTS's checkpoints) match.
 """
@@ -58,6 +59,16 @@ class Zero(nn.Module):
         return f"stride={self.stride}"
 
 
+def neuron_then_conv(neuron: nn.Module, conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """conv(neuron(x)); where the neuron's kernel can write the block map of its spikes and the
+    conv would use it, the conv gets it and skips its prescan (same result)."""
+    forward_with_block_map = getattr(neuron, "forward_with_block_map", None)
+    if forward_with_block_map is not None and isinstance(conv, SparseConv2d) and conv.wants_block_map(x):
+        spikes, block_map = forward_with_block_map(x)
+        return conv(spikes, block_map=block_map)
+    return conv(neuron(x))
+
+
 class NeuronConvBN(nn.Module):
     """DARTS's ReLUConvBN with the configured neuron: neuron → conv → BN."""
 
@@ -73,7 +84,8 @@ class NeuronConvBN(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.op(x)
+        neuron, conv, bn = self.op
+        return bn(neuron_then_conv(neuron, conv, x))
 
 
 class DilConv(nn.Module):
@@ -93,7 +105,8 @@ class DilConv(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.op(x)
+        neuron, depthwise, pointwise, bn = self.op
+        return bn(pointwise(neuron_then_conv(neuron, depthwise, x)))
 
 
 class SepConv(nn.Module):
@@ -116,7 +129,9 @@ class SepConv(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.op(x)
+        neuron_1, depthwise_1, pointwise_1, bn_1, neuron_2, depthwise_2, pointwise_2, bn_2 = self.op
+        x = bn_1(pointwise_1(neuron_then_conv(neuron_1, depthwise_1, x)))
+        return bn_2(pointwise_2(neuron_then_conv(neuron_2, depthwise_2, x)))
 
 
 class FactorizedReduce(nn.Module):

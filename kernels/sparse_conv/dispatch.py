@@ -56,6 +56,7 @@ class DensityTracker:
         self.wgrad: float | None = None  # fraction of the dense weight-gradient work
         self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None
         self._calls = 0
+        self.last_call_sparse: bool | None = None  # the path of this site's last "auto" call
 
     def __reduce__(self):  # copies and pickles start afresh: events and pinned buffers do not travel
         return DensityTracker, ()
@@ -255,7 +256,8 @@ def _run_auto(call: ConvCall) -> torch.Tensor:
     tracker = call.tracker if call.tracker is not None else _SHARED_TRACKERS[plan.key]
     tracker.poll()
     sample = tracker.sample_due() and not torch.cuda.is_current_stream_capturing()
-    if tracker.forward is None or tracker.forward <= plan.crossover.forward:
+    tracker.last_call_sparse = tracker.forward is None or tracker.forward <= plan.crossover.forward
+    if tracker.last_call_sparse:
         sparse_wgrad = tracker.wgrad is not None and tracker.wgrad <= plan.crossover.wgrad
         y, blocks = _sparse(call, sparse_wgrad)
         if sample:

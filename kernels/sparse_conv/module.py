@@ -7,6 +7,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from kernels.sparse_conv.dispatch import DensityTracker, count_path, fixed_dense_path, sparse_conv2d
+from kernels.sparse_conv.triton import interpreted
 
 
 class SparseConv2d(nn.Conv2d):
@@ -48,8 +49,13 @@ class SparseConv2d(nn.Conv2d):
 
     def wants_block_map(self, x: torch.Tensor) -> bool:
         """Whether a block map of input x (written by the ST-BIF kernel before this layer) could
-        be used: not when this layer's calls run on cuDNN anyway (then writing it is wasted)."""
-        return self.backend != "torch" and x.is_cuda and self._dense_route is None
+        be used: not while this layer's calls run on cuDNN (writing it would be wasted), i.e. not
+        on a fixed cuDNN route and, under "auto", not after a call that went to cuDNN."""
+        if self.backend == "torch" or self._dense_route is not None:
+            return False
+        if self.backend == "triton":
+            return x.is_cuda or interpreted()
+        return x.is_cuda and self.density.last_call_sparse is not False
 
     def forward(self, x: torch.Tensor, block_map: torch.Tensor | None = None) -> torch.Tensor:
         key = (x.shape, x.stride(), x.dtype, x.device, self.weight.dtype, self.backend,

@@ -1,4 +1,5 @@
 """The op registry: every registered op in every neuron mode, DARTS's definitions, the primitive list."""
+import copy
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,30 @@ def test_search_space_validation():
         SearchSpace(["none", "conv_9x9"])
     with pytest.raises(UserInputError, match="multiplier <= steps"):
         SearchSpace(DARTS_PRIMITIVES, steps=2, multiplier=3)
+
+
+@pytest.mark.parametrize("name", ["spike_conv_3x3", "sep_conv_3x3", "dil_conv_3x3"])
+def test_st_bif_ops_hand_the_kernel_written_block_map_to_their_convs(name, monkeypatch):
+    """ST-BIF on its Triton kernel (interpreted here) → SparseConv2d on the Triton backend: the
+    conv gets the map the neuron kernel wrote and never runs its prescan; the op's output and
+    gradients equal those of the same op run without maps."""
+    from kernels.sparse_conv import function as sparse_function
+
+    torch.manual_seed(0)
+    op = OPS[name](C, 1, True, NeuronFactory("st_bif", timesteps=T, backend="triton"))
+    for conv in (m for m in op.modules() if isinstance(m, SparseConv2d)):
+        conv.backend = "triton"
+    x = 2.0 * torch.randn(T * B, C, SIZE, SIZE)
+    x[:, 1] = 0.0  # a silent channel
+    reference = copy.deepcopy(op)
+    for conv in (m for m in reference.modules() if isinstance(m, SparseConv2d)):
+        conv.backend = "torch"  # F.conv2d, no map wanted
+    x_ref = x.clone().requires_grad_()
+    y_ref = reference(x_ref)
+    y_ref.sum().backward()
+    monkeypatch.setattr(sparse_function, "block_activity", lambda *args: pytest.fail("the prescan ran"))
+    x = x.requires_grad_()
+    y = op(x)
+    y.sum().backward()
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-4)
