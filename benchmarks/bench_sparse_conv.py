@@ -51,8 +51,9 @@ from kernels.sparse_conv.geometry import ConvGeometry
 from kernels.sparse_conv.prescan import block_activity, plane_lists, tile_activity
 from kernels.sparse_conv.triton import (
     DEFAULT_CONFIG, KernelConfig, depthwise_activity, forward_lists, pack_active_planes, sparse_conv_fwd, sparse_conv_wgrad,
-    sparse_depthwise_fwd, sparse_depthwise_wgrad, uses_tma,
+    sparse_depthwise_fwd, sparse_depthwise_wgrad,
 )
+from kernels.sparse_conv.tma import pack_active_channels
 
 log = logging.getLogger("bench_sparse_conv")
 BATCH, CHANNELS, SIZE = 256, 128, 32
@@ -131,8 +132,6 @@ def stage2(x: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry,
     if geometry.is_depthwise:
         tiled, active = depthwise_activity(blocks, geometry, config)
         return lambda: sparse_depthwise_fwd(x, weight, None, tiled, active, config)
-    if uses_tma(x, geometry, config):
-        return lambda: sparse_conv_fwd(x, weight, None, forward_lists(x, blocks, geometry, config), config)
     lists = forward_lists(x, blocks, geometry, config)
     return lambda: sparse_conv_fwd(x, weight, None, lists, config)
 
@@ -287,8 +286,7 @@ def sweep(generator: torch.Generator) -> None:
           flush=True)
     blocks = block_activity(silent_nchw)
     for pixels, warps in TMA_PACK_SWEEP:
-        config = replace(DEFAULT_CONFIG, tma_pack_pixels=pixels, tma_pack_num_warps=warps)
-        us = guarded("tma pack", lambda: graph_us(lambda: forward_lists(silent_nchw, blocks, geometry, config)))
+        us = guarded("tma pack", lambda: graph_us(lambda: pack_active_channels(silent_nchw, blocks, weight, pixels, warps)))
         print(f"tma packing (graph) pixels={pixels} warps={warps}: 90% silent NCHW {us:.1f}", flush=True)
     for pixels, block_n, warps, stages in TMA_SWEEP:
         config = replace(DEFAULT_CONFIG, forward_pixels=pixels, forward_block_n=block_n, forward_num_warps=warps,

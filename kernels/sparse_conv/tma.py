@@ -12,6 +12,7 @@ conv's zero padding) and the same call took ~54 µs (RESULTS.md, fifth run).
                    chunk s // KC, lane s % KC, channels innermost. Lanes past the sample's count
                    in its last chunk are written as zeros. Program 0 of a sample also writes
                    its list (`index` [N, C], `count` [N]), which the forward reads for weights.
+                   The programs also share the copy of the weight to [KH, KW, C_in, C_out].
   `_tma_fwd_kernel` per (output-channel block, output tile, sample): for each KC chunk and tap,
                    a [1, 1, TILE_H, TILE_W, KC] box at the tap's shifted position is the GEMM's
                    A [pixels, KC]; B is the chunk's weight rows of that tap (a gather of
@@ -37,13 +38,22 @@ KC = 16  # channels per K chunk: one tl.dot's K, and the packed layout's innermo
 
 @triton.jit
 def _pack_kernel(
-    x_ptr, blocks_ptr, packed_ptr, index_ptr, count_ptr,
+    x_ptr, blocks_ptr, packed_ptr, index_ptr, count_ptr, w_ptr, w_rows_ptr,
     channels, height, width, blocks_per_plane, sx_n, sx_c, sx_h, sx_w,
+    out_channels, weight_numel, sw_o, sw_i, sw_h, sw_w,
     C_PAD: tl.constexpr, BLOCK_PIX: tl.constexpr, KC: tl.constexpr, BLOCK_B: tl.constexpr,
-    PLANAR: tl.constexpr,
+    PLANAR: tl.constexpr, KW: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     pix_block = tl.program_id(0)
     n = tl.program_id(1)
+    # The weight's copy laid out [KH, KW, C_in, C_out], BLOCK_W elements per program: done here
+    # rather than by a copy kernel of its own, which cost a launch (GPU and host) per call.
+    offs_w = (n * tl.num_programs(0) + pix_block) * BLOCK_W + tl.arange(0, BLOCK_W)
+    co = offs_w % out_channels
+    ci = offs_w // out_channels % channels
+    tap = offs_w // (out_channels * channels)
+    w_src = w_ptr + co * sw_o + ci * sw_i + (tap // KW) * sw_h + (tap % KW) * sw_w
+    tl.store(w_rows_ptr + offs_w, tl.load(w_src, mask=offs_w < weight_numel), mask=offs_w < weight_numel)
     offs_c = tl.arange(0, C_PAD)
     c_ok = offs_c < channels
     active = tl.zeros((C_PAD,), tl.int32)
@@ -136,24 +146,31 @@ def _has_tma(device_index: int) -> bool:
 
 
 def pack_active_channels(
-    x: torch.Tensor, blocks: torch.Tensor, block_pixels: int, num_warps: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(packed [N, C/KC, H, W, KC], index int32 [N, C], count int32 [N]) of x with block map
-    `blocks`: each sample's active channels, in ascending order, KC per chunk, zero-filled."""
+    x: torch.Tensor, blocks: torch.Tensor, weight: torch.Tensor, block_pixels: int, num_warps: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(packed [N, C/KC, H, W, KC], index int32 [N, C], count int32 [N], weight_rows) of x with
+    block map `blocks`: each sample's active channels, in ascending order, KC per chunk,
+    zero-filled; and `weight` [C_out, C_in, KH, KW] laid out [KH, KW, C_in, C_out] in memory
+    (viewed with weight's shape), the forward's B operand."""
     batch, channels, height, width = x.shape
     plane = height * width
     packed = torch.empty((batch, cdiv(channels, KC), height, width, KC), device=x.device, dtype=x.dtype)
     index = torch.empty((batch, channels), device=x.device, dtype=torch.int32)
     count = torch.empty((batch,), device=x.device, dtype=torch.int32)
+    out_channels, _, kernel_h, kernel_w = weight.shape
+    weight_rows = torch.empty((kernel_h, kernel_w, channels, out_channels), device=x.device, dtype=weight.dtype)
     blocks_per_plane = blocks.shape[1] * blocks.shape[2]
     block_pixels = min(block_pixels, next_pow2(plane))
-    planar = x.stride(3) == 1 and x.stride(2) == width
-    _pack_kernel[(cdiv(plane, block_pixels), batch)](
-        x, blocks, packed, index, count, channels, height, width, blocks_per_plane, *x.stride(),
+    grid = (cdiv(plane, block_pixels), batch)
+    _pack_kernel[grid](
+        x, blocks, packed, index, count, weight, weight_rows,
+        channels, height, width, blocks_per_plane, *x.stride(),
+        out_channels, weight.numel(), *weight.stride(),
         C_PAD=next_pow2(channels), BLOCK_PIX=block_pixels, KC=KC, BLOCK_B=min(16, next_pow2(blocks_per_plane)),
-        PLANAR=planar, num_warps=num_warps,
+        PLANAR=x.stride(3) == 1 and x.stride(2) == width, KW=kernel_w,
+        BLOCK_W=next_pow2(cdiv(weight.numel(), grid[0] * grid[1])), num_warps=num_warps,
     )
-    return packed, index, count
+    return packed, index, count, weight_rows.permute(3, 2, 0, 1)
 
 
 def tma_conv_fwd(

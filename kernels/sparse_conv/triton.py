@@ -217,16 +217,16 @@ def forward_tile(out_h: int, out_w: int, config: KernelConfig = DEFAULT_CONFIG) 
 
 @dataclass(frozen=True)
 class ForwardLists:
-    """What the dense forward iterates over: its output tiling, the block map, and for the TMA
-    forward and channels_last input the per-sample lists of active channels (`index` [N, C],
-    `count` [N]), with the TMA forward's `packed` input; for other layouts the kernel derives
-    each tile's list from the block map itself."""
+    """What the dense forward iterates over: its output tiling, the block map, and for
+    channels_last input the per-sample lists of active channels (`index` [N, C], `count` [N]);
+    for other layouts the kernel derives each tile's list from the block map itself, and the
+    TMA forward's packing makes its lists as it packs."""
 
     geometry: ConvGeometry
     blocks: torch.Tensor
     index: torch.Tensor | None = None
     count: torch.Tensor | None = None
-    packed: torch.Tensor | None = None
+    tma: bool = False  # the TMA forward: its packing (with the lists) runs inside sparse_conv_fwd
 
     @property
     def per_sample(self) -> bool:
@@ -238,8 +238,7 @@ def forward_lists(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry,
     """The dense forward's lists for input x with block map `blocks`."""
     tiled = forward_geometry(geometry, config)
     if uses_tma(x, geometry, config):
-        packed, index, count = pack_active_channels(x, blocks, config.tma_pack_pixels, config.tma_pack_num_warps)
-        return ForwardLists(tiled, blocks, index, count, packed)
+        return ForwardLists(tiled, blocks, tma=True)
     if channels_innermost(x):
         return ForwardLists(tiled, blocks, *plane_lists(blocks))
     return ForwardLists(tiled, blocks)
@@ -262,7 +261,10 @@ def forward_geometry(geometry: ConvGeometry, config: KernelConfig = DEFAULT_CONF
 
 def forward_counts(x: torch.Tensor, lists: ForwardLists) -> torch.Tensor:
     """int32: how many active input channels each forward program iterates over ([N] per sample
-    for channels_last, [N, tiles] otherwise); a measurement for the dispatcher and the tests."""
+    for channels_last and the TMA forward, [N, tiles] otherwise); a measurement for the
+    dispatcher and the tests."""
+    if lists.tma:
+        return plane_lists(lists.blocks)[1]
     return lists.count if lists.per_sample else tile_activity(lists.blocks, lists.geometry)[2]
 
 
@@ -286,14 +288,17 @@ def sparse_conv_fwd(
     rows, cols = geometry.rows, geometry.cols
     y = _empty_output(x, geometry)
     block_n = min(config.forward_block_n, max(16, next_pow2(geometry.out_channels)))
-    # The same weight, laid out [KH, KW, C_in, C_out] in memory: a channel's row of a tap is then
-    # a contiguous C_out vector. Reading the [C_out, C_in, KH, KW] layout in place by its strides
-    # saves this copy's launch but made the kernel 1.3x slower (H100 sweep, RESULTS.md).
-    weight = weight.permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1)
-    if lists.packed is not None:
-        return tma_conv_fwd(lists.packed, lists.index, lists.count, weight, bias, y, geometry, block_n=block_n,
+    # Both forwards read the weight laid out [KH, KW, C_in, C_out] in memory: a channel's row of a
+    # tap is then a contiguous C_out vector. Reading the [C_out, C_in, KH, KW] layout in place by
+    # its strides saves the copy but made the kernel 1.3x slower (H100 sweep, RESULTS.md). The
+    # TMA path's packing kernel makes the copy; the pointer path runs a copy kernel.
+    if lists.tma:
+        packed, index, count, weight_rows = pack_active_channels(
+            x, lists.blocks, weight, config.tma_pack_pixels, config.tma_pack_num_warps)
+        return tma_conv_fwd(packed, index, count, weight_rows, bias, y, geometry, block_n=block_n,
                             num_stages=config.tma_num_stages, num_warps=config.forward_num_warps,
                             dot_dtype=_dot_dtype(x.dtype))
+    weight = weight.permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1)
     source = pack_active_planes(x, lists, config) if lists.per_sample else x
     grid = (cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)
     blocks = lists.blocks
@@ -562,10 +567,7 @@ def work_fractions(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry
     if geometry.is_depthwise:
         forward = _any_per_chunk(depthwise_activity(blocks, geometry, config)[1], _depthwise_block_c(x, config))
     else:
-        if uses_tma(x, geometry, config):  # its per-sample lists, without the packing
-            count = plane_lists(blocks)[1]
-        else:
-            count = forward_counts(x, forward_lists(x, blocks, geometry, config))
+        count = forward_counts(x, forward_lists(x, blocks, geometry, config))
         block_k = config.forward_block_k
         forward = torch.div(count + block_k - 1, block_k, rounding_mode="floor").float().mean()
         forward = forward / cdiv(geometry.in_channels, block_k)

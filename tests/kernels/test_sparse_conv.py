@@ -183,7 +183,7 @@ def test_forward_loops_over_channel_chunks_output_blocks_and_tiles(path, stride,
     geometry = conv_geometry(x, weight, [stride] * 2, [dilation] * 2, [dilation] * 2, 1)
     lists = sparse_triton.forward_lists(x, sparse_prescan.block_activity(x), geometry, config)
     counts = sparse_triton.forward_counts(x, lists)
-    assert lists.per_sample == (channels_last or tma) and (lists.packed is not None) == tma
+    assert lists.tma == tma and lists.per_sample == (channels_last and not tma)
     assert counts.max() > 2 * config.forward_block_k
     assert lists.geometry.cols.tiles > 1 and lists.geometry.cols.out_size % lists.geometry.cols.tile != 0
     y = sparse_triton.sparse_conv_fwd(x, weight, bias, lists, config)
@@ -199,7 +199,7 @@ def test_pointer_forward_at_stride_1(kernel, dilation, padding, channels_last):
     x, weight, bias, _ = conv_case("dense", kernel, channels_last, seed=kernel + padding, size=(12, 9))
     geometry = conv_geometry(x, weight, [1, 1], [padding] * 2, [dilation] * 2, 1)
     lists = sparse_triton.forward_lists(x, sparse_prescan.block_activity(x), geometry, config)
-    assert lists.packed is None
+    assert not lists.tma
     y = sparse_triton.sparse_conv_fwd(x, weight, bias, lists, config)
     torch.testing.assert_close(y, F.conv2d(x, weight, bias, 1, padding, dilation), rtol=1e-5, atol=1e-4)
 
@@ -207,13 +207,16 @@ def test_pointer_forward_at_stride_1(kernel, dilation, padding, channels_last):
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 def test_tma_packing_lists_each_samples_active_channels_in_order(channels_last):
     """Packed [N, C/16, H, W, 16]: slot s of sample n holds its s-th active channel; the lanes of
-    the last chunk past the count are zeros (the forward reads whole chunks)."""
+    the last chunk past the count are zeros (the forward reads whole chunks). The same launch
+    copies a (non-contiguous) weight to the [KH, KW, C_in, C_out] layout."""
     generator = torch.Generator().manual_seed(21)
     x = spikes((3, 37, 9, 10), 0.2, generator, plane_silence=0.6)
     x[1] = 0
     x[2, :, 3:5, 4:6] = 0.7  # every plane of sample 2 active
     x = layout(x, channels_last)
-    packed, index, count = sparse_tma.pack_active_channels(x, sparse_prescan.block_activity(x), 32, 4)
+    weight = torch.randn((5, 37, 3, 1), generator=generator)[:, :, :, ::1].transpose(0, 1).contiguous().transpose(0, 1)
+    packed, index, count, weight_rows = sparse_tma.pack_active_channels(x, sparse_prescan.block_activity(x), weight, 32, 4)
+    assert torch.equal(weight_rows, weight) and weight_rows.permute(2, 3, 1, 0).is_contiguous()
     active = x.ne(0).flatten(2).any(dim=2)
     assert torch.equal(count, active.sum(dim=1).int())
     for n in range(x.shape[0]):
