@@ -49,10 +49,10 @@ def _pack_kernel(
     # The weight's copy laid out [KH, KW, C_in, C_out], BLOCK_W elements per program: done here
     # rather than by a copy kernel of its own, which cost a launch (GPU and host) per call.
     offs_w = (n * tl.num_programs(0) + pix_block) * BLOCK_W + tl.arange(0, BLOCK_W)
-    co = offs_w % out_channels
-    ci = offs_w // out_channels % channels
-    tap = offs_w // (out_channels * channels)
-    w_src = w_ptr + co * sw_o + ci * sw_i + (tap // KW) * sw_h + (tap % KW) * sw_w
+    w_co = offs_w % out_channels
+    w_ci = offs_w // out_channels % channels
+    w_tap = offs_w // (out_channels * channels)
+    w_src = w_ptr + w_co * sw_o + w_ci * sw_i + (w_tap // KW) * sw_h + (w_tap % KW) * sw_w
     tl.store(w_rows_ptr + offs_w, tl.load(w_src, mask=offs_w < weight_numel), mask=offs_w < weight_numel)
     offs_c = tl.arange(0, C_PAD)
     c_ok = offs_c < channels
