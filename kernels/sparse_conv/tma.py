@@ -34,6 +34,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels.sparse_conv.geometry import ConvGeometry, cdiv, next_pow2
 
 KC = 16  # channels per K chunk: one tl.dot's K, and the packed layout's innermost extent
+WEIGHT_COPY_BLOCK = 1024  # weight elements a packing program copies per step
 
 
 @triton.jit
@@ -46,14 +47,18 @@ def _pack_kernel(
 ):
     pix_block = tl.program_id(0)
     n = tl.program_id(1)
-    # The weight's copy laid out [KH, KW, C_in, C_out], BLOCK_W elements per program: done here
-    # rather than by a copy kernel of its own, which cost a launch (GPU and host) per call.
-    offs_w = (n * tl.num_programs(0) + pix_block) * BLOCK_W + tl.arange(0, BLOCK_W)
-    w_co = offs_w % out_channels
-    w_ci = offs_w // out_channels % channels
-    w_tap = offs_w // (out_channels * channels)
-    w_src = w_ptr + w_co * sw_o + w_ci * sw_i + (w_tap // KW) * sw_h + (w_tap % KW) * sw_w
-    tl.store(w_rows_ptr + offs_w, tl.load(w_src, mask=offs_w < weight_numel), mask=offs_w < weight_numel)
+    # The weight's copy laid out [KH, KW, C_in, C_out], BLOCK_W elements at a time, the programs
+    # taking turns: done here rather than by a copy kernel of its own, which cost a launch (GPU
+    # and host) per call.
+    w0 = (n * tl.num_programs(0) + pix_block) * BLOCK_W
+    while w0 < weight_numel:
+        offs_w = w0 + tl.arange(0, BLOCK_W)
+        w_co = offs_w % out_channels
+        w_ci = offs_w // out_channels % channels
+        w_tap = offs_w // (out_channels * channels)
+        w_src = w_ptr + w_co * sw_o + w_ci * sw_i + (w_tap // KW) * sw_h + (w_tap % KW) * sw_w
+        tl.store(w_rows_ptr + offs_w, tl.load(w_src, mask=offs_w < weight_numel), mask=offs_w < weight_numel)
+        w0 += tl.num_programs(0) * tl.num_programs(1) * BLOCK_W
     offs_c = tl.arange(0, C_PAD)
     c_ok = offs_c < channels
     active = tl.zeros((C_PAD,), tl.int32)
@@ -168,7 +173,7 @@ def pack_active_channels(
         out_channels, weight.numel(), *weight.stride(),
         C_PAD=next_pow2(channels), BLOCK_PIX=block_pixels, KC=KC, BLOCK_B=min(16, next_pow2(blocks_per_plane)),
         PLANAR=x.stride(3) == 1 and x.stride(2) == width, KW=kernel_w,
-        BLOCK_W=next_pow2(cdiv(weight.numel(), grid[0] * grid[1])), num_warps=num_warps,
+        BLOCK_W=min(WEIGHT_COPY_BLOCK, next_pow2(cdiv(weight.numel(), grid[0] * grid[1]))), num_warps=num_warps,
     )
     return packed, index, count, weight_rows.permute(3, 2, 0, 1)
 

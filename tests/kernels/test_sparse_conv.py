@@ -227,6 +227,15 @@ def test_tma_packing_lists_each_samples_active_channels_in_order(channels_last):
         assert not slots[len(channels): -(-len(channels) // 16) * 16].any()
 
 
+def test_tma_packing_copies_a_weight_larger_than_its_grid():
+    """One packing program (one sample, one pixel block) copies a 21,312-element weight in steps."""
+    generator = torch.Generator().manual_seed(22)
+    x = spikes((1, 37, 4, 4), 0.5, generator)
+    weight = torch.randn((64, 37, 3, 3), generator=generator)
+    weight_rows = sparse_tma.pack_active_channels(x, sparse_prescan.block_activity(x), weight, 512, 4)[3]
+    assert torch.equal(weight_rows, weight)
+
+
 def test_tma_config_on_a_strided_call_is_a_clear_error():
     x, weight, _, _ = conv_case("dense", 3, channels_last=False)
     geometry = conv_geometry(x, weight, [2, 2], [1, 1], [1, 1], 1)
