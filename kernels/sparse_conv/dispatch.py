@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from kernels.sparse_conv.calibration import Crossover, CrossoverCache, call_key, default_cache_file
 from kernels.sparse_conv.function import conv_geometry, sparse_conv2d_forward, sparse_conv2d_triton
-from kernels.sparse_conv.geometry import BLOCK, ConvGeometry
+from kernels.sparse_conv.geometry import BLOCK, ConvGeometry, cdiv
 from kernels.sparse_conv.prescan import block_activity
 from kernels.sparse_conv.reference import sparse_conv2d_reference
 from kernels.sparse_conv.triton import interpreted, work_fractions
@@ -126,7 +126,7 @@ def _autocast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
 
 def _validate_block_map(x: torch.Tensor, block_map: torch.Tensor) -> None:
     batch, channels, height, width = x.shape
-    expected = (batch, -(-height // BLOCK), -(-width // BLOCK), channels)
+    expected = (batch, cdiv(height, BLOCK), cdiv(width, BLOCK), channels)
     if block_map.dtype != torch.int8 or block_map.device != x.device or tuple(block_map.shape) != expected:
         raise ValueError(f"sparse_conv2d: block_map must be int8 {list(expected)} on {x.device} for an input of shape "
                          f"{list(x.shape)}, got {block_map.dtype} {list(block_map.shape)} on {block_map.device}; pass "

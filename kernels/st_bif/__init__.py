@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from .function import st_bif_triton
-from .triton import new_block_map
+from .triton import can_write_block_map, new_block_map
 from .reference import st_bif_reference
 from .surrogates import SURROGATES, get_surrogate
 from .validation import check_bounds, check_sequence, check_threshold, check_threshold_value
@@ -66,15 +66,7 @@ def st_bif_multistep(
     `q_threshold` is a number or a one-element tensor (it may require grad). Gradients reach
     x_seq and q_threshold through the surrogate `surrogate` (a name in SURROGATES).
     """
-    check_sequence(x_seq)
-    check_threshold(q_threshold, x_seq)
-    check_bounds(pos_max, neg_min)
-    get_surrogate(surrogate)
-    run = _BACKENDS[_resolve_backend(backend, x_seq.device)]
-    if not isinstance(q_threshold, Tensor):
-        # A device-side fill, not a host-to-device copy: keeps CUDA-graph capture working.
-        q_threshold = torch.full((), float(q_threshold), device=x_seq.device)
-    return run(x_seq, q_threshold, pos_max, neg_min, surrogate)
+    return _run(x_seq, q_threshold, pos_max, neg_min, surrogate, backend, with_block_map=False)[0]
 
 
 def st_bif_multistep_with_block_map(
@@ -93,17 +85,25 @@ def st_bif_multistep_with_block_map(
     pass over the output. The Triton kernel writes it while it writes the spikes; on the torch
     backend, under torch.compile, or for other shapes the map is None (the conv then makes its own).
     """
+    return _run(x_seq, q_threshold, pos_max, neg_min, surrogate, backend, with_block_map=True)
+
+
+def _run(
+    x_seq: Tensor, q_threshold: float | Tensor, pos_max: int, neg_min: int, surrogate: str, backend: str,
+    with_block_map: bool,
+) -> tuple[Tensor, Tensor | None]:
     check_sequence(x_seq)
-    if (x_seq.dim() != 5 or x_seq[0].numel() >= 2**31 or torch.compiler.is_compiling()
-            or _resolve_backend(backend, x_seq.device) != "triton"):
-        return st_bif_multistep(x_seq, q_threshold, pos_max, neg_min, surrogate=surrogate, backend=backend), None
     check_threshold(q_threshold, x_seq)
     check_bounds(pos_max, neg_min)
     get_surrogate(surrogate)
+    kind = _resolve_backend(backend, x_seq.device)
     if not isinstance(q_threshold, Tensor):
+        # A device-side fill, not a host-to-device copy: keeps CUDA-graph capture working.
         q_threshold = torch.full((), float(q_threshold), device=x_seq.device)
-    block_map = new_block_map(x_seq)
-    return st_bif_triton(x_seq, q_threshold, pos_max, neg_min, surrogate, block_map), block_map
+    if with_block_map and kind == "triton" and can_write_block_map(x_seq) and not torch.compiler.is_compiling():
+        block_map = new_block_map(x_seq)
+        return st_bif_triton(x_seq, q_threshold, pos_max, neg_min, surrogate, block_map), block_map
+    return _BACKENDS[kind](x_seq, q_threshold, pos_max, neg_min, surrogate), None
 
 
 class STBIFNeuron(nn.Module):

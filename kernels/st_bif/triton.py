@@ -303,12 +303,17 @@ def st_bif_fwd(
     return out, q_final, acc_final
 
 
+def can_write_block_map(x_seq: Tensor) -> bool:
+    """Whether the forward kernel can write a block map for x_seq: [T, B, C, H, W], and int32
+    neuron indices (fewer than 2**31 neurons per step)."""
+    return x_seq.dim() == 5 and x_seq[0].numel() < 2**31
+
+
 def new_block_map(x_seq: Tensor) -> Tensor:
     """The zeroed block map that `st_bif_fwd(..., block_map=)` fills, for x_seq [T, B, C, H, W]."""
-    if x_seq.dim() != 5:
-        raise ValueError(f"a block map needs a [T, B, C, H, W] sequence, got shape {tuple(x_seq.shape)}")
-    if x_seq[0].numel() >= 2**31:
-        raise ValueError(f"a block map needs fewer than 2**31 neurons per step, got {x_seq[0].numel()}")
+    if not can_write_block_map(x_seq):
+        raise ValueError(f"a block map needs a [T, B, C, H, W] sequence of fewer than 2**31 neurons per step, "
+                         f"got shape {tuple(x_seq.shape)}")
     steps, batch, channels, height, width = x_seq.shape
     shape = (steps * batch, triton.cdiv(height, MAP_BLOCK), triton.cdiv(width, MAP_BLOCK), channels)
     return torch.zeros(shape, dtype=torch.int8, device=x_seq.device)
