@@ -53,7 +53,7 @@ from kernels.sparse_conv.triton import (
     DEFAULT_CONFIG, KernelConfig, depthwise_activity, forward_lists, pack_active_planes, sparse_conv_fwd, sparse_conv_wgrad,
     sparse_depthwise_fwd, sparse_depthwise_wgrad,
 )
-from kernels.sparse_conv.tma import pack_active_channels
+from kernels.sparse_conv.packed import pack_active_channels
 
 log = logging.getLogger("bench_sparse_conv")
 BATCH, CHANNELS, SIZE = 256, 128, 32
@@ -127,7 +127,7 @@ def stage2(x: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry,
            config: KernelConfig = DEFAULT_CONFIG) -> Callable[[], torch.Tensor]:
     """The stage-2 work on x (packing included), with the block map made beforehand; the pointer
     forward's channels_last per-sample lists too (on NCHW it compacts its own lists, and the
-    TMA forward's packing makes them: included)."""
+    packed forward's packing makes them: included)."""
     blocks = block_activity(x)
     if geometry.is_depthwise:
         tiled, active = depthwise_activity(blocks, geometry, config)
@@ -256,14 +256,14 @@ def host_us_per_call(fn, calls: int = 200) -> float:
 
 
 # (forward_pixels, forward_block_n, forward_num_warps, forward_num_stages) of the pointer forward
-# (tma=False); the first is the default
+# (packed=False); the first is the default
 FORWARD_SWEEP = [(128, 128, 4, 2)] + [
     config for config in itertools.product((64, 128, 256), (64, 128), (4, 8), (2,)) if config != (128, 128, 4, 2)]
-# (forward_pixels, forward_block_n, forward_num_warps, tma_num_stages) of the TMA forward; first: default
-TMA_SWEEP = [(128, 128, 4, 4)] + [
+# (forward_pixels, forward_block_n, forward_num_warps, packed_num_stages) of the packed forward; first: default
+PACKED_SWEEP = [(128, 128, 4, 4)] + [
     config for config in itertools.product((64, 128, 256), (64, 128), (4, 8), (3, 4, 5)) if config != (128, 128, 4, 4)
     and config[0] * config[1] <= 128 * 128 * config[2] // 4]
-TMA_PACK_SWEEP = [(512, 4)] + [c for c in itertools.product((256, 512, 1024), (2, 4, 8)) if c != (512, 4)]
+ACTIVE_PACK_SWEEP = [(512, 4)] + [c for c in itertools.product((256, 512, 1024), (2, 4, 8)) if c != (512, 4)]
 PRESCAN_SWEEP = list(itertools.product((4096, 8192, 16384, 32768), (4, 8)))  # (elements per program, warps)
 PACK_SWEEP = [(128, 32), (256, 16), (64, 64), (512, 8)]  # (pack_pixels, pack_slots); the first is the default
 DEPTHWISE_SWEEP = [(32, 4), (64, 8), (16, 2), (32, 1)]  # (block_c channels_last, block_c NCHW); first: default
@@ -285,26 +285,26 @@ def sweep(generator: torch.Generator) -> None:
     print(f"cuDNN fp16 CL conv3x3 {median_us(lambda: F.conv2d(inputs['90% silent planes, CL'], weight_cl, None, 1, 1)):.1f}",
           flush=True)
     blocks = block_activity(silent_nchw)
-    for pixels, warps in TMA_PACK_SWEEP:
-        us = guarded("tma pack", lambda: graph_us(lambda: pack_active_channels(silent_nchw, blocks, weight, pixels, warps)))
-        print(f"tma packing (graph) pixels={pixels} warps={warps}: 90% silent NCHW {us:.1f}", flush=True)
-    for pixels, block_n, warps, stages in TMA_SWEEP:
+    for pixels, warps in ACTIVE_PACK_SWEEP:
+        us = guarded("active-channel packing", lambda: graph_us(lambda: pack_active_channels(silent_nchw, blocks, weight, pixels, warps)))
+        print(f"active-channel packing (graph) pixels={pixels} warps={warps}: 90% silent NCHW {us:.1f}", flush=True)
+    for pixels, block_n, warps, stages in PACKED_SWEEP:
         config = replace(DEFAULT_CONFIG, forward_pixels=pixels, forward_block_n=block_n, forward_num_warps=warps,
-                         tma_num_stages=stages)
+                         packed_num_stages=stages)
         forward_times[config] = guarded("forward", lambda: graph_us(stage2(silent_nchw, weight, geometry, config)))
-        print(f"tma forward (packing included, graph) pixels={pixels} block_n={block_n} warps={warps} stages={stages}: "
+        print(f"packed forward (packing included, graph) pixels={pixels} block_n={block_n} warps={warps} stages={stages}: "
               f"90% silent NCHW {forward_times[config]:.1f}", flush=True)
     for pixels, block_n, warps, stages in FORWARD_SWEEP:
         config = replace(DEFAULT_CONFIG, forward_pixels=pixels, forward_block_n=block_n, forward_num_warps=warps,
-                         forward_num_stages=stages, tma=False)
+                         forward_num_stages=stages, packed=False)
         forward_times[config] = guarded("forward", lambda: graph_us(stage2(silent_nchw, weight, geometry, config)))
         print(f"pointer forward (graph) pixels={pixels} block_n={block_n} warps={warps} stages={stages}: "
               f"90% silent NCHW {forward_times[config]:.1f}", flush=True)
     for config in sorted(forward_times, key=forward_times.get)[:3]:
         times = ", ".join(f"{name} {guarded(name, lambda: graph_us(stage2(x_, weight, geometry, config))):.1f}"
                           for name, x_ in inputs.items())
-        stages = config.forward_num_stages if config.tma is False else config.tma_num_stages
-        print(f"best forward {'pointer' if config.tma is False else 'tma'} {config.forward_pixels}/"
+        stages = config.forward_num_stages if config.packed is False else config.packed_num_stages
+        print(f"best forward {'pointer' if config.packed is False else 'packed'} {config.forward_pixels}/"
               f"{config.forward_block_n}/{config.forward_num_warps}/{stages}: {times}", flush=True)
     depthwise_w = torch.randn((CHANNELS, 1, 3, 3), device="cuda").half()
     depthwise_geometry = conv_geometry(silent, depthwise_w, [1, 1], [1, 1], [1, 1], CHANNELS)
@@ -315,7 +315,8 @@ def sweep(generator: torch.Generator) -> None:
             for name, x_ in inputs.items())
         print(f"dw3x3 block_c CL={block_c} NCHW={planar_block_c}: {times}", flush=True)
     x_cl = inputs["90% silent planes, CL"]
-    lists = forward_lists(x_cl, block_activity(x_cl), geometry)
+    # the channels_last planes that the forward reading x in place packs (the packed forward has its own)
+    lists = forward_lists(x_cl, block_activity(x_cl), geometry, replace(DEFAULT_CONFIG, packed=False))
     for pixels, slots in PACK_SWEEP:
         config = replace(DEFAULT_CONFIG, pack_pixels=pixels, pack_slots=slots)
         us = guarded("pack", lambda: median_us(lambda: pack_active_planes(x_cl, lists, config)))

@@ -2,8 +2,8 @@
 
 Stage 1 (which channels are active where) is `prescan.py`, or the ST-BIF kernel's block map.
 Stage 2, scatter-free: each program owns one output tile and reads only what touches it. Stride-1
-dense calls on GPUs with TMA (and under the interpreter) take `tma.py`'s forward instead of
-`_sparse_conv_fwd_kernel` (`uses_tma`; KernelConfig.tma forces either).
+dense calls take `packed.py`'s forward instead of `_sparse_conv_fwd_kernel`
+(`uses_packed_forward`; KernelConfig.packed forces either).
   `_sparse_conv_fwd_kernel`  dense weights (groups=1), an implicit GEMM on tensor cores: a program
       owns BLOCK_P output pixels (whole rows where they fit: 4 x 32, 8 x 16, ...) x BLOCK_N output
       channels and, for each BLOCK_K active input channels of its list and each kernel tap,
@@ -39,7 +39,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from kernels.sparse_conv.geometry import BLOCK, ConvGeometry, cdiv, next_pow2
 from kernels.sparse_conv.prescan import plane_lists, tile_activity, window_bounds, window_flags
-from kernels.sparse_conv.tma import pack_active_channels, tma_available, tma_conv_fwd
+from kernels.sparse_conv.packed import pack_active_channels, packed_conv_fwd, packed_forward_available
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,10 @@ class KernelConfig:
     wgrad_rows: int = 128  # rows of the weight-gradient tile: (tap, channel) pairs
     wgrad_block_n: int = 128
     wgrad_num_warps: int = 4
-    tma: bool | None = None  # stride-1 dense forward on TMA loads (tma.py); None: wherever available
-    tma_num_stages: int = 4  # H100 sweep (RESULTS.md, fifth run): 4 stages 54 µs, 2 stages 65 µs
-    tma_pack_pixels: int = 512
-    tma_pack_num_warps: int = 4
+    packed: bool | None = None  # stride-1 dense forward on packed input (packed.py); None: wherever it applies
+    packed_num_stages: int = 4  # H100 (RESULTS.md, sixth run): 3/4/5/6 stages 51.9/49.5/50.0/50.5 µs
+    pack_active_pixels: int = 512  # pixels per program of packed.py's packing
+    pack_active_num_warps: int = 4
 
 
 DEFAULT_CONFIG = KernelConfig()
@@ -220,13 +220,13 @@ class ForwardLists:
     """What the dense forward iterates over: its output tiling, the block map, and for
     channels_last input the per-sample lists of active channels (`index` [N, C], `count` [N]);
     for other layouts the kernel derives each tile's list from the block map itself, and the
-    TMA forward's packing makes its lists as it packs."""
+    packed forward's packing makes its lists as it packs."""
 
     geometry: ConvGeometry
     blocks: torch.Tensor
     index: torch.Tensor | None = None
     count: torch.Tensor | None = None
-    tma: bool = False  # the TMA forward: its packing (with the lists) runs inside sparse_conv_fwd
+    packed: bool = False  # the packed forward: its packing (with the lists) runs inside sparse_conv_fwd
 
     @property
     def per_sample(self) -> bool:
@@ -237,20 +237,20 @@ def forward_lists(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry,
                   config: KernelConfig = DEFAULT_CONFIG) -> ForwardLists:
     """The dense forward's lists for input x with block map `blocks`."""
     tiled = forward_geometry(geometry, config)
-    if uses_tma(x, geometry, config):
-        return ForwardLists(tiled, blocks, tma=True)
+    if uses_packed_forward(geometry, config):
+        return ForwardLists(tiled, blocks, packed=True)
     if channels_innermost(x):
         return ForwardLists(tiled, blocks, *plane_lists(blocks))
     return ForwardLists(tiled, blocks)
 
 
-def uses_tma(x: torch.Tensor, geometry: ConvGeometry, config: KernelConfig = DEFAULT_CONFIG) -> bool:
-    """True when the dense forward of this call runs on TMA loads (tma.py)."""
-    available = tma_available(x, geometry, interpreted())
-    if config.tma and not available:
-        raise ValueError("KernelConfig(tma=True) needs stride 1, groups=1 and a GPU with TMA "
-                         "(compute capability >= 9.0) or TRITON_INTERPRET=1; leave tma=None to use it where possible")
-    return available if config.tma is None else config.tma
+def uses_packed_forward(geometry: ConvGeometry, config: KernelConfig = DEFAULT_CONFIG) -> bool:
+    """True when the dense forward of this call runs on packed input (packed.py)."""
+    available = packed_forward_available(geometry)
+    if config.packed and not available:
+        raise ValueError("KernelConfig(packed=True) needs stride 1 and groups=1; "
+                         "leave packed=None to use the packed forward where it applies")
+    return available if config.packed is None else config.packed
 
 
 @functools.lru_cache(maxsize=4096)
@@ -261,9 +261,9 @@ def forward_geometry(geometry: ConvGeometry, config: KernelConfig = DEFAULT_CONF
 
 def forward_counts(x: torch.Tensor, lists: ForwardLists) -> torch.Tensor:
     """int32: how many active input channels each forward program iterates over ([N] per sample
-    for channels_last and the TMA forward, [N, tiles] otherwise); a measurement for the
+    for channels_last and the packed forward, [N, tiles] otherwise); a measurement for the
     dispatcher and the tests."""
-    if lists.tma:
+    if lists.packed:
         return plane_lists(lists.blocks)[1]
     return lists.count if lists.per_sample else tile_activity(lists.blocks, lists.geometry)[2]
 
@@ -291,13 +291,13 @@ def sparse_conv_fwd(
     # Both forwards read the weight laid out [KH, KW, C_in, C_out] in memory: a channel's row of a
     # tap is then a contiguous C_out vector. Reading the [C_out, C_in, KH, KW] layout in place by
     # its strides saves the copy but made the kernel 1.3x slower (H100 sweep, RESULTS.md). The
-    # TMA path's packing kernel makes the copy; the pointer path runs a copy kernel.
-    if lists.tma:
+    # packed path's packing kernel makes the copy; the other path runs a copy kernel.
+    if lists.packed:
         packed, index, count, weight_rows = pack_active_channels(
-            x, lists.blocks, weight, config.tma_pack_pixels, config.tma_pack_num_warps)
-        return tma_conv_fwd(packed, index, count, weight_rows, bias, y, geometry, block_n=block_n,
-                            num_stages=config.tma_num_stages, num_warps=config.forward_num_warps,
-                            dot_dtype=_dot_dtype(x.dtype))
+            x, lists.blocks, weight, config.pack_active_pixels, config.pack_active_num_warps)
+        return packed_conv_fwd(packed, index, count, weight_rows, bias, y, geometry, block_n=block_n,
+                               num_stages=config.packed_num_stages, num_warps=config.forward_num_warps,
+                               dot_dtype=_dot_dtype(x.dtype))
     weight = weight.permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1)
     source = pack_active_planes(x, lists, config) if lists.per_sample else x
     grid = (cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts, sparse_conv2d
 from kernels.sparse_conv import prescan as sparse_prescan
-from kernels.sparse_conv import tma as sparse_tma
+from kernels.sparse_conv import packed as sparse_packed
 from kernels.sparse_conv import triton as sparse_triton
 from kernels.sparse_conv.calibration import Crossover, CrossoverCache, _crossing, crossover_from_timings
 from kernels.sparse_conv.dispatch import SAMPLE_EVERY, DensityTracker
@@ -159,31 +159,31 @@ def assert_lists(index: torch.Tensor, count: torch.Tensor, expected: torch.Tenso
         assert torch.equal(listed.long(), expected.flatten(0, -2)[row].nonzero().flatten())
 
 
-FORWARD_PATHS = {  # (channels_last, KernelConfig.tma): the dense forward's three variants
+FORWARD_PATHS = {  # (channels_last, KernelConfig.packed): the dense forward's variants
     "nchw (lists in the kernel)": (False, False),
     "channels_last (packed planes)": (True, False),
-    "tma nchw": (False, True),
-    "tma channels_last": (True, True),
+    "packed nchw": (False, True),
+    "packed channels_last": (True, True),
 }
 
 
-@pytest.mark.parametrize("path,stride,dilation", [  # the TMA forward is stride 1 only
+@pytest.mark.parametrize("path,stride,dilation", [  # the packed forward is stride 1 only
     (path, stride, dilation) for path in FORWARD_PATHS for stride, dilation in [(1, 1), (2, 2), (1, 2)]
     if stride == 1 or not FORWARD_PATHS[path][1]
 ])
 def test_forward_loops_over_channel_chunks_output_blocks_and_tiles(path, stride, dilation):
     """Small tiles so that one case has several K chunks (48 channels, 16 per dot), two output
     channel blocks (the second partial) and several tiles per row (the last partial)."""
-    channels_last, tma = FORWARD_PATHS[path]
-    config = sparse_triton.KernelConfig(forward_pixels=16, forward_block_k=16, forward_block_n=16, tma=tma,
-                                        tma_pack_pixels=32)
+    channels_last, packed = FORWARD_PATHS[path]
+    config = sparse_triton.KernelConfig(forward_pixels=16, forward_block_k=16, forward_block_n=16, packed=packed,
+                                        pack_active_pixels=32)
     generator = torch.Generator().manual_seed(8)
     x = layout(spikes((2, 48, 4, 37), 0.3, generator, plane_silence=0.2), channels_last)
     weight, bias = torch.randn((20, 48, 3, 3), generator=generator), torch.randn(20, generator=generator)
     geometry = conv_geometry(x, weight, [stride] * 2, [dilation] * 2, [dilation] * 2, 1)
     lists = sparse_triton.forward_lists(x, sparse_prescan.block_activity(x), geometry, config)
     counts = sparse_triton.forward_counts(x, lists)
-    assert lists.tma == tma and lists.per_sample == (channels_last and not tma)
+    assert lists.packed == packed and lists.per_sample == (channels_last and not packed)
     assert counts.max() > 2 * config.forward_block_k
     assert lists.geometry.cols.tiles > 1 and lists.geometry.cols.out_size % lists.geometry.cols.tile != 0
     y = sparse_triton.sparse_conv_fwd(x, weight, bias, lists, config)
@@ -194,18 +194,18 @@ def test_forward_loops_over_channel_chunks_output_blocks_and_tiles(path, stride,
 @pytest.mark.parametrize("kernel,dilation,padding", [(1, 1, 0), (3, 2, 1), (5, 1, 3)])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 def test_pointer_forward_at_stride_1(kernel, dilation, padding, channels_last):
-    """Stride-1 calls run on the TMA forward where it exists; GPUs without TMA run these."""
-    config = sparse_triton.KernelConfig(tma=False)
+    """The forward that reads x in place, forced at stride 1 (where the packed forward is the default)."""
+    config = sparse_triton.KernelConfig(packed=False)
     x, weight, bias, _ = conv_case("dense", kernel, channels_last, seed=kernel + padding, size=(12, 9))
     geometry = conv_geometry(x, weight, [1, 1], [padding] * 2, [dilation] * 2, 1)
     lists = sparse_triton.forward_lists(x, sparse_prescan.block_activity(x), geometry, config)
-    assert not lists.tma
+    assert not lists.packed
     y = sparse_triton.sparse_conv_fwd(x, weight, bias, lists, config)
     torch.testing.assert_close(y, F.conv2d(x, weight, bias, 1, padding, dilation), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
-def test_tma_packing_lists_each_samples_active_channels_in_order(channels_last):
+def test_packing_lists_each_samples_active_channels_in_order(channels_last):
     """Packed [N, C/16, H, W, 16]: slot s of sample n holds its s-th active channel; the lanes of
     the last chunk past the count are zeros (the forward reads whole chunks). The same launch
     copies a (non-contiguous) weight to the [KH, KW, C_in, C_out] layout."""
@@ -215,7 +215,7 @@ def test_tma_packing_lists_each_samples_active_channels_in_order(channels_last):
     x[2, :, 3:5, 4:6] = 0.7  # every plane of sample 2 active
     x = layout(x, channels_last)
     weight = torch.randn((5, 37, 3, 1), generator=generator)[:, :, :, ::1].transpose(0, 1).contiguous().transpose(0, 1)
-    packed, index, count, weight_rows = sparse_tma.pack_active_channels(x, sparse_prescan.block_activity(x), weight, 32, 4)
+    packed, index, count, weight_rows = sparse_packed.pack_active_channels(x, sparse_prescan.block_activity(x), weight, 32, 4)
     assert torch.equal(weight_rows, weight) and weight_rows.permute(2, 3, 1, 0).is_contiguous()
     active = x.ne(0).flatten(2).any(dim=2)
     assert torch.equal(count, active.sum(dim=1).int())
@@ -227,20 +227,20 @@ def test_tma_packing_lists_each_samples_active_channels_in_order(channels_last):
         assert not slots[len(channels): -(-len(channels) // 16) * 16].any()
 
 
-def test_tma_packing_copies_a_weight_larger_than_its_grid():
+def test_packing_copies_a_weight_larger_than_its_grid():
     """One packing program (one sample, one pixel block) copies a 21,312-element weight in steps."""
     generator = torch.Generator().manual_seed(22)
     x = spikes((1, 37, 4, 4), 0.5, generator)
     weight = torch.randn((64, 37, 3, 3), generator=generator)
-    weight_rows = sparse_tma.pack_active_channels(x, sparse_prescan.block_activity(x), weight, 512, 4)[3]
+    weight_rows = sparse_packed.pack_active_channels(x, sparse_prescan.block_activity(x), weight, 512, 4)[3]
     assert torch.equal(weight_rows, weight)
 
 
-def test_tma_config_on_a_strided_call_is_a_clear_error():
+def test_packed_config_on_a_strided_call_is_a_clear_error():
     x, weight, _, _ = conv_case("dense", 3, channels_last=False)
     geometry = conv_geometry(x, weight, [2, 2], [1, 1], [1, 1], 1)
-    with pytest.raises(ValueError, match=r"tma=True\) needs stride 1"):
-        sparse_triton.forward_lists(x, sparse_prescan.block_activity(x), geometry, sparse_triton.KernelConfig(tma=True))
+    with pytest.raises(ValueError, match=r"packed=True\) needs stride 1"):
+        sparse_triton.forward_lists(x, sparse_prescan.block_activity(x), geometry, sparse_triton.KernelConfig(packed=True))
 
 
 def test_nchw_forward_compacts_hundreds_of_channels():

@@ -113,11 +113,11 @@ def test_density_tracker_reads_back_without_waiting():
 
 @pytest.mark.parametrize("size", [(32, 32), (7, 7), (28, 28), (14, 14)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_st_bif_block_map_feeds_the_tma_forward(size, dtype):
+def test_st_bif_block_map_feeds_the_packed_forward(size, dtype):
     """On the GPU: the ST-BIF kernel's map equals the prescan of its output, and the conv given
-    it (the TMA forward at stride 1, boxes larger than small planes) matches float64."""
+    it (the packed forward at stride 1, tiles larger than small planes) matches float64."""
     from kernels.sparse_conv.prescan import block_activity
-    from kernels.sparse_conv.triton import uses_tma
+    from kernels.sparse_conv.triton import uses_packed_forward
     from kernels.sparse_conv.function import conv_geometry
     from kernels.st_bif import st_bif_multistep_with_block_map
 
@@ -128,6 +128,6 @@ def test_st_bif_block_map_feeds_the_tma_forward(size, dtype):
     x = spikes_seq.flatten(0, 1)
     assert torch.equal(block_map, block_activity(x))
     weight = (torch.randn((40, 24, 3, 3), generator=generator, device="cuda") / 3).to(dtype)
-    assert uses_tma(x, conv_geometry(x, weight, [1, 1], [1, 1], [1, 1], 1)) == (torch.cuda.get_device_capability() >= (9, 0))
+    assert uses_packed_forward(conv_geometry(x, weight, [1, 1], [1, 1], [1, 1], 1))
     y = sparse_conv2d(x, weight, None, 1, 1, backend="triton", block_map=block_map)
     assert relative_error(y, F.conv2d(x.double(), weight.double(), None, 1, 1)) <= TOLERANCE[dtype]

@@ -1,35 +1,33 @@
-"""Stride-1 dense forward on tensor-memory-accelerator (TMA) loads: pack, then an implicit GEMM.
+"""Stride-1 dense forward on packed input: pack the active channels, then an implicit GEMM.
 
-Why a second forward: at 90% silent planes the pointer-gather forward (`triton.py`) spent ~80 µs
-on a tenth of the dense work of conv3x3 [256,128,32,32] on an H100, bound by per-element address
-arithmetic and load latency at low occupancy. Here each tap of a K chunk is one TMA box load
-(no addresses, no masks; the hardware zero-fills what falls outside the image, which is the
-conv's zero padding) and the same call took ~54 µs (RESULTS.md, fifth run).
+Why a second forward: at 90% silent planes the forward that gathers from x itself (`triton.py`)
+spent ~80 µs on a tenth of the dense work of conv3x3 [256,128,32,32] on an H100, bound by
+per-element address arithmetic and load latency at low occupancy. Here the active channels are
+first copied, 16 per pixel, into one 32-byte vector; each tap's A is then one 16-byte-vector load
+per half pixel row, and the nine taps of a tile read overlapping rows, mostly from L1.
 
-  `_pack_kernel`   per (sample, pixel range): ORs the sample's block map over the whole plane,
-                   ranks the active channels (`tl.cumsum`), and copies them, KC at a time, to
-                   packed [N, C/KC, H, W, KC]: slot s of sample n (its s-th active channel) is
-                   chunk s // KC, lane s % KC, channels innermost. Lanes past the sample's count
-                   in its last chunk are written as zeros. Program 0 of a sample also writes
-                   its list (`index` [N, C], `count` [N]), which the forward reads for weights.
-                   The programs also share the copy of the weight to [KH, KW, C_in, C_out].
-  `_tma_fwd_kernel` per (output-channel block, output tile, sample): for each KC chunk and tap,
-                   a [1, 1, TILE_H, TILE_W, KC] box at the tap's shifted position is the GEMM's
-                   A [pixels, KC]; B is the chunk's weight rows of that tap (a gather of
-                   contiguous C_out vectors from the [KH, KW, C_in, C_out] copy).
-Any input layout (the pack reads by strides), any padding and dilation; stride 1 only (a TMA
-box is contiguous). Needs TMA: compute capability >= 9.0, or Triton's interpreter (how CI runs
-it). Box coordinates may be negative; the innermost one is always 0, which the interpreter
-requires. The grid depends on shapes only (no host sync; CUDA-graph capturable).
+  `_pack_kernel`       per (sample, pixel range): ORs the sample's block map over the whole plane,
+                       ranks the active channels (`tl.cumsum`), and copies them, KC at a time, to
+                       packed [N, C/KC, H, W, KC]: slot s of sample n (its s-th active channel) is
+                       chunk s // KC, lane s % KC, channels innermost. Lanes past the sample's
+                       count in its last chunk are written as zeros. Program 0 of a sample also
+                       writes its list (`index` [N, C], `count` [N]), which the forward reads for
+                       weights. The programs also share the copy of the weight to [KH, KW, C_in, C_out].
+  `_packed_fwd_kernel` per (output-channel block, output tile, sample): for each KC chunk and tap,
+                       A [pixels, KC] is the chunk's pixels at the tap's shifted position (zero
+                       outside the image: the conv's padding); B is the chunk's weight rows of that
+                       tap (a gather of contiguous C_out vectors from the [KH, KW, C_in, C_out] copy).
+The fourth session's version loaded A as TMA boxes (Hopper only); these pointer loads took 49.5
+instead of 54.1 µs on the same call (RESULTS.md, sixth run) and run on any GPU.
+Any input layout (the pack reads by strides), any padding and dilation; stride 1 only (strided
+convs keep the forward of `triton.py`). The grid depends on shapes only (no host sync;
+CUDA-graph capturable).
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.sparse_conv.geometry import ConvGeometry, cdiv, next_pow2
 
@@ -96,9 +94,9 @@ def _pack_kernel(
 
 
 @triton.jit(do_not_specialize=["pad_h", "pad_w", "dil_h", "dil_w"])
-def _tma_fwd_kernel(
-    packed_desc, w_ptr, bias_ptr, y_ptr, index_ptr, count_ptr,
-    in_channels, out_channels, out_h, out_w, tiles_w,
+def _packed_fwd_kernel(
+    packed_ptr, w_ptr, bias_ptr, y_ptr, index_ptr, count_ptr,
+    in_channels, height, width, out_channels, out_h, out_w, tiles_w,
     sy_n, sy_c, sy_h, sy_w, sw_o, sw_i, sw_h, sw_w, pad_h, pad_w, dil_h, dil_w,
     KH: tl.constexpr, KW: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr, KC: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr,
@@ -107,12 +105,15 @@ def _tma_fwd_kernel(
     tile = tl.program_id(1)
     n = tl.program_id(2)
     PIXELS: tl.constexpr = TILE_H * TILE_W
-    row0 = (tile // tiles_w) * TILE_H
-    col0 = (tile % tiles_w) * TILE_W
+    offs_p = tl.arange(0, PIXELS)
+    oh = (tile // tiles_w) * TILE_H + offs_p // TILE_W
+    ow = (tile % tiles_w) * TILE_W + offs_p % TILE_W
     offs_co = co_block * BLOCK_N + tl.arange(0, BLOCK_N)
     co_ok = offs_co < out_channels
     offs_k = tl.arange(0, KC)
     count = tl.load(count_ptr + n)
+    plane_vectors = height * width * KC  # one chunk of one sample in packed
+    sample = packed_ptr + n.to(tl.int64) * tl.cdiv(in_channels, KC) * plane_vectors
     acc = tl.zeros((PIXELS, BLOCK_N), tl.float32)
     k0 = 0
     while k0 < count:
@@ -120,34 +121,24 @@ def _tma_fwd_kernel(
         k_ok = slot < count
         ci = tl.load(index_ptr + n * in_channels + slot, mask=k_ok, other=0)
         w_rows = w_ptr + ci[:, None] * sw_i + offs_co[None, :] * sw_o
+        chunk = sample + (k0 // KC) * plane_vectors
         for tap in tl.range(0, KH * KW, num_stages=NUM_STAGES):
-            kh = tap // KW
-            kw = tap % KW
-            a = packed_desc.load([n, k0 // KC, row0 - pad_h + kh * dil_h, col0 - pad_w + kw * dil_w, 0])
-            b = tl.load(w_rows + kh * sw_h + kw * sw_w, mask=k_ok[:, None] & co_ok[None, :], other=0.0)
-            acc = tl.dot(a.reshape(PIXELS, KC).to(DOT_DTYPE), b.to(DOT_DTYPE), acc, input_precision="tf32")
+            ih = oh - pad_h + (tap // KW) * dil_h
+            iw = ow - pad_w + (tap % KW) * dil_w
+            inside = (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
+            a = tl.load(chunk + (ih * width + iw)[:, None] * KC + offs_k[None, :], mask=inside[:, None], other=0.0)
+            b = tl.load(w_rows + (tap // KW) * sw_h + (tap % KW) * sw_w, mask=k_ok[:, None] & co_ok[None, :], other=0.0)
+            acc = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc, input_precision="tf32")
         k0 += KC
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_co, mask=co_ok, other=0.0).to(tl.float32)[None, :]
-    offs_p = tl.arange(0, PIXELS)
-    oh = row0 + offs_p // TILE_W
-    ow = col0 + offs_p % TILE_W
     y_ptrs = y_ptr + n.to(tl.int64) * sy_n + offs_co[None, :] * sy_c + (oh * sy_h + ow * sy_w)[:, None]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=((oh < out_h) & (ow < out_w))[:, None] & co_ok[None, :])
 
 
-def tma_available(x: torch.Tensor, geometry: ConvGeometry, interpreted: bool) -> bool:
-    """True where this forward can run: stride 1, dense weights, and TMA (or the interpreter)."""
-    if geometry.groups != 1 or geometry.rows.stride != 1 or geometry.cols.stride != 1:
-        return False
-    if interpreted:
-        return True
-    return x.is_cuda and _has_tma(x.device.index if x.device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _has_tma(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+def packed_forward_available(geometry: ConvGeometry) -> bool:
+    """True where this forward applies: stride 1 and dense weights."""
+    return geometry.groups == 1 and geometry.rows.stride == 1 and geometry.cols.stride == 1
 
 
 def pack_active_channels(
@@ -178,7 +169,7 @@ def pack_active_channels(
     return packed, index, count, weight_rows.permute(3, 2, 0, 1)
 
 
-def tma_conv_fwd(
+def packed_conv_fwd(
     packed: torch.Tensor, index: torch.Tensor, count: torch.Tensor, weight: torch.Tensor,
     bias: torch.Tensor | None, y: torch.Tensor, geometry: ConvGeometry, *,
     block_n: int, num_stages: int, num_warps: int, dot_dtype: tl.dtype,
@@ -186,11 +177,10 @@ def tma_conv_fwd(
     """Writes the conv of the packed input into y; `weight` is laid out [KH, KW, C_in, C_out] in
     memory and `geometry` carries the output tiles."""
     rows, cols = geometry.rows, geometry.cols
-    descriptor = TensorDescriptor.from_tensor(packed, [1, 1, rows.tile, cols.tile, KC])
     grid = (cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)
-    _tma_fwd_kernel[grid](
-        descriptor, weight, bias if bias is not None else weight, y, index, count,
-        geometry.in_channels, geometry.out_channels, rows.out_size, cols.out_size, cols.tiles,
+    _packed_fwd_kernel[grid](
+        packed, weight, bias if bias is not None else weight, y, index, count,
+        geometry.in_channels, rows.size, cols.size, geometry.out_channels, rows.out_size, cols.out_size, cols.tiles,
         *y.stride(), *weight.stride(), rows.padding, cols.padding, rows.dilation, cols.dilation,
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile, KC=KC,
         BLOCK_N=block_n, NUM_STAGES=num_stages, HAS_BIAS=bias is not None, DOT_DTYPE=dot_dtype,
