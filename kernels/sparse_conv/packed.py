@@ -88,7 +88,8 @@ def _pack_kernel(
         # The channel holding each slot's rank: the compaction, done in registers.
         match = (active[None, :] != 0) & (rank[None, :] == slot[:, None])
         ci = tl.sum(tl.where(match, offs_c[None, :], 0), axis=1)
-        values = tl.load(src + ci[None, :] * sx_c, mask=pix_ok[:, None] & (slot < count)[None, :], other=0.0)
+        values = tl.load(src + ci[None, :] * sx_c, mask=pix_ok[:, None] & (slot < count)[None, :], other=0.0,
+                         eviction_policy="evict_first")  # read once; L2 is for packed, which is read 9 times
         tl.store(dst + (k0 // KC) * plane * KC, values, mask=pix_ok[:, None])
         k0 += KC
 
@@ -133,7 +134,8 @@ def _packed_fwd_kernel(
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_co, mask=co_ok, other=0.0).to(tl.float32)[None, :]
     y_ptrs = y_ptr + n.to(tl.int64) * sy_n + offs_co[None, :] * sy_c + (oh * sy_h + ow * sy_w)[:, None]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=((oh < out_h) & (ow < out_w))[:, None] & co_ok[None, :])
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=((oh < out_h) & (ow < out_w))[:, None] & co_ok[None, :],
+             eviction_policy="evict_first")  # written once; keeps packed and the weight in L2 (H100: ~2 µs)
 
 
 def packed_forward_available(geometry: ConvGeometry) -> bool:

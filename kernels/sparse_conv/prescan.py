@@ -35,8 +35,7 @@ def _block_activity_kernel(
     stride_n, stride_c, stride_h, stride_w,
     BLOCK_C: tl.constexpr, BLOCK: tl.constexpr, WIDTH: tl.constexpr,
 ):
-    # Samples vary slowest, so x is read front to back (the forward then reads it back to front,
-    # from the part still in L2).
+    # Samples vary slowest, so x is read front to back, in long runs.
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     block_r = tl.program_id(1)
     n = tl.program_id(2)
@@ -46,7 +45,8 @@ def _block_activity_kernel(
     mask = c_ok[:, None, None] & (rows < height)[None, :, None] & (cols < width)[None, None, :]
     ptrs = (x_ptr + n.to(tl.int64) * stride_n + offs_c[:, None, None] * stride_c
             + rows[None, :, None] * stride_h + cols[None, None, :] * stride_w)
-    nonzero = (tl.load(ptrs, mask=mask, other=0.0) != 0).to(tl.int32)
+    # evict_first: x streams through once here (H100: 34.4 -> 30.4 µs for 67 MB, RESULTS.md sixth run)
+    nonzero = (tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first") != 0).to(tl.int32)
     per_col = tl.max(nonzero, axis=1)  # [BLOCK_C, WIDTH]
     per_block = tl.max(tl.reshape(per_col, (BLOCK_C, WIDTH // BLOCK, BLOCK)), axis=2)
     block_c = tl.arange(0, WIDTH // BLOCK)
