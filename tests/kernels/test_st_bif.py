@@ -179,10 +179,11 @@ def test_bad_input_raises_value_error(call, match):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(1, 2, 3, 9, 17), (11, 2, 5, 8, 8), (3, 1, 2, 20, 6)])
+@pytest.mark.parametrize("shape", [(1, 2, 3, 9, 17), (11, 2, 5, 8, 8), (3, 1, 2, 20, 6), (2, 3, 5, 16, 16), (1, 2, 3, 32, 32)])
 def test_block_map_is_the_prescan_of_the_output(shape, dtype):
     """The map the forward kernel writes equals the sparse conv's prescan of its output: odd
-    sizes (partial 8x8 blocks), T = 1 and T > 8, silent planes, and the same spikes as without it."""
+    sizes (partial 8x8 blocks), T = 1 and T > 8, silent planes, a partial last program (16x16),
+    and the same spikes as without it."""
     from kernels.sparse_conv.prescan import block_activity
     from kernels.st_bif import st_bif_multistep_with_block_map
 
