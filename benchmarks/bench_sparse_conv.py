@@ -263,7 +263,7 @@ FORWARD_SWEEP = [(128, 128, 4, 2)] + [
 PACKED_SWEEP = [(128, 128, 4, 4)] + [
     config for config in itertools.product((64, 128, 256), (64, 128), (4, 8), (3, 4, 5)) if config != (128, 128, 4, 4)
     and config[0] * config[1] <= 128 * 128 * config[2] // 4]
-ACTIVE_PACK_SWEEP = [(512, 4)] + [c for c in itertools.product((256, 512, 1024), (2, 4, 8)) if c != (512, 4)]
+ACTIVE_PACK_SWEEP = [(512, 2)] + [c for c in itertools.product((256, 512, 1024), (2, 4, 8)) if c != (512, 2)]
 PRESCAN_SWEEP = list(itertools.product((4096, 8192, 16384, 32768), (4, 8)))  # (elements per program, warps)
 PACK_SWEEP = [(128, 32), (256, 16), (64, 64), (512, 8)]  # (pack_pixels, pack_slots); the first is the default
 DEPTHWISE_SWEEP = [(32, 4), (64, 8), (16, 2), (32, 1)]  # (block_c channels_last, block_c NCHW); first: default

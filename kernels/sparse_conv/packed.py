@@ -10,7 +10,8 @@ per half pixel row, and the nine taps of a tile read overlapping rows, mostly fr
                        ranks the active channels (`tl.cumsum`), and copies them, KC at a time, to
                        packed [N, C/KC, H, W, KC]: slot s of sample n (its s-th active channel) is
                        chunk s // KC, lane s % KC, channels innermost. Lanes past the sample's
-                       count in its last chunk are written as zeros. Program 0 of a sample also
+                       count in its last chunk are written as zeros, and so is chunk 0 of a
+                       sample with no active channel. Program 0 of a sample also
                        writes its list (`index` [N, C], `count` [N]), which the forward reads for
                        weights. The programs also share the copy of the weight to [KH, KW, C_in, C_out].
   `_packed_fwd_kernel` per (output-channel block, output tile, sample): for each KC chunk and tap,
@@ -83,7 +84,7 @@ def _pack_kernel(
     offs_j = tl.arange(0, KC)
     dst = packed_ptr + (n.to(tl.int64) * tl.cdiv(channels, KC) * plane + pix[:, None]) * KC + offs_j[None, :]
     k0 = 0
-    while k0 < count:
+    while k0 < tl.maximum(count, 1):  # chunk 0 even when no channel is active: the forward reads it unconditionally
         slot = k0 + offs_j
         # The channel holding each slot's rank: the compaction, done in registers.
         match = (active[None, :] != 0) & (rank[None, :] == slot[:, None])
@@ -92,6 +93,29 @@ def _pack_kernel(
                          eviction_policy="evict_first")  # read once; L2 is for packed, which is read 9 times
         tl.store(dst + (k0 // KC) * plane * KC, values, mask=pix_ok[:, None])
         k0 += KC
+
+
+@triton.jit
+def _accumulate_chunk(acc, sample, k0, count, index_row, w_ptr, offs_co, co_ok, oh, ow,
+                      in_channels, height, width, sw_o, sw_i, sw_h, sw_w, pad_h, pad_w, dil_h, dil_w,
+                      KH: tl.constexpr, KW: tl.constexpr, KC: tl.constexpr, NUM_STAGES: tl.constexpr,
+                      DOT_DTYPE: tl.constexpr):
+    """acc + the implicit GEMM of the packed chunk holding slots k0..k0+KC-1 of a sample."""
+    offs_k = tl.arange(0, KC)
+    slot = k0 + offs_k
+    k_ok = slot < count
+    # The list is read up to in_channels, not count, so that this load does not wait for count.
+    ci = tl.where(k_ok, tl.load(index_row + slot, mask=slot < in_channels, other=0), 0)
+    w_rows = w_ptr + ci[:, None] * sw_i + offs_co[None, :] * sw_o
+    chunk = sample + (k0 // KC) * (height * width * KC)
+    for tap in tl.range(0, KH * KW, num_stages=NUM_STAGES):
+        ih = oh - pad_h + (tap // KW) * dil_h
+        iw = ow - pad_w + (tap % KW) * dil_w
+        inside = (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
+        a = tl.load(chunk + (ih * width + iw)[:, None] * KC + offs_k[None, :], mask=inside[:, None], other=0.0)
+        b = tl.load(w_rows + (tap // KW) * sw_h + (tap % KW) * sw_w, mask=k_ok[:, None] & co_ok[None, :], other=0.0)
+        acc = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc, input_precision="tf32")
+    return acc
 
 
 @triton.jit(do_not_specialize=["pad_h", "pad_w", "dil_h", "dil_w"])
@@ -111,25 +135,19 @@ def _packed_fwd_kernel(
     ow = (tile % tiles_w) * TILE_W + offs_p % TILE_W
     offs_co = co_block * BLOCK_N + tl.arange(0, BLOCK_N)
     co_ok = offs_co < out_channels
-    offs_k = tl.arange(0, KC)
     count = tl.load(count_ptr + n)
-    plane_vectors = height * width * KC  # one chunk of one sample in packed
-    sample = packed_ptr + n.to(tl.int64) * tl.cdiv(in_channels, KC) * plane_vectors
+    sample = packed_ptr + n.to(tl.int64) * tl.cdiv(in_channels, KC) * (height * width * KC)
     acc = tl.zeros((PIXELS, BLOCK_N), tl.float32)
-    k0 = 0
+    # Chunk 0 always exists (the packing writes zeros where a sample has no active channel), so
+    # its loads need not wait for `count`: only its B is masked by it.
+    acc = _accumulate_chunk(acc, sample, 0, count, index_ptr + n * in_channels, w_ptr, offs_co, co_ok, oh, ow,
+                            in_channels, height, width, sw_o, sw_i, sw_h, sw_w, pad_h, pad_w, dil_h, dil_w,
+                            KH, KW, KC, NUM_STAGES, DOT_DTYPE)
+    k0 = KC
     while k0 < count:
-        slot = k0 + offs_k
-        k_ok = slot < count
-        ci = tl.load(index_ptr + n * in_channels + slot, mask=k_ok, other=0)
-        w_rows = w_ptr + ci[:, None] * sw_i + offs_co[None, :] * sw_o
-        chunk = sample + (k0 // KC) * plane_vectors
-        for tap in tl.range(0, KH * KW, num_stages=NUM_STAGES):
-            ih = oh - pad_h + (tap // KW) * dil_h
-            iw = ow - pad_w + (tap % KW) * dil_w
-            inside = (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
-            a = tl.load(chunk + (ih * width + iw)[:, None] * KC + offs_k[None, :], mask=inside[:, None], other=0.0)
-            b = tl.load(w_rows + (tap // KW) * sw_h + (tap % KW) * sw_w, mask=k_ok[:, None] & co_ok[None, :], other=0.0)
-            acc = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc, input_precision="tf32")
+        acc = _accumulate_chunk(acc, sample, k0, count, index_ptr + n * in_channels, w_ptr, offs_co, co_ok, oh, ow,
+                                in_channels, height, width, sw_o, sw_i, sw_h, sw_w, pad_h, pad_w, dil_h, dil_w,
+                                KH, KW, KC, NUM_STAGES, DOT_DTYPE)
         k0 += KC
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_co, mask=co_ok, other=0.0).to(tl.float32)[None, :]
