@@ -62,7 +62,7 @@ class KernelConfig:
     packed: bool | None = None  # stride-1 dense forward on packed input (packed.py); None: wherever it applies
     packed_num_stages: int = 4  # H100 (RESULTS.md, sixth run): 3/4/5/6 stages 51.9/49.5/50.0/50.5 µs
     pack_active_pixels: int = 512  # pixels per program of packed.py's packing
-    pack_active_num_warps: int = 2  # H100, three runs (RESULTS.md, sixth run): 2 warps 0.1-0.6 µs faster than 4
+    pack_active_num_warps: int = 2  # H100, three runs (RESULTS.md, sixth run): 2 warps 0.4-0.6 µs faster than 4
 
 
 DEFAULT_CONFIG = KernelConfig()
