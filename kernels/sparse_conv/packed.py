@@ -3,17 +3,17 @@
 Why a second forward: at 90% silent planes the forward that gathers from x itself (`triton.py`)
 spent ~80 µs on a tenth of the dense work of conv3x3 [256,128,32,32] on an H100, bound by
 per-element address arithmetic and load latency at low occupancy. Here the active channels are
-first copied, 16 per pixel, into one 32-byte vector; each tap's A is then one 16-byte-vector load
-per half pixel row, and the nine taps of a tile read overlapping rows, mostly from L1.
+first copied, 16 per pixel, into one 32-byte vector; each tap's A is then two 16-byte loads per
+pixel with one mask, and the nine taps of a tile read overlapping rows through the caches.
 
   `_pack_kernel`       per (sample, pixel range): ORs the sample's block map over the whole plane,
                        ranks the active channels (`tl.cumsum`), and copies them, KC at a time, to
                        packed [N, C/KC, H, W, KC]: slot s of sample n (its s-th active channel) is
                        chunk s // KC, lane s % KC, channels innermost. Lanes past the sample's
                        count in its last chunk are written as zeros, and so is chunk 0 of a
-                       sample with no active channel. Program 0 of a sample also
-                       writes its list (`index` [N, C], `count` [N]), which the forward reads for
-                       weights. The programs also share the copy of the weight to [KH, KW, C_in, C_out].
+                       sample with no active channel. Program 0 of a sample also writes its list
+                       (`index` [N, C], `count` [N]), which the forward reads for weights. The
+                       programs also share the copy of the weight to [KH, KW, C_in, C_out].
   `_packed_fwd_kernel` per (output-channel block, output tile, sample): for each KC chunk and tap,
                        A [pixels, KC] is the chunk's pixels at the tap's shifted position (zero
                        outside the image: the conv's padding); B is the chunk's weight rows of that
