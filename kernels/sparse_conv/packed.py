@@ -18,7 +18,7 @@ pixel with one mask, and the nine taps of a tile read overlapping rows through t
                        A [pixels, KC] is the chunk's pixels at the tap's shifted position (zero
                        outside the image: the conv's padding); B is the chunk's weight rows of that
                        tap (a gather of contiguous C_out vectors from the [KH, KW, C_in, C_out] copy).
-The fourth session's version loaded A as TMA boxes (Hopper only); these pointer loads took 49.5
+An earlier version loaded A as TMA boxes (Hopper only); these pointer loads took 49.5
 instead of 54.1 µs on the same call (RESULTS.md, sixth run) and run on any GPU.
 Any input layout (the pack reads by strides), any padding and dilation; stride 1 only (strided
 convs keep the forward of `triton.py`). The grid depends on shapes only (no host sync;
@@ -137,17 +137,16 @@ def _packed_fwd_kernel(
     co_ok = offs_co < out_channels
     count = tl.load(count_ptr + n)
     sample = packed_ptr + n.to(tl.int64) * tl.cdiv(in_channels, KC) * (height * width * KC)
+    index_row = index_ptr + n * in_channels
     acc = tl.zeros((PIXELS, BLOCK_N), tl.float32)
     # Chunk 0 always exists (the packing writes zeros where a sample has no active channel), so
     # its loads need not wait for `count`: only its B is masked by it.
-    acc = _accumulate_chunk(acc, sample, 0, count, index_ptr + n * in_channels, w_ptr, offs_co, co_ok, oh, ow,
-                            in_channels, height, width, sw_o, sw_i, sw_h, sw_w, pad_h, pad_w, dil_h, dil_w,
-                            KH, KW, KC, NUM_STAGES, DOT_DTYPE)
+    acc = _accumulate_chunk(acc, sample, 0, count, index_row, w_ptr, offs_co, co_ok, oh, ow, in_channels, height, width,
+                            sw_o, sw_i, sw_h, sw_w, pad_h, pad_w, dil_h, dil_w, KH, KW, KC, NUM_STAGES, DOT_DTYPE)
     k0 = KC
     while k0 < count:
-        acc = _accumulate_chunk(acc, sample, k0, count, index_ptr + n * in_channels, w_ptr, offs_co, co_ok, oh, ow,
-                                in_channels, height, width, sw_o, sw_i, sw_h, sw_w, pad_h, pad_w, dil_h, dil_w,
-                                KH, KW, KC, NUM_STAGES, DOT_DTYPE)
+        acc = _accumulate_chunk(acc, sample, k0, count, index_row, w_ptr, offs_co, co_ok, oh, ow, in_channels, height,
+                                width, sw_o, sw_i, sw_h, sw_w, pad_h, pad_w, dil_h, dil_w, KH, KW, KC, NUM_STAGES, DOT_DTYPE)
         k0 += KC
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_co, mask=co_ok, other=0.0).to(tl.float32)[None, :]
