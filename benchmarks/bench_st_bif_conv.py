@@ -6,23 +6,26 @@ fraction of the (sample, channel) pairs, for all steps) are 0, so those neurons 
 the others get N(0, 2²) and fire at most steps. The conv is 3x3, 128 -> 128, padding 1, on the
 spikes flattened to [256, 128, 32, 32] (issue 4's shape).
 
-Columns, µs, median of triton.testing.do_bench (L2 cleared before every call):
+Columns, µs, median of triton.testing.do_bench (L2 cleared before every call). "graph" is GPU
+time: the calls captured in one CUDA graph and replayed, so host work is not counted.
   neuron / neuron+map   st_bif_multistep alone, and st_bif_multistep_with_block_map (its
-                        kernel also writes the map; the map's memset included)
-  cuDNN CL / cuDNN      F.conv2d fp16 on the spikes in channels_last (converted beforehand, not
-                        timed) / as the neuron writes them (NCHW)
-  ours+map              sparse_conv2d(backend="triton", block_map=map): packing + forward, host
-                        work included (eager)
-  ours+map graph        the same replayed as a CUDA graph (GPU time only)
-  ours prescan          sparse_conv2d(backend="triton") without the map (its own prescan)
-  conv ×                best cuDNN / (ours+map + (neuron+map − neuron)): the conv's speedup
-                        with what writing the map costs the neuron charged to it
-  pair ×                (neuron + cuDNN NCHW) / (neuron+map + ours+map), both eager: what a
-                        user of the two layers gets (cuDNN CL would add a layout conversion)
+                        kernel also writes the map; the map's memset included), graph
+  neuron CL             st_bif_multistep over the drive laid out [T, B, H, W, C], so that its
+                        spikes come out channels_last (cuDNN CL's input), graph
+  cuDNN CL              F.conv2d fp16 channels_last on the spikes (laid out beforehand), graph
+  ours+map              sparse_conv2d(backend="triton", block_map=map): packing + forward, graph
+  ours prescan          sparse_conv2d(backend="triton") without the map (its own prescan), graph
+  pair cuDNN CL         one graph: the neuron writing channels_last spikes (the same elementwise
+                        kernel over a [T, B, H, W, C] drive), then cuDNN CL on them
+  pair ours             one graph: the neuron writing spikes and the map, then ours+map
+  conv ×                (pair cuDNN CL − neuron CL) / (pair ours − neuron): what each conv adds
+                        to its pair's GPU time, the map's cost charged to ours
+  pair ×                pair cuDNN CL / pair ours
+  ours+map eager        ours+map called eagerly, host work included (host-bound on a slow CPU)
   zero blocks           fraction of the spikes' 8x8 blocks that are all zero
   rel err               ours+map against an fp32 F.conv2d of the same spikes
 
-Usage: PYTHONPATH=. python benchmarks/bench_st_bif_conv.py [--markdown FILE]
+Usage: PYTHONPATH=. python benchmarks/bench_st_bif_conv.py [--markdown FILE] [--pdl-ab]
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ import torch.nn.functional as F
 import triton
 
 from benchmarks.bench_sparse_conv import copy_bandwidth_gbs, graph_us, median_us, relative_error
+from kernels import dependent_launch
 from kernels.sparse_conv import sparse_conv2d
 from kernels.st_bif import level_bounds, st_bif_multistep, st_bif_multistep_with_block_map
 
@@ -43,10 +47,12 @@ SILENT_PLANES = (0.9, 0.5, 0.0)
 POS_MAX, NEG_MIN = level_bounds(8, sym=True)
 
 COLUMNS = [("zero blocks", "zero_blocks", "{:.3f}"), ("neuron", "neuron", "{:.1f}"),
-           ("neuron+map", "neuron_map", "{:.1f}"), ("cuDNN CL", "cudnn_cl", "{:.1f}"), ("cuDNN", "cudnn", "{:.1f}"),
-           ("ours+map", "ours_map", "{:.1f}"), ("ours+map graph", "ours_map_graph", "{:.1f}"),
-           ("ours prescan", "ours_prescan", "{:.1f}"), ("conv ×", "conv_speedup", "{:.2f}"),
-           ("pair ×", "pair_speedup", "{:.2f}"), ("rel err", "rel_error", "{:.1e}")]
+           ("neuron+map", "neuron_map", "{:.1f}"), ("neuron CL", "neuron_cl", "{:.1f}"),
+           ("cuDNN CL", "cudnn_cl", "{:.1f}"),
+           ("ours+map", "ours_map", "{:.1f}"), ("ours prescan", "ours_prescan", "{:.1f}"),
+           ("pair cuDNN CL", "pair_cudnn", "{:.1f}"), ("pair ours", "pair_ours", "{:.1f}"),
+           ("conv ×", "conv_speedup", "{:.2f}"), ("pair ×", "pair_speedup", "{:.2f}"),
+           ("ours+map eager", "ours_map_eager", "{:.1f}"), ("rel err", "rel_error", "{:.1e}")]
 
 
 def measure(silent: float, generator: torch.Generator) -> dict[str, float]:
@@ -54,33 +60,77 @@ def measure(silent: float, generator: torch.Generator) -> dict[str, float]:
     drive = torch.randn(shape, generator=generator, device="cuda") * 2.0
     drive *= (torch.rand((1, BATCH, CHANNELS, 1, 1), generator=generator, device="cuda") >= silent)
     drive = drive.half()
+    drive_hwc = drive.permute(0, 1, 3, 4, 2).contiguous()  # same neurons; the spikes come out channels_last
     weight = (torch.randn((CHANNELS, CHANNELS, 3, 3), generator=generator, device="cuda") / 34).half()
     weight_cl = weight.to(memory_format=torch.channels_last)
     with torch.no_grad():
         spikes_seq, block_map = st_bif_multistep_with_block_map(drive, 1.0, POS_MAX, NEG_MIN)
         x = spikes_seq.flatten(0, 1)
         x_cl = x.to(memory_format=torch.channels_last)
-        neuron = lambda: st_bif_multistep(drive, 1.0, POS_MAX, NEG_MIN)
-        neuron_map = lambda: st_bif_multistep_with_block_map(drive, 1.0, POS_MAX, NEG_MIN)
         ours_map = lambda: sparse_conv2d(x, weight, None, 1, 1, backend="triton", block_map=block_map)
+
+        def pair_cudnn() -> torch.Tensor:
+            spikes_cl = st_bif_multistep(drive_hwc, 1.0, POS_MAX, NEG_MIN).flatten(0, 1).permute(0, 3, 1, 2)
+            return F.conv2d(spikes_cl, weight_cl, None, 1, 1)
+
+        def pair_ours() -> torch.Tensor:
+            spikes, spikes_map = st_bif_multistep_with_block_map(drive, 1.0, POS_MAX, NEG_MIN)
+            return sparse_conv2d(spikes.flatten(0, 1), weight, None, 1, 1, backend="triton", block_map=spikes_map)
+
+        reference = F.conv2d(x.float(), weight.float(), None, 1, 1)
+        if relative_error(pair_cudnn(), reference) > 1e-2:
+            raise RuntimeError("the channels_last pair computes a different conv: the benchmark is broken")
         row = {
             "zero_blocks": 1.0 - block_map.float().mean().item(),
-            "neuron": median_us(neuron), "neuron_map": median_us(neuron_map),
-            "cudnn_cl": median_us(lambda: F.conv2d(x_cl, weight_cl, None, 1, 1)),
-            "cudnn": median_us(lambda: F.conv2d(x, weight, None, 1, 1)),
-            "ours_map": median_us(ours_map), "ours_map_graph": graph_us(ours_map),
-            "ours_prescan": median_us(lambda: sparse_conv2d(x, weight, None, 1, 1, backend="triton")),
-            "rel_error": relative_error(ours_map(), F.conv2d(x.float(), weight.float(), None, 1, 1)),
+            "neuron": graph_us(lambda: st_bif_multistep(drive, 1.0, POS_MAX, NEG_MIN)),
+            "neuron_map": graph_us(lambda: st_bif_multistep_with_block_map(drive, 1.0, POS_MAX, NEG_MIN)),
+            "neuron_cl": graph_us(lambda: st_bif_multistep(drive_hwc, 1.0, POS_MAX, NEG_MIN)),
+            "cudnn_cl": graph_us(lambda: F.conv2d(x_cl, weight_cl, None, 1, 1)),
+            "ours_map": graph_us(ours_map),
+            "ours_prescan": graph_us(lambda: sparse_conv2d(x, weight, None, 1, 1, backend="triton")),
+            "pair_cudnn": graph_us(pair_cudnn), "pair_ours": graph_us(pair_ours),
+            "ours_map_eager": median_us(ours_map),
+            "rel_error": max(relative_error(ours_map(), reference), relative_error(pair_ours(), reference)),
         }
-    map_cost = max(row["neuron_map"] - row["neuron"], 0.0)
-    row["conv_speedup"] = min(row["cudnn_cl"], row["cudnn"]) / (row["ours_map"] + map_cost)
-    row["pair_speedup"] = (row["neuron"] + row["cudnn"]) / (row["neuron_map"] + row["ours_map"])
+    row["conv_speedup"] = (row["pair_cudnn"] - row["neuron_cl"]) / (row["pair_ours"] - row["neuron"])
+    row["pair_speedup"] = row["pair_cudnn"] / row["pair_ours"]
     return row
+
+
+def dependent_launch_ab(generator: torch.Generator, repeats: int = 3) -> list[str]:
+    """Graph µs of the conv at 90% silent planes with dependent launches off and on, alternating."""
+    drive = torch.randn((STEPS, BATCH, CHANNELS, SIZE, SIZE), generator=generator, device="cuda") * 2.0
+    drive = (drive * (torch.rand((1, BATCH, CHANNELS, 1, 1), generator=generator, device="cuda") >= 0.9)).half()
+    weight = (torch.randn((CHANNELS, CHANNELS, 3, 3), generator=generator, device="cuda") / 34).half()
+    lines = ["", "Dependent launches (kernels/dependent_launch.py) off and on, 90% silent planes, graph µs:", "",
+             "| PDL | ours+map | ours prescan | pair ours |", "|---|---|---|---|"]
+    with torch.no_grad():
+        spikes, block_map = st_bif_multistep_with_block_map(drive, 1.0, POS_MAX, NEG_MIN)
+        x = spikes.flatten(0, 1)
+
+        def pair_ours() -> torch.Tensor:
+            out, out_map = st_bif_multistep_with_block_map(drive, 1.0, POS_MAX, NEG_MIN)
+            return sparse_conv2d(out.flatten(0, 1), weight, None, 1, 1, backend="triton", block_map=out_map)
+
+        previous = dependent_launch.set_enabled(True)
+        try:
+            for _ in range(repeats):
+                for enabled in (False, True):
+                    dependent_launch.set_enabled(enabled)
+                    cells = [graph_us(lambda: sparse_conv2d(x, weight, None, 1, 1, backend="triton", block_map=block_map)),
+                             graph_us(lambda: sparse_conv2d(x, weight, None, 1, 1, backend="triton")),
+                             graph_us(pair_ours)]
+                    lines.append(f"| {'on' if enabled else 'off'} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+                    print(lines[-1], flush=True)
+        finally:
+            dependent_launch.set_enabled(previous)
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", help="also write the table here")
+    parser.add_argument("--pdl-ab", action="store_true", help="also time dependent launches off against on")
     args = parser.parse_args()
     header = (f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | "
               f"cuDNN {torch.backends.cudnn.version()} | {datetime.date.today()} | "
@@ -93,6 +143,8 @@ def main() -> None:
         row = measure(silent, generator)
         lines.append(f"| {silent:.0%} | " + " | ".join(fmt.format(row[key]) for _, key, fmt in COLUMNS) + " |")
         print(lines[-1], flush=True)
+    if args.pdl_ab:
+        lines += dependent_launch_ab(generator)
     if args.markdown:
         with open(args.markdown, "w") as file:
             file.write("\n".join(lines) + "\n")

@@ -29,7 +29,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from kernels.dependent_launch import use_pdl
 from kernels.sparse_conv.geometry import ConvGeometry, cdiv, next_pow2
 
 KC = 16  # channels per K chunk: one tl.dot's K, and the packed layout's innermost extent
@@ -42,10 +44,13 @@ def _pack_kernel(
     channels, height, width, blocks_per_plane, sx_n, sx_c, sx_h, sx_w,
     out_channels, weight_numel, sw_o, sw_i, sw_h, sw_w,
     C_PAD: tl.constexpr, BLOCK_PIX: tl.constexpr, KC: tl.constexpr, BLOCK_B: tl.constexpr,
-    PLANAR: tl.constexpr, KW: tl.constexpr, BLOCK_W: tl.constexpr,
+    PLANAR: tl.constexpr, KW: tl.constexpr, BLOCK_W: tl.constexpr, PDL: tl.constexpr,
 ):
     pix_block = tl.program_id(0)
     n = tl.program_id(1)
+    if PDL:  # launched dependently (kernels/dependent_launch.py): wait for x and the map, let the forward launch
+        gdc_wait()
+        gdc_launch_dependents()
     # The weight's copy laid out [KH, KW, C_in, C_out], BLOCK_W elements at a time, the programs
     # taking turns: done here rather than by a copy kernel of its own, which cost a launch (GPU
     # and host) per call.
@@ -125,6 +130,7 @@ def _packed_fwd_kernel(
     sy_n, sy_c, sy_h, sy_w, sw_o, sw_i, sw_h, sw_w, pad_h, pad_w, dil_h, dil_w,
     KH: tl.constexpr, KW: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr, KC: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     co_block = tl.program_id(0)
     tile = tl.program_id(1)
@@ -135,6 +141,8 @@ def _packed_fwd_kernel(
     ow = (tile % tiles_w) * TILE_W + offs_p % TILE_W
     offs_co = co_block * BLOCK_N + tl.arange(0, BLOCK_N)
     co_ok = offs_co < out_channels
+    if PDL:  # launched while the packing ends: wait for its writes before the first load
+        gdc_wait()
     count = tl.load(count_ptr + n)
     sample = packed_ptr + n.to(tl.int64) * tl.cdiv(in_channels, KC) * (height * width * KC)
     index_row = index_ptr + n * in_channels
@@ -177,13 +185,15 @@ def pack_active_channels(
     blocks_per_plane = blocks.shape[1] * blocks.shape[2]
     block_pixels = min(block_pixels, next_pow2(plane))
     grid = (cdiv(plane, block_pixels), batch)
+    pdl = use_pdl(x)
     _pack_kernel[grid](
         x, blocks, packed, index, count, weight, weight_rows,
         channels, height, width, blocks_per_plane, *x.stride(),
         out_channels, weight.numel(), *weight.stride(),
         C_PAD=next_pow2(channels), BLOCK_PIX=block_pixels, KC=KC, BLOCK_B=min(16, next_pow2(blocks_per_plane)),
         PLANAR=x.stride(3) == 1 and x.stride(2) == width, KW=kernel_w,
-        BLOCK_W=min(WEIGHT_COPY_BLOCK, next_pow2(cdiv(weight.numel(), grid[0] * grid[1]))), num_warps=num_warps,
+        BLOCK_W=min(WEIGHT_COPY_BLOCK, next_pow2(cdiv(weight.numel(), grid[0] * grid[1]))), PDL=pdl,
+        num_warps=num_warps, launch_pdl=pdl,
     )
     return packed, index, count, weight_rows.permute(3, 2, 0, 1)
 
@@ -197,12 +207,13 @@ def packed_conv_fwd(
     memory and `geometry` carries the output tiles."""
     rows, cols = geometry.rows, geometry.cols
     grid = (cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)
+    pdl = use_pdl(y)
     _packed_fwd_kernel[grid](
         packed, weight, bias if bias is not None else weight, y, index, count,
         geometry.in_channels, rows.size, cols.size, geometry.out_channels, rows.out_size, cols.out_size, cols.tiles,
         *y.stride(), *weight.stride(), rows.padding, cols.padding, rows.dilation, cols.dilation,
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile, KC=KC,
         BLOCK_N=block_n, NUM_STAGES=num_stages, HAS_BIAS=bias is not None, DOT_DTYPE=dot_dtype,
-        num_warps=num_warps,
+        PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
     )
     return y

@@ -21,7 +21,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from kernels.dependent_launch import use_pdl
 from kernels.sparse_conv.geometry import BLOCK, ConvGeometry, cdiv, next_pow2
 
 BLOCK_MAP_ELEMENTS = 8192  # x elements one block-map program loads (16 KB in fp16); H100 sweep, RESULTS.md
@@ -33,8 +35,11 @@ def _block_activity_kernel(
     x_ptr, blocks_ptr,
     channels, height, width, block_rows, block_cols,
     stride_n, stride_c, stride_h, stride_w,
-    BLOCK_C: tl.constexpr, BLOCK: tl.constexpr, WIDTH: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK: tl.constexpr, WIDTH: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # kernels/dependent_launch.py: wait for x's writer, then let the packing launch
+        gdc_wait()
+        gdc_launch_dependents()
     # Samples vary slowest, so x is read front to back, in long runs.
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     block_r = tl.program_id(1)
@@ -152,9 +157,10 @@ def block_activity(x: torch.Tensor, elements: int = BLOCK_MAP_ELEMENTS, num_warp
     blocks = torch.empty((batch, block_rows, block_cols, channels), device=x.device, dtype=torch.int8)
     padded_width = next_pow2(block_cols * BLOCK)
     block_c = max(1, min(elements // (BLOCK * padded_width), next_pow2(channels)))
+    pdl = use_pdl(x)
     _block_activity_kernel[(cdiv(channels, block_c), block_rows, batch)](
         x, blocks, channels, height, width, block_rows, block_cols, *x.stride(),
-        BLOCK_C=block_c, BLOCK=BLOCK, WIDTH=padded_width, num_warps=num_warps,
+        BLOCK_C=block_c, BLOCK=BLOCK, WIDTH=padded_width, PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
     )
     return blocks
 

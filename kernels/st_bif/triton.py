@@ -23,6 +23,9 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from kernels.dependent_launch import use_pdl
 
 from .surrogates import get_surrogate
 
@@ -78,7 +81,11 @@ def _st_bif_fwd_kernel(
     CHANNELS: tl.constexpr,
     HEIGHT: tl.constexpr,
     WIDTH: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # kernels/dependent_launch.py: wait for x's writer, then let the conv's packing launch
+        gdc_wait()
+        gdc_launch_dependents()
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_neurons
     theta = tl.load(theta_ptr).to(tl.float32)
@@ -293,12 +300,13 @@ def st_bif_fwd(
     with _device_guard(x_seq):
         # Map variants are compiled per plane shape (a few per network); others share one.
         channels, height, width = x_seq.shape[2:] if block_map is not None else (1, 1, 1)
+        pdl = block_map is not None and use_pdl(x_seq)  # the map's reader, the conv, follows
         _st_bif_fwd_kernel[(triton.cdiv(n, block),)](
             x2d, out, q_final, acc_final, q_threshold, block_map,
             n, x2d.stride(0), x2d.stride(1), pos_max, neg_min,
             T=num_steps, CHUNK=_chunk(num_steps), BLOCK=block, WRITE_STATE=with_state,
             WRITE_MAP=block_map is not None, MAP_BLOCK=MAP_BLOCK, CHANNELS=channels, HEIGHT=height, WIDTH=width,
-            num_warps=num_warps,
+            PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
         )  # fmt: skip
     return out, q_final, acc_final
 

@@ -1,0 +1,40 @@
+"""Programmatic dependent launch (PDL, Hopper and later) for kernels that run back to back.
+
+A kernel launched with `launch_pdl=True` may start while the kernel before it in the stream is
+still finishing: its programs become resident and run up to `gdc_wait()`, which returns once the
+earlier kernel has completed and its writes are visible. So such a kernel must call `gdc_wait()`
+before it touches global memory at all, reads or writes (a fresh buffer may reuse memory the
+earlier kernel still uses). A kernel calls `gdc_launch_dependents()` to let the next one start
+launching before it ends; without the call that happens as its programs exit.
+
+Both calls sit behind a constexpr `PDL` flag in the kernels: Triton's CPU interpreter (CI) and
+GPUs before sm_90 compile them out.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+_enabled = os.environ.get("ASO_SE_PDL", "1") != "0"
+
+
+def set_enabled(enabled: bool) -> bool:
+    """Turns dependent launches on or off for later calls (for A/B timing in benchmarks); returns
+    the previous setting."""
+    global _enabled
+    previous, _enabled = _enabled, enabled
+    return previous
+
+
+@functools.lru_cache(maxsize=16)
+def _device_supports(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def use_pdl(x: torch.Tensor) -> bool:
+    """True when kernels on x's device launch dependently: a CUDA device of sm_90 or later, and
+    not turned off (`ASO_SE_PDL=0` or `set_enabled(False)`)."""
+    return _enabled and x.is_cuda and _device_supports(x.device.index if x.device.index is not None
+                                                         else torch.cuda.current_device())
