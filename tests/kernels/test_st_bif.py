@@ -68,6 +68,26 @@ def test_triton_final_states_match_reference(shape, dtype):
     assert torch.equal(acc, ref_acc)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # 0 / 0 and inf - inf, on purpose
+@pytest.mark.parametrize("theta", [0.7, 0.0, float("inf")])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_zero_drive_matches_reference(dtype, theta):
+    """Exact zeros (and -0.0) in the drive skip the division in the kernel (its slow path): the
+    result must still be x / θ's, also where θ makes 0 / θ NaN."""
+    gen = torch.Generator().manual_seed(3)
+    x_seq = torch.randn((5, 3, 41), generator=gen) * 1.5
+    x_seq[torch.rand(x_seq.shape, generator=gen) < 0.6] = 0.0
+    x_seq[:, 0, :7] = -0.0
+    x_seq = x_seq.to(dtype)
+    out, q, acc = st_bif_fwd(x_seq, torch.tensor(theta), POS_MAX, NEG_MIN, with_state=True)
+    ref_out, ref_q, ref_acc = st_bif_reference(x_seq, torch.tensor(theta), POS_MAX, NEG_MIN, SURROGATES["sigmoid"])
+    assert (x_seq == 0).float().mean() > 0.5
+    for got, want in ((out, ref_out), (q, ref_q), (acc, ref_acc)):
+        torch.testing.assert_close(got, want, rtol=OUT_TOL[dtype], atol=0, equal_nan=True)
+    if theta == 0.7:
+        assert (ref_out != 0).any()
+
+
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_triton_bounds_are_hit(sign):
     gen = torch.Generator().manual_seed(9)
