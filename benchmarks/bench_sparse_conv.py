@@ -130,7 +130,7 @@ def stage2(x: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry,
     packed forward's packing makes them: included)."""
     blocks = block_activity(x)
     if geometry.is_depthwise:
-        tiled, active = depthwise_activity(blocks, geometry, config)
+        tiled, active = depthwise_activity(x, blocks, geometry, config)
         return lambda: sparse_depthwise_fwd(x, weight, None, tiled, active, config)
     lists = forward_lists(x, blocks, geometry, config)
     return lambda: sparse_conv_fwd(x, weight, None, lists, config)
@@ -266,7 +266,8 @@ PACKED_SWEEP = [(128, 128, 4, 4)] + [
 ACTIVE_PACK_SWEEP = [(512, 2)] + [c for c in itertools.product((256, 512, 1024), (2, 4, 8)) if c != (512, 2)]
 PRESCAN_SWEEP = list(itertools.product((4096, 8192, 16384, 32768), (4, 8)))  # (elements per program, warps)
 PACK_SWEEP = [(128, 32), (256, 16), (64, 64), (512, 8)]  # (pack_pixels, pack_slots); the first is the default
-DEPTHWISE_SWEEP = [(32, 4), (64, 8), (16, 2), (32, 1)]  # (block_c channels_last, block_c NCHW); first: default
+# (block_c, pixels) channels_last, (block_c, pixels) NCHW; the first is the default
+DEPTHWISE_SWEEP = [(32, 128, 1, 1024), (16, 256, 2, 1024), (32, 128, 4, 128), (64, 128, 1, 512)]
 
 
 def sweep(generator: torch.Generator) -> None:
@@ -308,12 +309,14 @@ def sweep(generator: torch.Generator) -> None:
               f"{config.forward_block_n}/{config.forward_num_warps}/{stages}: {times}", flush=True)
     depthwise_w = torch.randn((CHANNELS, 1, 3, 3), device="cuda").half()
     depthwise_geometry = conv_geometry(silent, depthwise_w, [1, 1], [1, 1], [1, 1], CHANNELS)
-    for block_c, planar_block_c in DEPTHWISE_SWEEP:
-        config = replace(DEFAULT_CONFIG, depthwise_block_c=block_c, depthwise_planar_block_c=planar_block_c)
+    for block_c, pixels, planar_block_c, planar_pixels in DEPTHWISE_SWEEP:
+        config = replace(DEFAULT_CONFIG, depthwise_block_c=block_c, depthwise_pixels=pixels,
+                         depthwise_planar_block_c=planar_block_c, depthwise_planar_pixels=planar_pixels)
         times = ", ".join(
-            f"{name} {guarded(name, lambda: median_us(stage2(x_, depthwise_w, depthwise_geometry, config))):.1f}"
+            f"{name} {guarded(name, lambda: graph_us(stage2(x_, depthwise_w, depthwise_geometry, config))):.1f}"
             for name, x_ in inputs.items())
-        print(f"dw3x3 block_c CL={block_c} NCHW={planar_block_c}: {times}", flush=True)
+        print(f"dw3x3 (graph) CL block_c={block_c} pixels={pixels}, NCHW block_c={planar_block_c} "
+              f"pixels={planar_pixels}: {times}", flush=True)
     x_cl = inputs["90% silent planes, CL"]
     # the channels_last planes that the forward reading x in place packs (the packed forward has its own)
     lists = forward_lists(x_cl, block_activity(x_cl), geometry, replace(DEFAULT_CONFIG, packed=False))

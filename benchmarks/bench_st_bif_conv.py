@@ -1,10 +1,10 @@
-"""ST-BIF neuron → conv3x3, on one GPU: the sparse conv with the block map the neuron kernel
-writes (no prescan) against cuDNN, and the whole neuron + conv pair.
+"""ST-BIF neuron → conv3x3 and depthwise 3x3, on one GPU: the sparse conv with the block map the
+neuron kernel writes (no prescan) against cuDNN, and the whole neuron + conv pair.
 
 The neuron makes the spikes: a drive [T=4, B=64, 128, 32, 32] (fp16) whose silent planes (a
 fraction of the (sample, channel) pairs, for all steps) are 0, so those neurons never fire;
-the others get N(0, 2²) and fire at most steps. The conv is 3x3, 128 -> 128, padding 1, on the
-spikes flattened to [256, 128, 32, 32] (issue 4's shape).
+the others get N(0, 2²) and fire at most steps. The conv is 3x3, 128 -> 128, padding 1 (dense,
+and depthwise: groups=128), on the spikes flattened to [256, 128, 32, 32] (issue 4's shape).
 
 Columns, µs, median of triton.testing.do_bench (L2 cleared before every call). "graph" is GPU
 time: the calls captured in one CUDA graph and replayed, so host work is not counted.
@@ -55,29 +55,31 @@ COLUMNS = [("zero blocks", "zero_blocks", "{:.3f}"), ("neuron", "neuron", "{:.1f
            ("ours+map eager", "ours_map_eager", "{:.1f}"), ("rel err", "rel_error", "{:.1e}")]
 
 
-def measure(silent: float, generator: torch.Generator) -> dict[str, float]:
+def measure(silent: float, generator: torch.Generator, groups: int = 1) -> dict[str, float]:
     shape = (STEPS, BATCH, CHANNELS, SIZE, SIZE)
     drive = torch.randn(shape, generator=generator, device="cuda") * 2.0
     drive *= (torch.rand((1, BATCH, CHANNELS, 1, 1), generator=generator, device="cuda") >= silent)
     drive = drive.half()
     drive_hwc = drive.permute(0, 1, 3, 4, 2).contiguous()  # same neurons; the spikes come out channels_last
-    weight = (torch.randn((CHANNELS, CHANNELS, 3, 3), generator=generator, device="cuda") / 34).half()
+    fan_in = CHANNELS // groups * 9
+    weight = (torch.randn((CHANNELS, CHANNELS // groups, 3, 3), generator=generator, device="cuda") / fan_in**0.5).half()
     weight_cl = weight.to(memory_format=torch.channels_last)
     with torch.no_grad():
         spikes_seq, block_map = st_bif_multistep_with_block_map(drive, 1.0, POS_MAX, NEG_MIN)
         x = spikes_seq.flatten(0, 1)
         x_cl = x.to(memory_format=torch.channels_last)
-        ours_map = lambda: sparse_conv2d(x, weight, None, 1, 1, backend="triton", block_map=block_map)
+        ours_map = lambda: sparse_conv2d(x, weight, None, 1, 1, 1, groups, backend="triton", block_map=block_map)
 
         def pair_cudnn() -> torch.Tensor:
             spikes_cl = st_bif_multistep(drive_hwc, 1.0, POS_MAX, NEG_MIN).flatten(0, 1).permute(0, 3, 1, 2)
-            return F.conv2d(spikes_cl, weight_cl, None, 1, 1)
+            return F.conv2d(spikes_cl, weight_cl, None, 1, 1, 1, groups)
 
         def pair_ours() -> torch.Tensor:
             spikes, spikes_map = st_bif_multistep_with_block_map(drive, 1.0, POS_MAX, NEG_MIN)
-            return sparse_conv2d(spikes.flatten(0, 1), weight, None, 1, 1, backend="triton", block_map=spikes_map)
+            return sparse_conv2d(spikes.flatten(0, 1), weight, None, 1, 1, 1, groups, backend="triton",
+                                 block_map=spikes_map)
 
-        reference = F.conv2d(x.float(), weight.float(), None, 1, 1)
+        reference = F.conv2d(x.float(), weight.float(), None, 1, 1, 1, groups)
         if relative_error(pair_cudnn(), reference) > 1e-2:
             raise RuntimeError("the channels_last pair computes a different conv: the benchmark is broken")
         row = {
@@ -85,9 +87,9 @@ def measure(silent: float, generator: torch.Generator) -> dict[str, float]:
             "neuron": graph_us(lambda: st_bif_multistep(drive, 1.0, POS_MAX, NEG_MIN)),
             "neuron_map": graph_us(lambda: st_bif_multistep_with_block_map(drive, 1.0, POS_MAX, NEG_MIN)),
             "neuron_cl": graph_us(lambda: st_bif_multistep(drive_hwc, 1.0, POS_MAX, NEG_MIN)),
-            "cudnn_cl": graph_us(lambda: F.conv2d(x_cl, weight_cl, None, 1, 1)),
+            "cudnn_cl": graph_us(lambda: F.conv2d(x_cl, weight_cl, None, 1, 1, 1, groups)),
             "ours_map": graph_us(ours_map),
-            "ours_prescan": graph_us(lambda: sparse_conv2d(x, weight, None, 1, 1, backend="triton")),
+            "ours_prescan": graph_us(lambda: sparse_conv2d(x, weight, None, 1, 1, 1, groups, backend="triton")),
             "pair_cudnn": graph_us(pair_cudnn), "pair_ours": graph_us(pair_ours),
             "ours_map_eager": median_us(ours_map),
             "rel_error": max(relative_error(ours_map(), reference), relative_error(pair_ours(), reference)),
@@ -135,14 +137,15 @@ def main() -> None:
     header = (f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | "
               f"cuDNN {torch.backends.cudnn.version()} | {datetime.date.today()} | "
               f"copy {copy_bandwidth_gbs():.0f} GB/s | `python {' '.join(sys.argv)}`")
-    lines = [header, "", "| silent planes | " + " | ".join(name for name, _, _ in COLUMNS) + " |",
-             "|---|" + "---|" * len(COLUMNS)]
+    lines = [header, "", "| conv | silent planes | " + " | ".join(name for name, _, _ in COLUMNS) + " |",
+             "|---|---|" + "---|" * len(COLUMNS)]
     print("\n".join(lines), flush=True)
     generator = torch.Generator("cuda").manual_seed(0)
-    for silent in SILENT_PLANES:
-        row = measure(silent, generator)
-        lines.append(f"| {silent:.0%} | " + " | ".join(fmt.format(row[key]) for _, key, fmt in COLUMNS) + " |")
-        print(lines[-1], flush=True)
+    for conv, groups in (("conv3x3", 1), ("dw3x3", CHANNELS)):
+        for silent in SILENT_PLANES:
+            row = measure(silent, generator, groups)
+            lines.append(f"| {conv} | {silent:.0%} | " + " | ".join(fmt.format(row[key]) for _, key, fmt in COLUMNS) + " |")
+            print(lines[-1], flush=True)
     if args.pdl_ab:
         lines += dependent_launch_ab(generator)
     if args.markdown:

@@ -41,7 +41,7 @@ def sparse_conv2d_forward(
     if blocks is None:
         blocks = block_activity(x)
     if geometry.is_depthwise:
-        y = sparse_depthwise_fwd(x, weight, bias, *depthwise_activity(blocks, geometry))
+        y = sparse_depthwise_fwd(x, weight, bias, *depthwise_activity(x, blocks, geometry))
     else:
         y = sparse_conv_fwd(x, weight, bias, forward_lists(x, blocks, geometry))
     return y, blocks

@@ -17,8 +17,9 @@ dense calls take `packed.py`'s forward instead of `_sparse_conv_fwd_kernel`
       [N, slots, H, W] buffer (one gathered pass over the active channels instead of one per
       tap), and the forward reads that buffer with its list. Weights are re-laid out per call to
       [KH, KW, C_in, C_out] in memory: gathering a channel's row gives a contiguous C_out vector.
-  `_sparse_depthwise_fwd_kernel`  depthwise, over the same row-band tiles: a program (BLOCK_C
-      channels x one tile) whose channels are all silent there writes the bias, reading nothing.
+  `_sparse_depthwise_fwd_kernel`  depthwise, over row-band tiles of its own size: a program
+      (BLOCK_C channels x one tile) whose channels are all silent there writes the bias, reading
+      nothing; in planar layouts each silent channel of a program is skipped as well.
 Weight gradients (input sparsity, a split reduction over (sample, 8x8 tile), no atomics):
   `_sparse_conv_wgrad_kernel`, `_sparse_depthwise_wgrad_kernel`.
 Loops with a run-time bound are `while` loops (Triton 3.6's interpreter fails on range() with a
@@ -54,7 +55,11 @@ class KernelConfig:
     pack_pixels: int = 128  # pixels x slots per program of the channels_last packing
     pack_slots: int = 32
     depthwise_block_c: int = 32  # channels per depthwise program, channels_last
-    depthwise_planar_block_c: int = 4  # the same, NCHW
+    depthwise_pixels: int = 128  # output pixels per depthwise program (row bands), channels_last
+    # NCHW: one channel per program and whole 32x32 planes, so a silent plane is one program that
+    # only writes the bias (H100 sweep, RESULTS.md seventh run: 45-52 against 80-83 µs for 4 x 128)
+    depthwise_planar_block_c: int = 1
+    depthwise_planar_pixels: int = 1024
     depthwise_num_warps: int = 4
     wgrad_rows: int = 128  # rows of the weight-gradient tile: (tap, channel) pairs
     wgrad_block_n: int = 128
@@ -210,8 +215,12 @@ def channels_innermost(x: torch.Tensor) -> bool:
 def forward_tile(out_h: int, out_w: int, config: KernelConfig = DEFAULT_CONFIG) -> tuple[int, int]:
     """Output tile of a forward program: whole rows (up to config.forward_pixels pixels) where
     they fit, at least 16 pixels (tl.dot's minimum M)."""
-    tile_w = min(max(next_pow2(out_w), 8), config.forward_pixels)
-    tile_h = max(1, min(config.forward_pixels // tile_w, next_pow2(out_h)), 16 // tile_w)
+    return _row_band_tile(out_h, out_w, config.forward_pixels)
+
+
+def _row_band_tile(out_h: int, out_w: int, pixels: int) -> tuple[int, int]:
+    tile_w = min(max(next_pow2(out_w), 8), pixels)
+    tile_h = max(1, min(pixels // tile_w, next_pow2(out_h)), 16 // tile_w)
     return tile_h, tile_w
 
 
@@ -326,11 +335,13 @@ def _sparse_depthwise_fwd_kernel(
     sx_n, sx_c, sx_h, sx_w, sy_n, sy_c, sy_h, sy_w,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     KH: tl.constexpr, KW: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
-    BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr, SKIP_SILENT: tl.constexpr,
 ):
     # A program whose channels are all silent over its tile's window writes the bias and reads no
-    # input. Otherwise its loads are masked by the image bounds only (a silent channel reads as the
-    # zeros it is), which keeps them vectorizable along channels in channels_last.
+    # input. Otherwise, with SKIP_SILENT (planar layouts: pixels contiguous) each channel's loads
+    # are also masked by its own flag, so silent planes are not read; in channels_last the loads
+    # are masked by the image bounds only (a silent channel reads as the zeros it is), which keeps
+    # them vectorizable along channels.
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     tile = tl.program_id(1)
     n = tl.program_id(2)
@@ -342,6 +353,7 @@ def _sparse_depthwise_fwd_kernel(
     ow = (tile % tiles_w) * TILE_W + offs_m % TILE_W
     pix_ok = (oh < out_h) & (ow < out_w)
     x_base = x_ptr + n.to(tl.int64) * sx_n + offs_c[None, :] * sx_c
+    read_c = c_ok & (flags != 0) if SKIP_SILENT else c_ok
     acc = tl.zeros((TILE_H * TILE_W, BLOCK_C), tl.float32)
     if tl.max(flags.to(tl.int32), axis=0) > 0:
         for kh in tl.static_range(KH):
@@ -349,22 +361,31 @@ def _sparse_depthwise_fwd_kernel(
             row_ok = pix_ok & (ih >= 0) & (ih < height)
             for kw in tl.static_range(KW):
                 iw = ow * stride_w - pad_w + kw * dil_w
-                ok = (row_ok & (iw >= 0) & (iw < width))[:, None] & c_ok[None, :]
+                ok = (row_ok & (iw >= 0) & (iw < width))[:, None] & read_c[None, :]
                 xv = tl.load(x_base + (ih * sx_h + iw * sx_w)[:, None], mask=ok, other=0.0)
                 wv = tl.load(w_ptr + offs_c * (KH * KW) + kh * KW + kw, mask=c_ok, other=0.0)
                 acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
     y_ptrs = y_ptr + n.to(tl.int64) * sy_n + offs_c[None, :] * sy_c + (oh * sy_h + ow * sy_w)[:, None]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=pix_ok[:, None] & c_ok[None, :])
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=pix_ok[:, None] & c_ok[None, :],
+             eviction_policy="evict_first")
 
 
-def depthwise_activity(blocks: torch.Tensor, geometry: ConvGeometry,
+def depthwise_activity(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry,
                        config: KernelConfig = DEFAULT_CONFIG) -> tuple[ConvGeometry, torch.Tensor]:
-    """The depthwise forward's tiling (the dense forward's row bands) and its `active` flags
-    [N, tiles, C]."""
-    tiled = forward_geometry(geometry, config)
+    """The depthwise forward's tiling of x (row bands, their size by x's layout) and its `active`
+    flags [N, tiles, C]."""
+    tiled = depthwise_geometry(geometry, not channels_innermost(x), config)
     return tiled, tile_activity(blocks, tiled)[0]
+
+
+@functools.lru_cache(maxsize=4096)
+def depthwise_geometry(geometry: ConvGeometry, planar: bool, config: KernelConfig = DEFAULT_CONFIG) -> ConvGeometry:
+    """`geometry` with the depthwise forward's output tiles: row bands of up to
+    config.depthwise_planar_pixels (planar input) or config.depthwise_pixels (channels_last)."""
+    pixels = config.depthwise_planar_pixels if planar else config.depthwise_pixels
+    return geometry.retiled(_row_band_tile(geometry.rows.out_size, geometry.cols.out_size, pixels))
 
 
 def _depthwise_block_c(x: torch.Tensor, config: KernelConfig) -> int:
@@ -390,7 +411,8 @@ def sparse_depthwise_fwd(
         geometry.in_channels, rows.size, cols.size, rows.out_size, cols.out_size, cols.tiles,
         *x.stride(), *y.stride(), *_conv_args(geometry),
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
-        BLOCK_C=block_c, HAS_BIAS=bias is not None, num_warps=config.depthwise_num_warps,
+        BLOCK_C=block_c, HAS_BIAS=bias is not None, SKIP_SILENT=not channels_innermost(x),
+        num_warps=config.depthwise_num_warps,
     )
     return y
 
@@ -565,7 +587,9 @@ def work_fractions(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry
     wgrad_chunk = _wgrad_chunk(geometry, config)
     wgrad = _any_per_chunk(tile_activity(blocks, geometry)[0], wgrad_chunk)
     if geometry.is_depthwise:
-        forward = _any_per_chunk(depthwise_activity(blocks, geometry, config)[1], _depthwise_block_c(x, config))
+        # Planar: each silent channel is skipped (SKIP_SILENT); channels_last: whole programs only.
+        chunk = _depthwise_block_c(x, config) if channels_innermost(x) else 1
+        forward = _any_per_chunk(depthwise_activity(x, blocks, geometry, config)[1], chunk)
     else:
         count = forward_counts(x, forward_lists(x, blocks, geometry, config))
         block_k = config.forward_block_k

@@ -117,6 +117,28 @@ def test_half_precision(kind, dtype):
     assert_matches_conv2d(x, weight, bias, 2, 1, 1, groups)
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("pixels,block_c", [(16, 4), (64, 2), (1024, 4)])
+def test_depthwise_tiles_and_silent_channels_within_a_program(pixels, block_c, channels_last):
+    """Depthwise programs of several tile sizes whose channels are partly silent, per plane and per
+    tile (a planar program skips each silent channel's loads), against F.conv2d."""
+    from dataclasses import replace
+    generator = torch.Generator().manual_seed(pixels + block_c)
+    x = torch.randn((3, 8, 21, 19), generator=generator)
+    x *= (torch.rand((3, 8, 1, 1), generator=generator) > 0.5)  # silent planes
+    x[:, 1, :12] = 0.0  # a channel silent in the top tiles only
+    x = layout(x, channels_last)
+    weight = torch.randn((8, 1, 3, 3), generator=generator)
+    bias = torch.randn(8, generator=generator)
+    config = replace(sparse_triton.DEFAULT_CONFIG, depthwise_pixels=pixels, depthwise_planar_pixels=pixels,
+                     depthwise_planar_block_c=block_c, depthwise_block_c=block_c)
+    geometry = conv_geometry(x, weight, [1, 1], [2, 2], [2, 2], 8)
+    tiled, active = sparse_triton.depthwise_activity(x, sparse_prescan.block_activity(x), geometry, config)
+    assert tiled.rows.tile * tiled.cols.tile == min(pixels, 32 * 32) or tiled.tiles == 1
+    got = sparse_triton.sparse_depthwise_fwd(x, weight, bias, tiled, active, config)
+    torch.testing.assert_close(got, F.conv2d(x, weight, bias, 1, 2, 2, 8), rtol=1e-5, atol=1e-5)
+
+
 def test_flattened_multistep_input_and_strided_view():
     """[T, B, C, H, W] flattened to [T*B, ...], then a non-contiguous slice (FactorizedReduce)."""
     generator = torch.Generator().manual_seed(11)
