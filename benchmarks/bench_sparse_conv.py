@@ -267,7 +267,7 @@ ACTIVE_PACK_SWEEP = [(512, 2)] + [c for c in itertools.product((256, 512, 1024),
 PRESCAN_SWEEP = list(itertools.product((4096, 8192, 16384, 32768), (4, 8)))  # (elements per program, warps)
 PACK_SWEEP = [(128, 32), (256, 16), (64, 64), (512, 8)]  # (pack_pixels, pack_slots); the first is the default
 # (block_c, pixels) channels_last, (block_c, pixels) NCHW; the first is the default
-DEPTHWISE_SWEEP = [(32, 128, 1, 1024), (16, 256, 2, 1024), (32, 128, 4, 128), (64, 128, 1, 512)]
+DEPTHWISE_SWEEP = [(32, 128, 1, 1024), (16, 256, 2, 1024), (32, 128, 4, 128), (64, 128, 1, 512)]  # NCHW block_c: the fewest
 
 
 def sweep(generator: torch.Generator) -> None:

@@ -56,9 +56,10 @@ class KernelConfig:
     pack_slots: int = 32
     depthwise_block_c: int = 32  # channels per depthwise program, channels_last
     depthwise_pixels: int = 128  # output pixels per depthwise program (row bands), channels_last
-    # NCHW: one channel per program and whole 32x32 planes, so a silent plane is one program that
-    # only writes the bias (H100 sweep, RESULTS.md seventh run: 45-52 against 80-83 µs for 4 x 128)
-    depthwise_planar_block_c: int = 1
+    # NCHW: row bands of up to 1024 pixels, and as many channels as make ~1024 outputs per program
+    # (1 on 32x32 planes): a silent plane there is one program that only writes the bias (H100
+    # sweep, RESULTS.md seventh run: 45-52 against 80-83 µs for 4 channels x 128 pixels)
+    depthwise_planar_block_c: int = 1  # the fewest channels per planar program
     depthwise_planar_pixels: int = 1024
     depthwise_num_warps: int = 4
     wgrad_rows: int = 128  # rows of the weight-gradient tile: (tap, channel) pairs
@@ -388,10 +389,16 @@ def depthwise_geometry(geometry: ConvGeometry, planar: bool, config: KernelConfi
     return geometry.retiled(_row_band_tile(geometry.rows.out_size, geometry.cols.out_size, pixels))
 
 
-def _depthwise_block_c(x: torch.Tensor, config: KernelConfig) -> int:
-    """Channels per depthwise program: many where they are contiguous (vector loads), few where
-    each is its own plane (a program is skipped only if all its channels are silent)."""
-    block_c = config.depthwise_block_c if channels_innermost(x) else config.depthwise_planar_block_c
+def _depthwise_block_c(x: torch.Tensor, tiled: ConvGeometry, config: KernelConfig) -> int:
+    """Channels per depthwise program. channels_last: many (vector loads along channels); a
+    program is skipped only if all of them are silent. Planar: each channel is skipped on its own,
+    so as many as make a program of ~depthwise_planar_pixels outputs (1 on 32x32 planes, 16 on
+    7x7), at least depthwise_planar_block_c."""
+    if channels_innermost(x):
+        block_c = config.depthwise_block_c
+    else:
+        tile_pixels = tiled.rows.tile * tiled.cols.tile
+        block_c = max(config.depthwise_planar_block_c, next_pow2(max(1, config.depthwise_planar_pixels // tile_pixels)))
     return min(block_c, next_pow2(x.shape[1]))
 
 
@@ -404,7 +411,7 @@ def sparse_depthwise_fwd(
     rows, cols = geometry.rows, geometry.cols
     y = _empty_output(x, geometry)
     weight = weight.contiguous()
-    block_c = _depthwise_block_c(x, config)
+    block_c = _depthwise_block_c(x, geometry, config)
     grid = (cdiv(geometry.in_channels, block_c), geometry.tiles, geometry.batch)
     _sparse_depthwise_fwd_kernel[grid](
         x, weight, bias if bias is not None else weight, y, active,
@@ -588,7 +595,7 @@ def work_fractions(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry
     wgrad = _any_per_chunk(tile_activity(blocks, geometry)[0], wgrad_chunk)
     if geometry.is_depthwise:
         # Planar: each silent channel is skipped (SKIP_SILENT); channels_last: whole programs only.
-        chunk = _depthwise_block_c(x, config) if channels_innermost(x) else 1
+        chunk = min(config.depthwise_block_c, next_pow2(x.shape[1])) if channels_innermost(x) else 1
         forward = _any_per_chunk(depthwise_activity(x, blocks, geometry, config)[1], chunk)
     else:
         count = forward_counts(x, forward_lists(x, blocks, geometry, config))
