@@ -117,16 +117,17 @@ def test_half_precision(kind, dtype):
     assert_matches_conv2d(x, weight, bias, 2, 1, 1, groups)
 
 
+@pytest.mark.parametrize("size", [(21, 19), (16, 16)], ids=["ragged", "even"])  # even: unmasked planar stores
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("pixels,block_c", [(16, 4), (64, 2), (1024, 4)])
-def test_depthwise_tiles_and_silent_channels_within_a_program(pixels, block_c, channels_last):
+def test_depthwise_tiles_and_silent_channels_within_a_program(pixels, block_c, channels_last, size):
     """Depthwise programs of several tile sizes whose channels are partly silent, per plane and per
     tile (a planar program skips each silent channel's loads), against F.conv2d."""
     from dataclasses import replace
     generator = torch.Generator().manual_seed(pixels + block_c)
-    x = torch.randn((3, 8, 21, 19), generator=generator)
+    x = torch.randn((3, 8, *size), generator=generator)
     x *= (torch.rand((3, 8, 1, 1), generator=generator) > 0.5)  # silent planes
-    x[:, 1, :12] = 0.0  # a channel silent in the top tiles only
+    x[:, 1, :10] = 0.0  # a channel silent in the top tiles only
     x = layout(x, channels_last)
     weight = torch.randn((8, 1, 3, 3), generator=generator)
     bias = torch.randn(8, generator=generator)
@@ -135,6 +136,7 @@ def test_depthwise_tiles_and_silent_channels_within_a_program(pixels, block_c, c
     geometry = conv_geometry(x, weight, [1, 1], [2, 2], [2, 2], 8)
     tiled, active = sparse_triton.depthwise_activity(x, sparse_prescan.block_activity(x), geometry, config)
     assert tiled.rows.tile * tiled.cols.tile == min(pixels, 32 * 32) or tiled.tiles == 1
+    assert tiled.rows.out_size % tiled.rows.tile == 0 and tiled.cols.out_size % tiled.cols.tile == 0 or size != (16, 16)
     got = sparse_triton.sparse_depthwise_fwd(x, weight, bias, tiled, active, config)
     torch.testing.assert_close(got, F.conv2d(x, weight, bias, 1, 2, 2, 8), rtol=1e-5, atol=1e-5)
 
