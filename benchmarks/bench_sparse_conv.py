@@ -20,6 +20,8 @@ feeds the same fp16 spikes to all columns:
   ×CL, ×NCHW      speedup of ours CL / ours NCHW over the best cuDNN column
   ×disp           speedup of the dispatcher over cuDNN on the same input (fp16 channels_last):
                   the dispatcher cannot change the caller's dtype or layout
+  disp path       the path most of the dispatcher's timed calls took (`path_counts`): "sparse",
+                  or the cuDNN route and why ("dense:never_wins", "dense:too_dense", ...)
   wgrad cuDNN / wgrad ours   weight gradient alone: aten.convolution_backward vs our sparse kernel
   zero blocks     fraction of the input's 8x8 (sample, channel) blocks that are all zero
 A cell that fails prints its error and reads nan; the other cells and rows go on.
@@ -153,7 +155,7 @@ def measure(layer: Layer, x: torch.Tensor, generator: torch.Generator) -> dict[s
     module = SparseConv2d(c_in, layer.out_channels, layer.kernel, stride=layer.stride, padding=layer.padding,
                           dilation=layer.dilation, groups=layer.groups, bias=False)
     module = module.cuda().half().to(memory_format=torch.channels_last).requires_grad_(False)
-    row: dict[str, float] = {}
+    row: dict[str, float | str] = {}
     with torch.no_grad():
         module.weight.copy_(w16)
         reference = F.conv2d(x32, weight, None, *conv)
@@ -172,7 +174,11 @@ def measure(layer: Layer, x: torch.Tensor, generator: torch.Generator) -> dict[s
             for _ in range(40):  # calibrate and let the call site's density measurement come back
                 module(x)
             torch.cuda.synchronize()
-            return median_us(lambda: module(x))
+            reset_path_counts()
+            us = median_us(lambda: module(x))
+            taken = {path: n for path, n in path_counts().items() if path not in ("probe", "sparse_wgrad")}
+            row["dispatcher_path"] = max(taken, key=taken.get) if taken else "?"
+            return us
 
         row["dispatcher"] = guarded("dispatcher", dispatcher)
         grad_y = torch.randn_like(reference).half()
@@ -363,7 +369,8 @@ COLUMNS = [("zero blocks", "zero_blocks", "{:.3f}"), ("cuDNN fp16 CL", "cudnn_fp
            ("ours NCHW", "ours_nchw", "{:.1f}"), ("ours graph", "ours_graph", "{:.1f}"),
            ("CL stage 2", "cl_stage2", "{:.1f}"), ("dispatcher", "dispatcher", "{:.1f}"),
            ("×CL", "speedup_cl", "{:.2f}"), ("×NCHW", "speedup_nchw", "{:.2f}"),
-           ("×disp", "speedup_dispatcher", "{:.2f}"), ("wgrad cuDNN", "wgrad_cudnn", "{:.1f}"),
+           ("×disp", "speedup_dispatcher", "{:.2f}"), ("disp path", "dispatcher_path", "{}"),
+           ("wgrad cuDNN", "wgrad_cudnn", "{:.1f}"),
            ("wgrad ours", "wgrad_ours", "{:.1f}"), ("rel err", "rel_error", "{:.1e}")]
 
 
