@@ -16,6 +16,9 @@ import functools
 import os
 
 import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _enabled = os.environ.get("ASO_SE_PDL", "1") != "0"
 
@@ -38,3 +41,11 @@ def use_pdl(x: torch.Tensor) -> bool:
     not turned off (`ASO_SE_PDL=0` or `set_enabled(False)`)."""
     return _enabled and x.is_cuda and _device_supports(x.device.index if x.device.index is not None
                                                          else torch.cuda.current_device())
+
+
+@triton.jit
+def wait_then_release(PDL: tl.constexpr):
+    """At a kernel's start: wait for the kernel before it, then let the next one launch."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()

@@ -29,9 +29,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
-from kernels.dependent_launch import use_pdl
+from kernels.dependent_launch import use_pdl, wait_then_release
 from kernels.sparse_conv.geometry import ConvGeometry, cdiv, next_pow2
 
 KC = 16  # channels per K chunk: one tl.dot's K, and the packed layout's innermost extent
@@ -48,9 +48,7 @@ def _pack_kernel(
 ):
     pix_block = tl.program_id(0)
     n = tl.program_id(1)
-    if PDL:  # launched dependently (kernels/dependent_launch.py): wait for x and the map, let the forward launch
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_then_release(PDL)  # wait for x and the map, let the forward launch
     # The weight's copy laid out [KH, KW, C_in, C_out], BLOCK_W elements at a time, the programs
     # taking turns: done here rather than by a copy kernel of its own, which cost a launch (GPU
     # and host) per call.

@@ -21,9 +21,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels.dependent_launch import use_pdl
+from kernels.dependent_launch import use_pdl, wait_then_release
 from kernels.sparse_conv.geometry import BLOCK, ConvGeometry, cdiv, next_pow2
 
 BLOCK_MAP_ELEMENTS = 8192  # x elements one block-map program loads (16 KB in fp16); H100 sweep, RESULTS.md
@@ -37,9 +36,7 @@ def _block_activity_kernel(
     stride_n, stride_c, stride_h, stride_w,
     BLOCK_C: tl.constexpr, BLOCK: tl.constexpr, WIDTH: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:  # kernels/dependent_launch.py: wait for x's writer, then let the packing launch
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_then_release(PDL)  # wait for x's writer, then let the packing launch
     # Samples vary slowest, so x is read front to back, in long runs.
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     block_r = tl.program_id(1)

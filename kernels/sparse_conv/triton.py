@@ -145,6 +145,15 @@ def _nth_active(active, rank, slots):
     return tl.sum(tl.where(match, channel[None, :], 0), axis=1)
 
 
+@triton.jit
+def _tile_pixels(tile, tiles_w, out_h, out_w, TILE_H: tl.constexpr, TILE_W: tl.constexpr):
+    """(oh, ow, inside the output) of the pixels of output tile `tile`, row by row."""
+    offs = tl.arange(0, TILE_H * TILE_W)
+    oh = (tile // tiles_w) * TILE_H + offs // TILE_W
+    ow = (tile % tiles_w) * TILE_W + offs % TILE_W
+    return oh, ow, (oh < out_h) & (ow < out_w)
+
+
 @triton.jit(do_not_specialize=_CONV_ARGS)
 def _sparse_conv_fwd_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, blocks_ptr, index_ptr, count_ptr,
@@ -163,10 +172,7 @@ def _sparse_conv_fwd_kernel(
     co_block = tl.program_id(0)
     tile = tl.program_id(1)
     n = tl.num_programs(2) - 1 - tl.program_id(2)  # back to front: the prescan's last reads are in L2
-    offs_p = tl.arange(0, TILE_H * TILE_W)
-    oh = (tile // tiles_w) * TILE_H + offs_p // TILE_W
-    ow = (tile % tiles_w) * TILE_W + offs_p % TILE_W
-    pix_ok = (oh < out_h) & (ow < out_w)
+    oh, ow, pix_ok = _tile_pixels(tile, tiles_w, out_h, out_w, TILE_H, TILE_W)
     offs_co = co_block * BLOCK_N + tl.arange(0, BLOCK_N)
     co_ok = offs_co < out_channels
     offs_k = tl.arange(0, BLOCK_K)
@@ -348,10 +354,7 @@ def _sparse_depthwise_fwd_kernel(
     pair = n * tl.num_programs(1) + tile
     c_ok = offs_c < channels
     flags = tl.load(active_ptr + pair * channels + offs_c, mask=c_ok, other=0)
-    offs_m = tl.arange(0, TILE_H * TILE_W)
-    oh = (tile // tiles_w) * TILE_H + offs_m // TILE_W
-    ow = (tile % tiles_w) * TILE_W + offs_m % TILE_W
-    pix_ok = (oh < out_h) & (ow < out_w)
+    oh, ow, pix_ok = _tile_pixels(tile, tiles_w, out_h, out_w, TILE_H, TILE_W)
     x_base = x_ptr + n.to(tl.int64) * sx_n + offs_c[None, :] * sx_c
     acc = tl.zeros((TILE_H * TILE_W, BLOCK_C), tl.float32)
     if tl.max(flags.to(tl.int32), axis=0) > 0:
@@ -385,14 +388,11 @@ def _sparse_depthwise_planar_fwd_kernel(
 ):
     # Planar layouts (pixels contiguous): the program's channels one after the other, each a 1-D
     # row band. A channel silent over the tile's window reads nothing and writes the bias. EVEN
-    # (tiles cover the output exactly) drops the store mask.
+    # (tiles cover the output exactly) drops the store mask (not timed on its own).
     tile = tl.program_id(1)
     n = tl.program_id(2)
     pair = n * tl.num_programs(1) + tile
-    offs_m = tl.arange(0, TILE_H * TILE_W)
-    oh = (tile // tiles_w) * TILE_H + offs_m // TILE_W
-    ow = (tile % tiles_w) * TILE_W + offs_m % TILE_W
-    pix_ok = (oh < out_h) & (ow < out_w)
+    oh, ow, pix_ok = _tile_pixels(tile, tiles_w, out_h, out_w, TILE_H, TILE_W)
     for j in tl.static_range(BLOCK_C):
         c = tl.program_id(0) * BLOCK_C + j
         if c < channels:
@@ -639,8 +639,8 @@ def work_fractions(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry
     wgrad = _any_per_chunk(tile_activity(blocks, geometry)[0], wgrad_chunk)
     if geometry.is_depthwise:
         # Planar: each silent channel is skipped on its own; channels_last: whole programs only.
-        chunk = min(config.depthwise_block_c, next_pow2(x.shape[1])) if channels_innermost(x) else 1
-        forward = _any_per_chunk(depthwise_activity(x, blocks, geometry, config)[1], chunk)
+        tiled, active = depthwise_activity(x, blocks, geometry, config)
+        forward = _any_per_chunk(active, _depthwise_block_c(x, tiled, config) if channels_innermost(x) else 1)
     else:
         count = forward_counts(x, forward_lists(x, blocks, geometry, config))
         block_k = config.forward_block_k

@@ -23,9 +23,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels.dependent_launch import use_pdl
+from kernels.dependent_launch import use_pdl, wait_then_release
 
 from .surrogates import get_surrogate
 
@@ -87,9 +86,7 @@ def _st_bif_fwd_kernel(
     WIDTH: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # kernels/dependent_launch.py: wait for x's writer, then let the conv's packing launch
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_then_release(PDL)  # wait for x's writer, then let the conv's packing launch
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_neurons
     theta = tl.load(theta_ptr).to(tl.float32)
