@@ -11,6 +11,8 @@ depends on shapes only, so the whole path is CUDA-graph capturable.
                             tile's input window (`window_flags`, which the NCHW forward kernel
                             also calls itself) -> `active` [N, tiles, C], and lists the active
                             channels in `index` [N, tiles, C] (ascending) with `count` [N, tiles].
+  `_window_activity_kernel` the same `active` flags without the lists (the depthwise forward
+                            needs none).
   `_plane_lists_kernel`     per sample: the channels active anywhere in the plane, listed the same
                             way ([N, C] and [N]).
 Loops with a run-time bound are `while` loops: Triton 3.6's interpreter (how CI runs these
@@ -27,6 +29,7 @@ from kernels.sparse_conv.geometry import BLOCK, ConvGeometry, cdiv, next_pow2
 
 BLOCK_MAP_ELEMENTS = 8192  # x elements one block-map program loads (16 KB in fp16); H100 sweep, RESULTS.md
 BLOCK_MAP_WARPS = 4
+WINDOW_ACTIVITY_CHUNK = 128  # channels per `_window_activity_kernel` program (H100: 8-128 swept)
 
 
 @triton.jit
@@ -123,6 +126,27 @@ def _tile_activity_kernel(
     tl.store(count_ptr + pair, count)
 
 
+@triton.jit(do_not_specialize=["stride_h", "stride_w", "pad_h", "pad_w"])
+def _window_activity_kernel(
+    blocks_ptr, active_ptr,
+    channels, block_rows, block_cols, tiles_w, out_h, out_w, height, width,
+    stride_h, stride_w, pad_h, pad_w, reach_h, reach_w,
+    TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK: tl.constexpr,
+    MAX_BLOCKS_H: tl.constexpr, MAX_BLOCKS_W: tl.constexpr, CHUNK_C: tl.constexpr,
+):
+    # The flags of `_tile_activity_kernel` without its lists (which cost ~1 µs of its ~8 on the
+    # H100); channels past CHUNK_C get programs of their own.
+    offs_c = tl.program_id(0) * CHUNK_C + tl.arange(0, CHUNK_C)
+    tile = tl.program_id(1)
+    n = tl.program_id(2)
+    c_ok = offs_c < channels
+    lo_h, hi_h, lo_w, hi_w = window_bounds(tile, tiles_w, out_h, out_w, height, width, stride_h, stride_w,
+                                           pad_h, pad_w, reach_h, reach_w, TILE_H, TILE_W)
+    active = window_flags(blocks_ptr, n, offs_c, c_ok, channels, block_rows, block_cols, lo_h, hi_h, lo_w, hi_w,
+                          BLOCK, MAX_BLOCKS_H, MAX_BLOCKS_W)
+    tl.store(active_ptr + (n * tl.num_programs(1) + tile) * channels + offs_c, active.to(tl.int8), mask=c_ok)
+
+
 @triton.jit
 def _plane_lists_kernel(blocks_ptr, index_ptr, count_ptr, channels, blocks_per_plane, CHUNK_C: tl.constexpr):
     n = tl.program_id(0)
@@ -183,6 +207,24 @@ def tile_activity(
         CHUNK_C=_chunk(channels),
     )
     return active, index, count
+
+
+def window_activity(blocks: torch.Tensor, geometry: ConvGeometry, chunk: int = WINDOW_ACTIVITY_CHUNK) -> torch.Tensor:
+    """`tile_activity`'s `active` int8 [N, tiles, C] alone (what the depthwise forward reads),
+    from a kernel that makes no lists."""
+    rows, cols, channels = geometry.rows, geometry.cols, geometry.in_channels
+    active = torch.empty((geometry.batch, geometry.tiles, channels), device=blocks.device, dtype=torch.int8)
+    chunk = min(chunk, next_pow2(channels))
+    _window_activity_kernel[(cdiv(channels, chunk), geometry.tiles, geometry.batch)](
+        blocks, active,
+        channels, rows.blocks, cols.blocks, cols.tiles, rows.out_size, cols.out_size, rows.size, cols.size,
+        rows.stride, cols.stride, rows.padding, cols.padding,
+        (rows.kernel - 1) * rows.dilation, (cols.kernel - 1) * cols.dilation,
+        TILE_H=rows.tile, TILE_W=cols.tile, BLOCK=BLOCK,
+        MAX_BLOCKS_H=rows.max_blocks_per_tile, MAX_BLOCKS_W=cols.max_blocks_per_tile,
+        CHUNK_C=chunk,
+    )
+    return active
 
 
 def plane_lists(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -180,6 +180,8 @@ def test_prescan_matches_reference(channels_last):
             expected = tile_activity(block_activity(x), geometry.retiled(tile))
             assert torch.equal(active.bool(), expected)
             assert_lists(index, count, expected)
+            for chunk in (4, 32):  # the flags-only kernel, channels split over programs
+                assert torch.equal(sparse_prescan.window_activity(blocks, geometry.retiled(tile), chunk), active)
     index, count = sparse_prescan.plane_lists(blocks)
     assert_lists(index, count, x.ne(0).any(dim=3).any(dim=2))
 

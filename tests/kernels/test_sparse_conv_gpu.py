@@ -133,7 +133,8 @@ def test_st_bif_block_map_feeds_the_packed_forward(size, dtype):
     assert relative_error(y, F.conv2d(x.double(), weight.double(), None, 1, 1)) <= TOLERANCE[dtype]
 
 
-def test_dependent_launches_wait_for_the_kernel_before():
+@pytest.mark.parametrize("groups", [1, 128], ids=["dense", "depthwise"])
+def test_dependent_launches_wait_for_the_kernel_before(groups):
     """Our kernels launch dependently on sm_90+ (kernels/dependent_launch.py): they may start
     while the kernel before them runs. Each conv here reads what the kernel just before it wrote,
     new values every time, eagerly and replayed in a graph; a load before gdc_wait would read
@@ -143,14 +144,14 @@ def test_dependent_launches_wait_for_the_kernel_before():
 
     generator = torch.Generator("cuda").manual_seed(7)
     assert dependent_launch.use_pdl(torch.empty(0, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
-    weight = (torch.randn((128, 128, 3, 3), generator=generator, device="cuda") / 34).half()
+    weight = (torch.randn((128, 128 // groups, 3, 3), generator=generator, device="cuda") / 34).half()
     drive = torch.empty((4, 32, 128, 32, 32), device="cuda", dtype=torch.float16)
     x = torch.empty((128, 128, 32, 32), device="cuda", dtype=torch.float16)
 
     def chain():
         spikes, block_map = st_bif_multistep_with_block_map(drive, 1.0, 3, -4)
-        return spikes.flatten(0, 1), sparse_conv2d(spikes.flatten(0, 1), weight, None, 1, 1, backend="triton",
-                                                   block_map=block_map)
+        return spikes.flatten(0, 1), sparse_conv2d(spikes.flatten(0, 1), weight, None, 1, 1, 1, groups,
+                                                   backend="triton", block_map=block_map)
 
     def new_drive():
         values = torch.randn(drive.shape, generator=generator, device="cuda") * 2
@@ -165,12 +166,14 @@ def test_dependent_launches_wait_for_the_kernel_before():
     with torch.no_grad():
         for _ in range(4):
             x.copy_(spiking_input(x.shape, torch.float16, False, generator, plane_silence=0.9))
-            y = sparse_conv2d(x, weight, None, 1, 1, backend="triton")
-            assert relative_error(y, F.conv2d(x.double(), weight.double(), None, 1, 1)) < TOLERANCE[torch.float16]
+            y = sparse_conv2d(x, weight, None, 1, 1, 1, groups, backend="triton")
+            want = F.conv2d(x.double(), weight.double(), None, 1, 1, 1, groups)
+            assert relative_error(y, want) < TOLERANCE[torch.float16]
             new_drive()
             spikes, y = chain()
-            assert relative_error(y, F.conv2d(spikes.double(), weight.double(), None, 1, 1)) < TOLERANCE[torch.float16]
+            want = F.conv2d(spikes.double(), weight.double(), None, 1, 1, 1, groups)
+            assert relative_error(y, want) < TOLERANCE[torch.float16]
             new_drive()
             graph.replay()
-            want = F.conv2d(captured_spikes.double(), weight.double(), None, 1, 1)
+            want = F.conv2d(captured_spikes.double(), weight.double(), None, 1, 1, 1, groups)
             assert relative_error(captured_y, want) < TOLERANCE[torch.float16]
