@@ -23,6 +23,11 @@ feeds the same fp16 spikes to all columns:
                   three interleaved rounds, medians (the cuDNN column is a separate timing)
   disp path       the path most of the dispatcher's timed calls took (`path_counts`): "sparse",
                   or the cuDNN route and why ("dense:never_wins", "dense:too_dense", ...)
+  cuDNN graph     cuDNN fp16 CL captured in a CUDA graph (GPU time)
+  disp graph      the warmed-up dispatcher (SparseConv2d) captured in a CUDA graph: the path it
+                  picks for captured calls (graph crossover, measured density), GPU time
+  ×disp graph     cuDNN graph / disp graph, interleaved three rounds, medians
+  graph paths     the paths of the capture's warm-up call and of the captured call
   wgrad cuDNN / wgrad ours   weight gradient alone: aten.convolution_backward vs our sparse kernel
   zero blocks     fraction of the input's 8x8 (sample, channel) blocks that are all zero
 A cell that fails prints its error and reads nan; the other cells and rows go on.
@@ -101,8 +106,8 @@ def guarded(name: str, measure_fn: Callable[[], float]) -> float:
         return math.nan
 
 
-def graph_us(fn: Callable[[], object]) -> float:
-    """Median µs of fn captured in a CUDA graph and replayed (GPU time, no host work)."""
+def capture(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """fn captured in a CUDA graph (after one warm-up call on a side stream, as capture needs)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -111,7 +116,12 @@ def graph_us(fn: Callable[[], object]) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return median_us(graph.replay)
+    return graph
+
+
+def graph_us(fn: Callable[[], object]) -> float:
+    """Median µs of fn captured in a CUDA graph and replayed (GPU time, no host work)."""
+    return median_us(capture(fn).replay)
 
 
 def spikes(shape, density: float, plane_silence: float, generator: torch.Generator) -> torch.Tensor:
@@ -189,6 +199,23 @@ def measure(layer: Layer, x: torch.Tensor, generator: torch.Generator) -> dict[s
             return statistics.median(ours)
 
         row["dispatcher"] = guarded("dispatcher", dispatcher)
+
+        def dispatcher_graph() -> float:
+            """The warmed-up module captured in a CUDA graph: the path the dispatcher picks for a
+            captured call (from the graph crossover and the measured density), GPU time."""
+            reset_path_counts()
+            graph = capture(lambda: module(x))
+            taken = {path: n for path, n in path_counts().items() if path not in ("probe", "sparse_wgrad")}
+            row["dispatcher_graph_path"] = "/".join(sorted(taken))  # the warm-up call's path and the captured one's
+            cudnn, ours = [], []
+            cudnn_graph = capture(lambda: F.conv2d(x, w16, None, *conv))
+            for _ in range(3):
+                cudnn.append(median_us(cudnn_graph.replay))
+                ours.append(median_us(graph.replay))
+            row["cudnn_graph"] = statistics.median(cudnn)
+            return statistics.median(ours)
+
+        row["dispatcher_graph"] = guarded("dispatcher graph", dispatcher_graph)
         grad_y = torch.randn_like(reference).half()
         wgrad = sparse_depthwise_wgrad if geometry.is_depthwise else sparse_conv_wgrad
         row["wgrad_cudnn"] = guarded("wgrad cuDNN", lambda: median_us(lambda: torch.ops.aten.convolution_backward(
@@ -200,6 +227,7 @@ def measure(layer: Layer, x: torch.Tensor, generator: torch.Generator) -> dict[s
     row["speedup_cl"] = best / row["ours_cl"]
     row["speedup_nchw"] = best / row["ours_nchw"]
     row["speedup_dispatcher"] = row.get("cudnn_fp16_cl_paired", math.nan) / row["dispatcher"]
+    row["speedup_dispatcher_graph"] = row.get("cudnn_graph", math.nan) / row["dispatcher_graph"]
     return row
 
 
@@ -378,6 +406,8 @@ COLUMNS = [("zero blocks", "zero_blocks", "{:.3f}"), ("cuDNN fp16 CL", "cudnn_fp
            ("CL stage 2", "cl_stage2", "{:.1f}"), ("dispatcher", "dispatcher", "{:.1f}"),
            ("×CL", "speedup_cl", "{:.2f}"), ("×NCHW", "speedup_nchw", "{:.2f}"),
            ("×disp", "speedup_dispatcher", "{:.2f}"), ("disp path", "dispatcher_path", "{}"),
+           ("cuDNN graph", "cudnn_graph", "{:.1f}"), ("disp graph", "dispatcher_graph", "{:.1f}"),
+           ("×disp graph", "speedup_dispatcher_graph", "{:.2f}"), ("graph paths", "dispatcher_graph_path", "{}"),
            ("wgrad cuDNN", "wgrad_cudnn", "{:.1f}"),
            ("wgrad ours", "wgrad_ours", "{:.1f}"), ("rel err", "rel_error", "{:.1e}")]
 

@@ -5,6 +5,10 @@ The sparse path's time is, to first order, linear in the fraction of the dense w
 (`triton.work_fractions`), so two measurements (an all-zero and a dense input) give the line;
 the crossover is where that line meets SAFETY x cuDNN's time on the same input. (A model, and
 stated as one: a call between the two measured ends is predicted, not timed.)
+
+Two crossovers per call: one for eager calls, costed with their host work (on a slow host the
+sparse path's three launches can cost more than cuDNN's GPU time), and one for calls captured in
+a CUDA graph, where only GPU time counts (replays do no host work).
 """
 from __future__ import annotations
 
@@ -33,8 +37,9 @@ _BENCH_MS = dict(warmup=5, rep=25)
 
 @dataclass(frozen=True)
 class Crossover:
-    """Work fractions at or under which the sparse path beats cuDNN (negative: never), and the
-    times they come from (µs, medians; None: not timed, because the forward never wins)."""
+    """Work fractions at or under which the sparse path beats cuDNN (negative: never): `forward`
+    for eager calls, `graph_forward` for calls captured in a CUDA graph; and the times they come
+    from (µs, medians; None: not timed, because that forward never wins)."""
 
     forward: float
     wgrad: float
@@ -44,6 +49,10 @@ class Crossover:
     dense_wgrad_us: float | None = None
     wgrad_zero_us: float | None = None
     wgrad_full_us: float | None = None
+    graph_forward: float = -1.0  # a cache file from before graph timing: never under graphs
+    graph_dense_us: float | None = None
+    graph_sparse_zero_us: float | None = None
+    graph_sparse_full_us: float | None = None
 
 
 def _crossing(budget: float, at_zero: float, at_full: float) -> float:
@@ -55,22 +64,31 @@ def _crossing(budget: float, at_zero: float, at_full: float) -> float:
     return (budget - at_zero) / (at_full - at_zero)
 
 
-def crossover_from_timings(time_us: Callable[[str], float]) -> Crossover:
-    """The crossover from timings asked for by name, in an order that stops early: when the
-    sparse forward on an all-zero input (its cheapest case) does not beat cuDNN, the sparse path
-    is never taken for this call (weight gradient included), so nothing else is timed. On small
-    layers, whose sparse call is bound by its host work, that saves two thirds of the timings."""
-    dense, zero = time_us("dense"), time_us("sparse_zero")
+def _forward_crossing(time_us: Callable[[str], float], prefix: str) -> tuple[float, dict[str, float]]:
+    """The forward's crossover from the timings `prefix`dense, sparse_zero and sparse_full (the
+    last one skipped when the sparse forward does not beat cuDNN even on an all-zero input)."""
+    dense, zero = time_us(prefix + "dense"), time_us(prefix + "sparse_zero")
+    times = {prefix + "dense_us": dense, prefix + "sparse_zero_us": zero}
     if zero >= SAFETY * dense:
-        return Crossover(forward=-1.0, wgrad=-1.0, dense_us=dense, sparse_zero_us=zero)
-    times = dict(dense_us=dense, sparse_zero_us=zero, sparse_full_us=time_us("sparse_full"),
-                 dense_wgrad_us=time_us("dense_wgrad"), wgrad_zero_us=time_us("wgrad_zero"),
-                 wgrad_full_us=time_us("wgrad_full"))
-    return Crossover(
-        forward=_crossing(SAFETY * dense, zero, times["sparse_full_us"]),
-        wgrad=_crossing(SAFETY * times["dense_wgrad_us"], times["wgrad_zero_us"], times["wgrad_full_us"]),
-        **times,
-    )
+        return -1.0, times
+    times[prefix + "sparse_full_us"] = full = time_us(prefix + "sparse_full")
+    return _crossing(SAFETY * dense, zero, full), times
+
+
+def crossover_from_timings(time_us: Callable[[str], float]) -> Crossover:
+    """The crossovers from timings asked for by name, in an order that stops early: when the
+    sparse forward on an all-zero input (its cheapest case) does not beat cuDNN, its time on a
+    dense input is not asked for; the weight gradient is timed only where the eager forward can
+    win (the wgrad's crossover then serves graphs too). On small layers, whose sparse call is
+    bound by its host work, that saves most of the eager timings."""
+    forward, times = _forward_crossing(time_us, "")
+    graph_forward, graph_times = _forward_crossing(time_us, "graph_")
+    wgrad = -1.0
+    if forward >= 0:
+        times.update(dense_wgrad_us=time_us("dense_wgrad"), wgrad_zero_us=time_us("wgrad_zero"),
+                     wgrad_full_us=time_us("wgrad_full"))
+        wgrad = _crossing(SAFETY * times["dense_wgrad_us"], times["wgrad_zero_us"], times["wgrad_full_us"])
+    return Crossover(forward=forward, wgrad=wgrad, graph_forward=graph_forward, **times, **graph_times)
 
 
 def _median_us(fn) -> float:
@@ -95,6 +113,20 @@ def _back_to_back_us(fn, calls: int = 20, repeats: int = 5) -> float:
     return sorted(per_call)[repeats // 2]
 
 
+def _graph_us(fn) -> float:
+    """GPU time of fn: captured in a CUDA graph (warmed up on a side stream first, as capture
+    needs), then the replay's median (cold cache)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return _median_us(graph.replay)
+
+
 def _cost_us(fn) -> float:
     """A call's cost: its GPU time from a cold cache or its back-to-back time, the larger."""
     return max(_median_us(fn), _back_to_back_us(fn))
@@ -107,7 +139,8 @@ def measure_crossover(
 
     The forward is timed end to end, the way a caller pays for it (prescan, launches, host
     work), not as a sum of kernel times: on small layers the host work dominates, so both
-    forwards are costed by `_cost_us` (cold-cache GPU time or back-to-back time, the larger)."""
+    eager forwards are costed by `_cost_us` (cold-cache GPU time or back-to-back time, the
+    larger), and the captured ones by `_graph_us` (GPU time)."""
     geometry = conv_geometry(x, weight, stride, padding, dilation, groups)
     weight = weight.detach()
     full, zero = torch.randn_like(x), torch.zeros_like(x)  # keep x's memory format
@@ -133,6 +166,11 @@ def measure_crossover(
         if name in ("sparse_zero", "sparse_full"):
             source = zero if name == "sparse_zero" else full
             return _cost_us(lambda: sparse(source))
+        if name == "graph_dense":
+            return _graph_us(lambda: conv(full))
+        if name in ("graph_sparse_zero", "graph_sparse_full"):
+            source = zero if name == "graph_sparse_zero" else full
+            return _graph_us(lambda: sparse(source))
         grad_y = output_grad()
         if name == "dense_wgrad":
             return _median_us(lambda: torch.ops.aten.convolution_backward(
@@ -185,8 +223,8 @@ class CrossoverCache:
         crossover = measure_crossover(x, weight, stride, padding, dilation, groups)
         self._load()[key] = crossover
         self._save()
-        logger.debug("sparse_conv calibrated %s: sparse forward up to %.3f of the work, sparse wgrad up to %.3f",
-                    key, crossover.forward, crossover.wgrad)
+        logger.debug("sparse_conv calibrated %s: sparse forward up to %.3f of the work (%.3f in CUDA graphs), "
+                     "sparse wgrad up to %.3f", key, crossover.forward, crossover.graph_forward, crossover.wgrad)
         return crossover
 
 

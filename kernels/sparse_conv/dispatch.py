@@ -6,12 +6,15 @@ weight gradient, for every supported call; under TRITON_INTERPRET=1 also on CPU 
   - CPU tensors: F.conv2d;
   - unsupported configurations: F.conv2d;
   - on CUDA, per call key (GPU, dtype, layout, shapes, conv parameters): the crossover work
-    fractions are measured once (calibration.py); if the sparse path cannot win at any
-    sparsity, F.conv2d; else the call site's last measured work fraction decides. That
-    measurement is read back from the GPU asynchronously (no host sync): every
-    SAMPLE_EVERY-th call of a site computes it, and while the site runs on cuDNN that call
-    also runs the prescan alone, to notice when its input becomes sparse. What does not
-    depend on the data (support, calibration) is worked out once per call signature.
+    fractions are measured once (calibration.py), one for eager calls and one for calls
+    captured in a CUDA graph; if the sparse path cannot win at any sparsity, F.conv2d; else
+    the call site's last measured work fraction decides. That measurement is read back from
+    the GPU asynchronously (no host sync): every SAMPLE_EVERY-th eager call of a site computes
+    it, and while the site runs on cuDNN that call also runs the prescan alone, to notice when
+    its input becomes sparse. A captured call cannot measure (a graph replays the path picked
+    at capture): it takes the sparse path only if the site's eager calls (the warm-up before a
+    capture) measured a density at which it wins under graphs. What does not depend on the data
+    (support, calibration) is worked out once per call signature.
 Every call increments the counter of the path it took (`path_counts`, `reset_path_counts`).
 """
 from __future__ import annotations
@@ -32,6 +35,9 @@ from kernels.sparse_conv.triton import interpreted, work_fractions
 
 IntPair = int | tuple[int, int] | list[int]
 SAMPLE_EVERY = 16
+# Sites whose eager calls never win but whose captured calls can: their eager calls run on cuDNN
+# and measure the density only for a later capture, so rarely (the probe costs a prescan).
+GRAPH_ONLY_SAMPLE_EVERY = 256
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DENSE_KERNELS, DEPTHWISE_KERNELS, STRIDES, DILATIONS = (1, 3, 5), (3, 5), (1, 2), (1, 2)
 
@@ -67,10 +73,10 @@ class DensityTracker:
             self.forward, self.wgrad = self._pending[0].tolist()
             self._pending = None
 
-    def sample_due(self) -> bool:
-        """Counts a call; true every SAMPLE_EVERY-th call with no measurement in flight."""
+    def sample_due(self, every: int = SAMPLE_EVERY) -> bool:
+        """Counts a call; true every `every`-th call (the first included) with no measurement in flight."""
         self._calls += 1
-        return (self._calls - 1) % SAMPLE_EVERY == 0 and self._pending is None
+        return (self._calls - 1) % every == 0 and self._pending is None
 
     def record(self, fractions: torch.Tensor) -> None:
         host = torch.empty(fractions.shape, dtype=fractions.dtype, pin_memory=True)
@@ -206,7 +212,7 @@ def _run_triton(call: ConvCall) -> torch.Tensor:
 class _Plan:
     """What "auto" does with one call signature on a GPU, worked out at its first call."""
 
-    dense_path: str | None  # the counter of the cuDNN path if the sparse path is never taken
+    dense_path: str | None  # the counter of the cuDNN path if the sparse path is never taken, eager or captured
     key: str = ""
     geometry: ConvGeometry | None = None
     crossover: Crossover | None = None
@@ -239,7 +245,7 @@ def _plan(call: ConvCall) -> _Plan | None:
             if torch.cuda.is_current_stream_capturing():
                 return None
             crossover = _CROSSOVERS.measure(key, x, weight, call.stride, call.padding, call.dilation, call.groups)
-        never = crossover.forward < 0
+        never = crossover.forward < 0 and crossover.graph_forward < 0
         plan = _Plan("dense:never_wins" if never else None, key, call.geometry, crossover)
     _PLANS[signature] = plan
     return plan
@@ -254,41 +260,56 @@ def _run_auto(call: ConvCall) -> torch.Tensor:
     if plan.dense_path is not None:
         return _dense(call, plan.dense_path)
     tracker = call.tracker if call.tracker is not None else _SHARED_TRACKERS[plan.key]
-    tracker.poll()
-    sample = tracker.sample_due() and not torch.cuda.is_current_stream_capturing()
-    tracker.last_call_sparse = tracker.forward is None or tracker.forward <= plan.crossover.forward
+    capturing = torch.cuda.is_current_stream_capturing()
+    if not capturing:  # querying an event is not allowed while a graph is captured
+        tracker.poll()
+    limit = plan.crossover.graph_forward if capturing else plan.crossover.forward
+    sample = not capturing and tracker.sample_due(SAMPLE_EVERY if plan.crossover.forward >= 0
+                                                  else GRAPH_ONLY_SAMPLE_EVERY)
+    if capturing:  # the graph replays this choice: sparse only on a measured density
+        tracker.last_call_sparse = tracker.forward is not None and tracker.forward <= limit
+    else:
+        tracker.last_call_sparse = limit >= 0 and (tracker.forward is None or tracker.forward <= limit)
     if tracker.last_call_sparse:
         sparse_wgrad = tracker.wgrad is not None and tracker.wgrad <= plan.crossover.wgrad
         y, blocks = _sparse(call, sparse_wgrad)
         if sample:
             tracker.record(work_fractions(call.x, blocks, plan.geometry))
         return y
-    if sample:  # probe: has the input become sparse?
+    if sample:  # probe: has the input become sparse (enough for eager calls, or for a later capture)?
         _PATH_COUNTS["probe"] += 1
         blocks = call.block_map if call.block_map is not None else block_activity(call.x)
         tracker.record(work_fractions(call.x, blocks, plan.geometry))
-    return _dense(call, "dense:too_dense")
+    return _dense(call, "dense:too_dense" if limit >= 0 else "dense:never_wins")
 
 
 def fixed_dense_path(
     x: torch.Tensor, weight: torch.Tensor, stride: IntPair, padding: IntPair, dilation: IntPair, groups: int,
     backend: str,
-) -> str | None:
-    """The counter of the cuDNN path that every call shaped like this (already dispatched) one
-    takes — CPU, backend "torch", unsupported, or never winning on this GPU — or None when the
-    path depends on the data. SparseConv2d uses it to skip the dispatcher's per-call host work
-    (~10 µs, as much as a small layer's GPU time) once a layer's route is fixed."""
+) -> tuple[str, bool] | None:
+    """(counter, captured calls may differ) for the cuDNN path that every eager call shaped like
+    this (already dispatched) one takes — CPU, backend "torch", unsupported, or never winning
+    eagerly on this GPU — or None when the path depends on the data. The flag is true where
+    calls captured in a CUDA graph can still win: those must go through the dispatcher.
+    SparseConv2d uses it to skip the dispatcher's per-call host work (~10 µs, as much as a small
+    layer's GPU time) once a layer's route is fixed."""
     if backend == "torch":
-        return "dense:requested"
+        return "dense:requested", False
     if backend != "auto":
         return None
     if not x.is_cuda:
-        return "dense:cpu"
+        return "dense:cpu", False
     x, weight, _ = _autocast(x, weight, None)
     call = ConvCall(x, weight, None, _pair(stride, "stride"), _pair(padding, "padding"),
                     _pair(dilation, "dilation"), groups, None)
     plan = _PLANS.get(_signature(call))
-    return None if plan is None else plan.dense_path
+    if plan is None:
+        return None
+    if plan.dense_path is not None:
+        return plan.dense_path, False
+    if plan.crossover.forward < 0:  # eager calls never win; captured ones may
+        return "dense:never_wins", True
+    return None
 
 
 def count_path(path: str) -> None:

@@ -31,9 +31,10 @@ class SparseConv2d(nn.Conv2d):
             )
         self.backend = backend
         self.density = DensityTracker()  # not a buffer: state_dict keys stay nn.Conv2d's
-        # (call key, counter) once this layer's calls of that key always run on cuDNN: they
-        # then skip the dispatcher, whose host work would cost as much as a small layer's GPU time.
-        self._dense_route: tuple[tuple, str] | None = None
+        # (call key, counter, captured calls may differ) once this layer's eager calls of that key
+        # always run on cuDNN: they then skip the dispatcher, whose host work would cost as much as
+        # a small layer's GPU time.
+        self._dense_route: tuple[tuple, str, bool] | None = None
 
     @classmethod
     def from_dense(cls, conv: nn.Conv2d, *, backend: str = "auto") -> SparseConv2d:
@@ -60,15 +61,20 @@ class SparseConv2d(nn.Conv2d):
     def forward(self, x: torch.Tensor, block_map: torch.Tensor | None = None) -> torch.Tensor:
         key = (x.shape, x.stride(), x.dtype, x.device, self.weight.dtype, self.backend,
                torch.is_autocast_enabled(x.device.type))
-        if self._dense_route is not None and self._dense_route[0] == key:
-            count_path(self._dense_route[1])
-            return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        route = self._dense_route
+        if route is not None and route[0] == key:
+            graph_capable = route[2]  # a captured call may take the sparse path: the dispatcher decides
+            if not graph_capable or not torch.cuda.is_current_stream_capturing():
+                if graph_capable:
+                    self.density.poll()  # read the density measurement now: no event query in a capture
+                count_path(route[1])
+                return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
         y = sparse_conv2d(
             x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
             backend=self.backend, tracker=self.density, block_map=block_map,
         )
-        path = fixed_dense_path(x, self.weight, self.stride, self.padding, self.dilation, self.groups, self.backend)
-        self._dense_route = None if path is None else (key, path)
+        route = fixed_dense_path(x, self.weight, self.stride, self.padding, self.dilation, self.groups, self.backend)
+        self._dense_route = None if route is None else (key, *route)
         return y
 
     def extra_repr(self) -> str:

@@ -103,6 +103,51 @@ def test_auto_module_calibrates_decides_and_stays_exact(plane_silence):
         assert counts.get("dense:too_dense", 0) + counts.get("dense:never_wins", 0) >= 30
 
 
+def test_captured_calls_follow_the_graph_crossover_and_the_measured_density():
+    """A call captured in a CUDA graph takes the sparse path only where the graph crossover says
+    it wins at the density the eager warm-up measured; a site with no measurement captures cuDNN.
+    Either way the replay computes the conv of the data it finds."""
+    from kernels.sparse_conv import dispatch
+    from kernels.sparse_conv.calibration import call_key
+
+    generator = torch.Generator("cuda").manual_seed(3)
+    conv = torch.nn.Conv2d(128, 128, 3, padding=1, bias=False).cuda().half()
+    sparse = SparseConv2d.from_dense(conv)
+    x = spiking_input((128, 128, 32, 32), torch.float16, False, generator, density=0.5, plane_silence=0.9)
+    with torch.no_grad():
+        for _ in range(3):  # warm-up: calibrates, measures the density
+            sparse(x)
+        torch.cuda.synchronize()
+        crossover = dispatch._CROSSOVERS.get(call_key(x, sparse.weight, [1, 1], [1, 1], [1, 1], 1))
+        assert crossover.graph_dense_us is not None and crossover.graph_sparse_zero_us is not None
+        for tracker, measured in ((sparse.density, True), (DensityTracker(), False)):
+            def call():
+                return sparse_conv2d(x, sparse.weight, None, 1, 1, tracker=tracker)
+
+            tracker.poll()
+            assert (tracker.forward is not None) == measured
+            wins = measured and tracker.forward <= crossover.graph_forward
+            reset_path_counts()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y = call()
+            assert (path_counts().get("sparse", 0) == 1) == wins, (path_counts(), tracker.forward, crossover)
+            x.copy_(spiking_input(x.shape, torch.float16, False, generator, density=0.5, plane_silence=0.9))
+            graph.replay()
+            torch.testing.assert_close(y, conv(x), rtol=2e-3, atol=2e-2)
+        # the module, on whichever eager route it settled: its captured call follows the same rule
+        wins = sparse.density.forward <= crossover.graph_forward
+        reset_path_counts()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = sparse(x)
+        assert (path_counts().get("sparse", 0) == 1) == wins, (path_counts(), sparse.density.forward, crossover)
+        graph.replay()
+        torch.testing.assert_close(y, conv(x), rtol=2e-3, atol=2e-2)
+    print(f"graph crossover {crossover.graph_forward:.3f}, eager {crossover.forward:.3f}, "
+          f"measured {sparse.density.forward:.3f}")
+
+
 def test_density_tracker_reads_back_without_waiting():
     tracker = DensityTracker()
     tracker.record(torch.tensor([0.25, 0.5], device="cuda"))
