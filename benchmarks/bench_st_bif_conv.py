@@ -22,6 +22,11 @@ time: the calls captured in one CUDA graph and replayed, so host work is not cou
                         to its pair's GPU time, the map's cost charged to ours
   pair ×                pair cuDNN CL / pair ours
   ours+map eager        ours+map called eagerly, host work included (host-bound on a slow CPU)
+  auto graph / path     sparse_conv2d(backend="auto", block_map=map) after three eager warm-up
+                        calls (calibration, density measurement), captured in a CUDA graph: GPU
+                        time, and the path the dispatcher picked for the captured call
+  cuDNN NCHW            F.conv2d fp16 on the NCHW spikes (what "auto" falls back to), graph
+  ×auto graph           cuDNN CL / auto graph: against the best cuDNN set-up, not the fallback
   zero blocks           fraction of the spikes' 8x8 blocks that are all zero
   rel err               ours+map against an fp32 F.conv2d of the same spikes
 
@@ -37,9 +42,9 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from benchmarks.bench_sparse_conv import copy_bandwidth_gbs, graph_us, median_us, relative_error
+from benchmarks.bench_sparse_conv import capture, copy_bandwidth_gbs, graph_us, median_us, relative_error
 from kernels import dependent_launch
-from kernels.sparse_conv import sparse_conv2d
+from kernels.sparse_conv import DensityTracker, path_counts, reset_path_counts, sparse_conv2d
 from kernels.st_bif import level_bounds, st_bif_multistep, st_bif_multistep_with_block_map
 
 STEPS, BATCH, CHANNELS, SIZE = 4, 64, 128, 32
@@ -52,7 +57,10 @@ COLUMNS = [("zero blocks", "zero_blocks", "{:.3f}"), ("neuron", "neuron", "{:.1f
            ("ours+map", "ours_map", "{:.1f}"), ("ours prescan", "ours_prescan", "{:.1f}"),
            ("pair cuDNN CL", "pair_cudnn", "{:.1f}"), ("pair ours", "pair_ours", "{:.1f}"),
            ("conv ×", "conv_speedup", "{:.2f}"), ("pair ×", "pair_speedup", "{:.2f}"),
-           ("ours+map eager", "ours_map_eager", "{:.1f}"), ("rel err", "rel_error", "{:.1e}")]
+           ("ours+map eager", "ours_map_eager", "{:.1f}"), ("cuDNN NCHW", "cudnn_nchw", "{:.1f}"),
+           ("auto graph", "auto_graph", "{:.1f}"),
+           ("×auto graph", "auto_graph_speedup", "{:.2f}"), ("path", "auto_graph_path", "{}"),
+           ("rel err", "rel_error", "{:.1e}")]
 
 
 def measure(silent: float, generator: torch.Generator, groups: int = 1) -> dict[str, float]:
@@ -94,6 +102,19 @@ def measure(silent: float, generator: torch.Generator, groups: int = 1) -> dict[
             "ours_map_eager": median_us(ours_map),
             "rel_error": max(relative_error(ours_map(), reference), relative_error(pair_ours(), reference)),
         }
+        tracker = DensityTracker()
+        auto = lambda: sparse_conv2d(x, weight, None, 1, 1, 1, groups, tracker=tracker, block_map=block_map)
+        for _ in range(3):  # calibrates this call shape, measures the density
+            auto()
+        torch.cuda.synchronize()
+        auto()  # reads the measurement back
+        reset_path_counts()
+        graph = capture(auto)  # its warm-up call is eager, the second one captured
+        paths = [path for path in path_counts() if path not in ("probe", "sparse_wgrad")]
+        row["auto_graph_path"] = "/".join(sorted(paths))
+        row["auto_graph"] = median_us(graph.replay)
+        row["auto_graph_speedup"] = row["cudnn_cl"] / row["auto_graph"]
+        row["cudnn_nchw"] = graph_us(lambda: F.conv2d(x, weight, None, 1, 1, 1, groups))
     row["conv_speedup"] = (row["pair_cudnn"] - row["neuron_cl"]) / (row["pair_ours"] - row["neuron"])
     row["pair_speedup"] = row["pair_cudnn"] / row["pair_ours"]
     return row

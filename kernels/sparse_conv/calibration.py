@@ -50,8 +50,10 @@ class Crossover:
     wgrad_zero_us: float | None = None
     wgrad_full_us: float | None = None
     graph_forward: float = -1.0  # a cache file from before graph timing: never under graphs
+    graph_map_forward: float = -1.0  # captured, with the block map given (no prescan to pay)
     graph_dense_us: float | None = None
     graph_sparse_zero_us: float | None = None
+    graph_prescan_us: float | None = None
     graph_sparse_full_us: float | None = None
 
 
@@ -64,15 +66,26 @@ def _crossing(budget: float, at_zero: float, at_full: float) -> float:
     return (budget - at_zero) / (at_full - at_zero)
 
 
-def _forward_crossing(time_us: Callable[[str], float], prefix: str) -> tuple[float, dict[str, float]]:
-    """The forward's crossover from the timings `prefix`dense, sparse_zero and sparse_full (the
-    last one skipped when the sparse forward does not beat cuDNN even on an all-zero input)."""
-    dense, zero = time_us(prefix + "dense"), time_us(prefix + "sparse_zero")
-    times = {prefix + "dense_us": dense, prefix + "sparse_zero_us": zero}
+def _eager_crossing(time_us: Callable[[str], float]) -> tuple[float, dict[str, float]]:
+    """The eager forward's crossover (its time on a dense input skipped when the sparse forward
+    does not beat cuDNN even on an all-zero input)."""
+    dense, zero = time_us("dense"), time_us("sparse_zero")
+    times = {"dense_us": dense, "sparse_zero_us": zero}
     if zero >= SAFETY * dense:
         return -1.0, times
-    times[prefix + "sparse_full_us"] = full = time_us(prefix + "sparse_full")
+    times["sparse_full_us"] = full = time_us("sparse_full")
     return _crossing(SAFETY * dense, zero, full), times
+
+
+def _graph_crossings(time_us: Callable[[str], float]) -> tuple[float, float, dict[str, float]]:
+    """The captured forward's crossovers, with its own prescan and with a given block map (its
+    line lowered by the prescan's time)."""
+    dense, zero, prescan = time_us("graph_dense"), time_us("graph_sparse_zero"), time_us("graph_prescan")
+    times = {"graph_dense_us": dense, "graph_sparse_zero_us": zero, "graph_prescan_us": prescan}
+    if zero - prescan >= SAFETY * dense:
+        return -1.0, -1.0, times
+    times["graph_sparse_full_us"] = full = time_us("graph_sparse_full")
+    return _crossing(SAFETY * dense, zero, full), _crossing(SAFETY * dense, zero - prescan, full - prescan), times
 
 
 def crossover_from_timings(time_us: Callable[[str], float]) -> Crossover:
@@ -81,14 +94,15 @@ def crossover_from_timings(time_us: Callable[[str], float]) -> Crossover:
     dense input is not asked for; the weight gradient is timed only where the eager forward can
     win (the wgrad's crossover then serves graphs too). On small layers, whose sparse call is
     bound by its host work, that saves most of the eager timings."""
-    forward, times = _forward_crossing(time_us, "")
-    graph_forward, graph_times = _forward_crossing(time_us, "graph_")
+    forward, times = _eager_crossing(time_us)
+    graph_forward, graph_map_forward, graph_times = _graph_crossings(time_us)
     wgrad = -1.0
     if forward >= 0:
         times.update(dense_wgrad_us=time_us("dense_wgrad"), wgrad_zero_us=time_us("wgrad_zero"),
                      wgrad_full_us=time_us("wgrad_full"))
         wgrad = _crossing(SAFETY * times["dense_wgrad_us"], times["wgrad_zero_us"], times["wgrad_full_us"])
-    return Crossover(forward=forward, wgrad=wgrad, graph_forward=graph_forward, **times, **graph_times)
+    return Crossover(forward=forward, wgrad=wgrad, graph_forward=graph_forward, graph_map_forward=graph_map_forward,
+                     **times, **graph_times)
 
 
 def _median_us(fn) -> float:
@@ -168,6 +182,8 @@ def measure_crossover(
             return _cost_us(lambda: sparse(source))
         if name == "graph_dense":
             return _graph_us(lambda: conv(full))
+        if name == "graph_prescan":
+            return _graph_us(lambda: block_activity(full))
         if name in ("graph_sparse_zero", "graph_sparse_full"):
             source = zero if name == "graph_sparse_zero" else full
             return _graph_us(lambda: sparse(source))

@@ -6,8 +6,8 @@ weight gradient, for every supported call; under TRITON_INTERPRET=1 also on CPU 
   - CPU tensors: F.conv2d;
   - unsupported configurations: F.conv2d;
   - on CUDA, per call key (GPU, dtype, layout, shapes, conv parameters): the crossover work
-    fractions are measured once (calibration.py), one for eager calls and one for calls
-    captured in a CUDA graph; if the sparse path cannot win at any sparsity, F.conv2d; else
+    fractions are measured once (calibration.py): for eager calls, and for calls captured in a
+    CUDA graph (with the block map given or not); if the sparse path cannot win at any sparsity, F.conv2d; else
     the call site's last measured work fraction decides. That measurement is read back from
     the GPU asynchronously (no host sync): every SAMPLE_EVERY-th eager call of a site computes
     it, and while the site runs on cuDNN that call also runs the prescan alone, to notice when
@@ -245,7 +245,7 @@ def _plan(call: ConvCall) -> _Plan | None:
             if torch.cuda.is_current_stream_capturing():
                 return None
             crossover = _CROSSOVERS.measure(key, x, weight, call.stride, call.padding, call.dilation, call.groups)
-        never = crossover.forward < 0 and crossover.graph_forward < 0
+        never = crossover.forward < 0 and crossover.graph_map_forward < 0 and crossover.graph_forward < 0
         plan = _Plan("dense:never_wins" if never else None, key, call.geometry, crossover)
     _PLANS[signature] = plan
     return plan
@@ -263,15 +263,18 @@ def _run_auto(call: ConvCall) -> torch.Tensor:
     capturing = torch.cuda.is_current_stream_capturing()
     if not capturing:  # querying an event is not allowed while a graph is captured
         tracker.poll()
-    limit = plan.crossover.graph_forward if capturing else plan.crossover.forward
-    sample = not capturing and tracker.sample_due(SAMPLE_EVERY if plan.crossover.forward >= 0
-                                                  else GRAPH_ONLY_SAMPLE_EVERY)
+    crossover = plan.crossover
+    if capturing:
+        limit = crossover.graph_forward if call.block_map is None else crossover.graph_map_forward
+    else:
+        limit = crossover.forward
+    sample = not capturing and tracker.sample_due(SAMPLE_EVERY if crossover.forward >= 0 else GRAPH_ONLY_SAMPLE_EVERY)
     if capturing:  # the graph replays this choice: sparse only on a measured density
         tracker.last_call_sparse = tracker.forward is not None and tracker.forward <= limit
     else:
         tracker.last_call_sparse = limit >= 0 and (tracker.forward is None or tracker.forward <= limit)
     if tracker.last_call_sparse:
-        sparse_wgrad = tracker.wgrad is not None and tracker.wgrad <= plan.crossover.wgrad
+        sparse_wgrad = tracker.wgrad is not None and tracker.wgrad <= crossover.wgrad
         y, blocks = _sparse(call, sparse_wgrad)
         if sample:
             tracker.record(work_fractions(call.x, blocks, plan.geometry))
