@@ -57,10 +57,10 @@ class KernelConfig:
     pack_slots: int = 32
     depthwise_block_c: int = 32  # channels per depthwise program, channels_last
     depthwise_pixels: int = 128  # output pixels per depthwise program (row bands), channels_last
-    # NCHW: row bands of up to 1024 pixels, and as many channels as make ~1024 outputs per program,
-    # at least 2 (H100, RESULTS.md eighth run: on 32x32 planes 2 channels took 33.5-33.9 µs, 1
-    # took 35.5-36.1 and 4 took 34.5-34.8; the seventh run's 4 channels x 128 pixels, 80-83 µs)
-    depthwise_planar_block_c: int = 2  # the fewest channels per planar program
+    # NCHW: row bands of up to 1024 pixels, and as many channels as make ~1024 outputs per program
+    # (1 on 32x32 planes): a silent plane there is one program that only writes the bias (H100
+    # sweep, RESULTS.md seventh run: 45-52 against 80-83 µs for 4 channels x 128 pixels)
+    depthwise_planar_block_c: int = 1  # the fewest channels per planar program
     depthwise_planar_pixels: int = 1024
     depthwise_num_warps: int = 4
     wgrad_rows: int = 128  # rows of the weight-gradient tile: (tap, channel) pairs
@@ -434,8 +434,8 @@ def depthwise_geometry(geometry: ConvGeometry, planar: bool, config: KernelConfi
 def _depthwise_block_c(x: torch.Tensor, tiled: ConvGeometry, config: KernelConfig) -> int:
     """Channels per depthwise program. channels_last: many (vector loads along channels); a
     program is skipped only if all of them are silent. Planar: each channel is skipped on its own,
-    so as many as make a program of ~depthwise_planar_pixels outputs (4 on 14x14 planes, 16 on
-    7x7), at least depthwise_planar_block_c (2: 32x32 planes)."""
+    so as many as make a program of ~depthwise_planar_pixels outputs (1 on 32x32 planes, 16 on
+    7x7), at least depthwise_planar_block_c."""
     if channels_innermost(x):
         block_c = config.depthwise_block_c
     else:
