@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.testing
 
-from kernels.sparse_conv.function import conv_geometry, sparse_conv2d_triton
+from kernels.sparse_conv.function import conv_geometry, sparse_conv2d_forward, sparse_conv2d_triton
 from kernels.sparse_conv.prescan import block_activity, tile_activity
 from kernels.sparse_conv.triton import sparse_conv_wgrad, sparse_depthwise_wgrad
 
@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 SAFETY = 0.9  # the sparse path must be predicted this much faster than cuDNN to be taken
 _BENCH_MS = dict(warmup=5, rep=25)
+_GRAPH_BENCH_MS = dict(warmup=2, rep=10)  # graph replays vary little
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,9 @@ class Crossover:
     graph_forward: float = -1.0  # a cache file from before graph timing: never under graphs
     graph_map_forward: float = -1.0  # captured, with the block map given (no prescan to pay)
     graph_dense_us: float | None = None
+    graph_map_zero_us: float | None = None
+    graph_map_full_us: float | None = None
     graph_sparse_zero_us: float | None = None
-    graph_prescan_us: float | None = None
     graph_sparse_full_us: float | None = None
 
 
@@ -78,14 +80,21 @@ def _eager_crossing(time_us: Callable[[str], float]) -> tuple[float, dict[str, f
 
 
 def _graph_crossings(time_us: Callable[[str], float]) -> tuple[float, float, dict[str, float]]:
-    """The captured forward's crossovers, with its own prescan and with a given block map (its
-    line lowered by the prescan's time)."""
-    dense, zero, prescan = time_us("graph_dense"), time_us("graph_sparse_zero"), time_us("graph_prescan")
-    times = {"graph_dense_us": dense, "graph_sparse_zero_us": zero, "graph_prescan_us": prescan}
-    if zero - prescan >= SAFETY * dense:
-        return -1.0, -1.0, times
-    times["graph_sparse_full_us"] = full = time_us("graph_sparse_full")
-    return _crossing(SAFETY * dense, zero, full), _crossing(SAFETY * dense, zero - prescan, full - prescan), times
+    """The captured forward's crossovers: with the block map given (its cheapest case, timed
+    first), then with its own prescan; each line's dense end is skipped where its zero end
+    does not beat cuDNN."""
+    times = {"graph_dense_us": time_us("graph_dense")}
+    budget = SAFETY * times["graph_dense_us"]
+    crossings = []
+    for prefix in ("graph_map", "graph_sparse"):
+        times[f"{prefix}_zero_us"] = zero = time_us(f"{prefix}_zero")
+        if zero >= budget:
+            crossings.append(-1.0)
+            break  # the prescan only adds to the map's line
+        times[f"{prefix}_full_us"] = full = time_us(f"{prefix}_full")
+        crossings.append(_crossing(budget, zero, full))
+    map_forward, forward = (crossings + [-1.0])[:2]
+    return forward, map_forward, times
 
 
 def crossover_from_timings(time_us: Callable[[str], float]) -> Crossover:
@@ -128,17 +137,22 @@ def _back_to_back_us(fn, calls: int = 20, repeats: int = 5) -> float:
 
 
 def _graph_us(fn) -> float:
-    """GPU time of fn: captured in a CUDA graph (warmed up on a side stream first, as capture
-    needs), then the replay's median (cold cache)."""
+    """GPU time of fn: captured in a CUDA graph (warmed up first on the capturing side stream),
+    then the replay's median (cold cache). capture_begin/end rather than torch.cuda.graph(),
+    whose gc.collect() and empty_cache() on entry cost a running program (a search calibrating
+    ~60 call shapes) minutes."""
+    graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()
+        graph.capture_begin()
+        try:
+            fn()
+        finally:
+            graph.capture_end()
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return _median_us(graph.replay)
+    return 1000.0 * triton.testing.do_bench(graph.replay, return_mode="median", **_GRAPH_BENCH_MS)
 
 
 def _cost_us(fn) -> float:
@@ -182,11 +196,11 @@ def measure_crossover(
             return _cost_us(lambda: sparse(source))
         if name == "graph_dense":
             return _graph_us(lambda: conv(full))
-        if name == "graph_prescan":
-            return _graph_us(lambda: block_activity(full))
-        if name in ("graph_sparse_zero", "graph_sparse_full"):
-            source = zero if name == "graph_sparse_zero" else full
-            return _graph_us(lambda: sparse(source))
+        if name.startswith("graph_"):  # graph_map_zero, graph_map_full, graph_sparse_zero, graph_sparse_full
+            source = zero if name.endswith("_zero") else full
+            blocks = block_activity(source) if name.startswith("graph_map") else None
+            return _graph_us(lambda: sparse_conv2d_forward(source, weight, None, stride, padding, dilation, groups,
+                                                           blocks))
         grad_y = output_grad()
         if name == "dense_wgrad":
             return _median_us(lambda: torch.ops.aten.convolution_backward(

@@ -408,26 +408,28 @@ def test_crossing_of_the_linear_time_model():
 
 
 EAGER = ["dense", "sparse_zero"]
-GRAPH = ["graph_dense", "graph_sparse_zero", "graph_prescan"]
+GRAPH_MAP = ["graph_dense", "graph_map_zero", "graph_map_full"]
+GRAPH_PRESCAN = ["graph_sparse_zero", "graph_sparse_full"]
 WGRAD = ["dense_wgrad", "wgrad_zero", "wgrad_full"]
 
 
-@pytest.mark.parametrize("zero_us, graph_zero_us, timed, forward, graph_forward, graph_map_forward, wgrad", [
-    # the sparse forward cannot beat 0.9 x cuDNN even on zeros, eagerly or in graphs (even without
-    # its prescan): stop there
-    (95.0, 50.0, EAGER + GRAPH, -1.0, -1.0, -1.0, -1.0),
+@pytest.mark.parametrize("zero_us, graph_zeros, timed, forward, graph_forward, graph_map_forward, wgrad", [
+    # the sparse forward cannot beat 0.9 x cuDNN even on zeros, eagerly or in graphs (even given
+    # the block map): stop there
+    (95.0, (45.0, 50.0), EAGER + GRAPH_MAP[:2], -1.0, -1.0, -1.0, -1.0),
     # host-bound eagerly, yet faster in graphs: the graph lines are timed, the wgrad is not
-    (95.0, 10.0, EAGER + GRAPH + ["graph_sparse_full"], -1.0, 0.5, 40 / 70, -1.0),
+    (95.0, (5.0, 10.0), EAGER + GRAPH_MAP + GRAPH_PRESCAN, -1.0, 0.5, 40 / 70, -1.0),
     # in graphs only without its prescan (the block map given)
-    (95.0, 48.0, EAGER + GRAPH + ["graph_sparse_full"], -1.0, -1.0, 27 / 32, -1.0),
-    (10.0, 10.0, EAGER + ["sparse_full"] + GRAPH + ["graph_sparse_full"] + WGRAD, 0.4, 0.5, 40 / 70, 0.25),
+    (95.0, (18.0, 48.0), EAGER + GRAPH_MAP + GRAPH_PRESCAN[:1], -1.0, -1.0, 27 / 32, -1.0),
+    (10.0, (5.0, 10.0), EAGER + ["sparse_full"] + GRAPH_MAP + GRAPH_PRESCAN + WGRAD, 0.4, 0.5, 40 / 70, 0.25),
 ])
-def test_calibration_stops_timing_once_the_sparse_path_cannot_win(zero_us, graph_zero_us, timed, forward,
+def test_calibration_stops_timing_once_the_sparse_path_cannot_win(zero_us, graph_zeros, timed, forward,
                                                                   graph_forward, graph_map_forward, wgrad):
-    prescan_us = 30.0 if graph_zero_us == 48.0 else 5.0
+    map_zero, prescan_zero = graph_zeros
     times = {"dense": 100.0, "sparse_zero": zero_us, "sparse_full": 210.0,
-             "graph_dense": 50.0, "graph_sparse_zero": graph_zero_us, "graph_prescan": prescan_us,
-             "graph_sparse_full": 80.0, "dense_wgrad": 100.0, "wgrad_zero": 30.0, "wgrad_full": 270.0}
+             "graph_dense": 50.0, "graph_map_zero": map_zero, "graph_map_full": 50.0 if map_zero == 18.0 else 75.0,
+             "graph_sparse_zero": prescan_zero, "graph_sparse_full": 80.0,
+             "dense_wgrad": 100.0, "wgrad_zero": 30.0, "wgrad_full": 270.0}
     asked = []
 
     def time_us(name):
@@ -440,7 +442,7 @@ def test_calibration_stops_timing_once_the_sparse_path_cannot_win(zero_us, graph
     assert crossover.graph_forward == pytest.approx(graph_forward)
     assert crossover.graph_map_forward == pytest.approx(graph_map_forward)
     assert crossover.dense_us == 100.0 and crossover.sparse_zero_us == zero_us
-    assert crossover.graph_dense_us == 50.0 and crossover.graph_prescan_us == prescan_us
+    assert crossover.graph_dense_us == 50.0 and crossover.graph_map_zero_us == map_zero
 
 
 def test_density_tracker_samples_every_nth_call():
@@ -455,7 +457,7 @@ def test_density_tracker_samples_every_nth_call():
 
 def test_crossover_cache_reads_back_and_ignores_garbage(tmp_path):
     path = tmp_path / "crossovers.json"
-    crossover = Crossover(0.2, -1.0, 100.0, 30.0, 300.0, 120.0, 5.0, 400.0, 0.6, 0.7, 90.0, 20.0, 8.0, 150.0)
+    crossover = Crossover(0.2, -1.0, 100.0, 30.0, 300.0, 120.0, 5.0, 400.0, 0.6, 0.7, 90.0, 12.0, 140.0, 20.0, 150.0)
     never = Crossover(-1.0, -1.0, 10.0, 120.0)  # stopped early: the other timings are None
     older = {k: v for k, v in crossover.__dict__.items() if not k.startswith("graph_")}  # file from before graphs
     path.write_text(json.dumps({"key": crossover.__dict__, "small": never.__dict__, "older": older}))

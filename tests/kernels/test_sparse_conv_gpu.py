@@ -119,7 +119,7 @@ def test_captured_calls_follow_the_graph_crossover_and_the_measured_density():
             sparse(x)
         torch.cuda.synchronize()
         crossover = dispatch._CROSSOVERS.get(call_key(x, sparse.weight, [1, 1], [1, 1], [1, 1], 1))
-        assert crossover.graph_dense_us is not None and crossover.graph_sparse_zero_us is not None
+        assert crossover.graph_dense_us is not None and crossover.graph_map_zero_us is not None
         for tracker, measured in ((sparse.density, True), (DensityTracker(), False)):
             def call():
                 return sparse_conv2d(x, sparse.weight, None, 1, 1, tracker=tracker)
