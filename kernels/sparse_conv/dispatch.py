@@ -7,8 +7,8 @@ weight gradient, for every supported call; under TRITON_INTERPRET=1 also on CPU 
   - unsupported configurations: F.conv2d;
   - on CUDA, per call key (GPU, dtype, layout, shapes, conv parameters): the crossover work
     fractions are measured once (calibration.py): for eager calls, and for calls captured in a
-    CUDA graph (with the block map given or not); if the sparse path cannot win at any sparsity, F.conv2d; else
-    the call site's last measured work fraction decides. That measurement is read back from
+    CUDA graph (with the block map given or not); if the sparse path cannot win at any
+    sparsity, F.conv2d; else the call site's last measured work fraction decides. That measurement is read back from
     the GPU asynchronously (no host sync): every SAMPLE_EVERY-th eager call of a site computes
     it, and while the site runs on cuDNN that call also runs the prescan alone, to notice when
     its input becomes sparse. A captured call cannot measure (a graph replays the path picked
@@ -212,7 +212,7 @@ def _run_triton(call: ConvCall) -> torch.Tensor:
 class _Plan:
     """What "auto" does with one call signature on a GPU, worked out at its first call."""
 
-    dense_path: str | None  # the counter of the cuDNN path if the sparse path is never taken, eager or captured
+    dense_path: str | None  # the cuDNN path's counter if the sparse path is never taken, eager or captured
     key: str = ""
     geometry: ConvGeometry | None = None
     crossover: Crossover | None = None
@@ -260,19 +260,17 @@ def _run_auto(call: ConvCall) -> torch.Tensor:
     if plan.dense_path is not None:
         return _dense(call, plan.dense_path)
     tracker = call.tracker if call.tracker is not None else _SHARED_TRACKERS[plan.key]
-    capturing = torch.cuda.is_current_stream_capturing()
-    if not capturing:  # querying an event is not allowed while a graph is captured
-        tracker.poll()
     crossover = plan.crossover
-    if capturing:
+    capturing = torch.cuda.is_current_stream_capturing()
+    if capturing:  # the graph replays this choice: sparse only on a density measured before
         limit = crossover.graph_forward if call.block_map is None else crossover.graph_map_forward
-    else:
-        limit = crossover.forward
-    sample = not capturing and tracker.sample_due(SAMPLE_EVERY if crossover.forward >= 0 else GRAPH_ONLY_SAMPLE_EVERY)
-    if capturing:  # the graph replays this choice: sparse only on a measured density
         tracker.last_call_sparse = tracker.forward is not None and tracker.forward <= limit
+        sample = False
     else:
+        tracker.poll()  # (querying an event is not allowed during a capture)
+        limit = crossover.forward
         tracker.last_call_sparse = limit >= 0 and (tracker.forward is None or tracker.forward <= limit)
+        sample = tracker.sample_due(SAMPLE_EVERY if limit >= 0 else GRAPH_ONLY_SAMPLE_EVERY)
     if tracker.last_call_sparse:
         sparse_wgrad = tracker.wgrad is not None and tracker.wgrad <= crossover.wgrad
         y, blocks = _sparse(call, sparse_wgrad)
