@@ -68,50 +68,36 @@ def _crossing(budget: float, at_zero: float, at_full: float) -> float:
     return (budget - at_zero) / (at_full - at_zero)
 
 
-def _eager_crossing(time_us: Callable[[str], float]) -> tuple[float, dict[str, float]]:
-    """The eager forward's crossover (its time on a dense input skipped when the sparse forward
-    does not beat cuDNN even on an all-zero input)."""
-    dense, zero = time_us("dense"), time_us("sparse_zero")
-    times = {"dense_us": dense, "sparse_zero_us": zero}
-    if zero >= SAFETY * dense:
-        return -1.0, times
-    times["sparse_full_us"] = full = time_us("sparse_full")
-    return _crossing(SAFETY * dense, zero, full), times
-
-
-def _graph_crossings(time_us: Callable[[str], float]) -> tuple[float, float, dict[str, float]]:
-    """The captured forward's crossovers: with the block map given (its cheapest case, timed
-    first), then with its own prescan; each line's dense end is skipped where its zero end
-    does not beat cuDNN."""
-    times = {"graph_dense_us": time_us("graph_dense")}
-    budget = SAFETY * times["graph_dense_us"]
-    crossings = []
-    for prefix in ("graph_map", "graph_sparse"):
-        times[f"{prefix}_zero_us"] = zero = time_us(f"{prefix}_zero")
-        if zero >= budget:
-            crossings.append(-1.0)
-            break  # the prescan only adds to the map's line
-        times[f"{prefix}_full_us"] = full = time_us(f"{prefix}_full")
-        crossings.append(_crossing(budget, zero, full))
-    map_forward, forward = (crossings + [-1.0])[:2]
-    return forward, map_forward, times
+def _timed_crossing(time_us: Callable[[str], float], line: str, budget: float, times: dict[str, float]) -> float:
+    """The crossing of the line timed as `line`_zero and `line`_full with `budget`, the dense end
+    not timed where the zero end does not beat the budget; the times go into `times`."""
+    times[f"{line}_zero_us"] = zero = time_us(f"{line}_zero")
+    if zero >= budget:
+        return -1.0
+    times[f"{line}_full_us"] = full = time_us(f"{line}_full")
+    return _crossing(budget, zero, full)
 
 
 def crossover_from_timings(time_us: Callable[[str], float]) -> Crossover:
-    """The crossovers from timings asked for by name, in an order that stops early: when the
-    sparse forward on an all-zero input (its cheapest case) does not beat cuDNN, its time on a
-    dense input is not asked for; the weight gradient is timed only where the eager forward can
-    win (the wgrad's crossover then serves graphs too). On small layers, whose sparse call is
-    bound by its host work, that saves most of the eager timings."""
-    forward, times = _eager_crossing(time_us)
-    graph_forward, graph_map_forward, graph_times = _graph_crossings(time_us)
+    """The crossovers from timings asked for by name, in an order that stops early: a line's
+    time on a dense input is not asked for when the sparse call on an all-zero input (its
+    cheapest case) does not beat cuDNN. The captured forward is timed given the block map first,
+    and with its own prescan only if that line can win (the prescan only adds to it). The weight
+    gradient is timed only where the eager forward can win (its crossover then serves graphs
+    too). On small layers, whose sparse call is bound by its host work, that saves most of the
+    timings."""
+    times = {"dense_us": time_us("dense")}
+    forward = _timed_crossing(time_us, "sparse", SAFETY * times["dense_us"], times)
+    times["graph_dense_us"] = time_us("graph_dense")
+    graph_budget = SAFETY * times["graph_dense_us"]
+    graph_map_forward = _timed_crossing(time_us, "graph_map", graph_budget, times)
+    graph_forward = -1.0 if graph_map_forward < 0 else _timed_crossing(time_us, "graph_sparse", graph_budget, times)
     wgrad = -1.0
     if forward >= 0:
-        times.update(dense_wgrad_us=time_us("dense_wgrad"), wgrad_zero_us=time_us("wgrad_zero"),
-                     wgrad_full_us=time_us("wgrad_full"))
-        wgrad = _crossing(SAFETY * times["dense_wgrad_us"], times["wgrad_zero_us"], times["wgrad_full_us"])
+        times["dense_wgrad_us"] = time_us("dense_wgrad")
+        wgrad = _timed_crossing(time_us, "wgrad", SAFETY * times["dense_wgrad_us"], times)
     return Crossover(forward=forward, wgrad=wgrad, graph_forward=graph_forward, graph_map_forward=graph_map_forward,
-                     **times, **graph_times)
+                     **times)
 
 
 def _median_us(fn) -> float:

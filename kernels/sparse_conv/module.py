@@ -61,14 +61,12 @@ class SparseConv2d(nn.Conv2d):
     def forward(self, x: torch.Tensor, block_map: torch.Tensor | None = None) -> torch.Tensor:
         key = (x.shape, x.stride(), x.dtype, x.device, self.weight.dtype, self.backend,
                torch.is_autocast_enabled(x.device.type))
-        route = self._dense_route
-        if route is not None and route[0] == key:
-            graph_capable = route[2]  # a captured call may take the sparse path: the dispatcher decides
-            if not graph_capable or not torch.cuda.is_current_stream_capturing():
-                if graph_capable:
-                    self.density.poll()  # read the density measurement now: no event query in a capture
-                count_path(route[1])
-                return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        route = self._dense_route  # route[2]: a captured call may take the sparse path, the dispatcher decides
+        if route is not None and route[0] == key and not (route[2] and torch.cuda.is_current_stream_capturing()):
+            if route[2]:
+                self.density.poll()  # read the density measurement now: no event query in a capture
+            count_path(route[1])
+            return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
         y = sparse_conv2d(
             x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
             backend=self.backend, tracker=self.density, block_map=block_map,

@@ -192,37 +192,38 @@ def tile_activity(
     """Per (sample, output tile of `geometry`): `active` int8 [N, tiles, C], the active channels
     listed in ascending order in `index` int32 [N, tiles, C] (entries past `count` are unset),
     `count` int32 [N, tiles]."""
-    rows, cols, channels = geometry.rows, geometry.cols, geometry.in_channels
+    channels = geometry.in_channels
     shape = (geometry.batch, geometry.tiles, channels)
     active = torch.empty(shape, device=blocks.device, dtype=torch.int8)
     index = torch.empty(shape, device=blocks.device, dtype=torch.int32)
     count = torch.empty(shape[:2], device=blocks.device, dtype=torch.int32)
+    args, constexprs = _window_args(geometry)
     _tile_activity_kernel[(geometry.tiles, geometry.batch)](
-        blocks, active, index, count,
-        channels, rows.blocks, cols.blocks, cols.tiles, rows.out_size, cols.out_size, rows.size, cols.size,
-        rows.stride, cols.stride, rows.padding, cols.padding,
-        (rows.kernel - 1) * rows.dilation, (cols.kernel - 1) * cols.dilation,
-        TILE_H=rows.tile, TILE_W=cols.tile, BLOCK=BLOCK,
-        MAX_BLOCKS_H=rows.max_blocks_per_tile, MAX_BLOCKS_W=cols.max_blocks_per_tile,
-        CHUNK_C=_chunk(channels),
+        blocks, active, index, count, *args, **constexprs, CHUNK_C=_chunk(channels),
     )
     return active, index, count
+
+
+def _window_args(geometry: ConvGeometry) -> tuple[tuple[int, ...], dict[str, int]]:
+    """The shape arguments and constexprs that the tile-window kernels share."""
+    rows, cols = geometry.rows, geometry.cols
+    args = (geometry.in_channels, rows.blocks, cols.blocks, cols.tiles, rows.out_size, cols.out_size, rows.size,
+            cols.size, rows.stride, cols.stride, rows.padding, cols.padding,
+            (rows.kernel - 1) * rows.dilation, (cols.kernel - 1) * cols.dilation)
+    constexprs = dict(TILE_H=rows.tile, TILE_W=cols.tile, BLOCK=BLOCK,
+                      MAX_BLOCKS_H=rows.max_blocks_per_tile, MAX_BLOCKS_W=cols.max_blocks_per_tile)
+    return args, constexprs
 
 
 def window_activity(blocks: torch.Tensor, geometry: ConvGeometry, chunk: int = WINDOW_ACTIVITY_CHUNK) -> torch.Tensor:
     """`tile_activity`'s `active` int8 [N, tiles, C] alone (what the depthwise forward reads),
     from a kernel that makes no lists."""
-    rows, cols, channels = geometry.rows, geometry.cols, geometry.in_channels
+    channels = geometry.in_channels
     active = torch.empty((geometry.batch, geometry.tiles, channels), device=blocks.device, dtype=torch.int8)
     chunk = min(chunk, next_pow2(channels))
+    args, constexprs = _window_args(geometry)
     _window_activity_kernel[(cdiv(channels, chunk), geometry.tiles, geometry.batch)](
-        blocks, active,
-        channels, rows.blocks, cols.blocks, cols.tiles, rows.out_size, cols.out_size, rows.size, cols.size,
-        rows.stride, cols.stride, rows.padding, cols.padding,
-        (rows.kernel - 1) * rows.dilation, (cols.kernel - 1) * cols.dilation,
-        TILE_H=rows.tile, TILE_W=cols.tile, BLOCK=BLOCK,
-        MAX_BLOCKS_H=rows.max_blocks_per_tile, MAX_BLOCKS_W=cols.max_blocks_per_tile,
-        CHUNK_C=chunk,
+        blocks, active, *args, **constexprs, CHUNK_C=chunk,
     )
     return active
 
