@@ -150,12 +150,16 @@ def test_depthwise_programs_hold_about_1024_outputs_in_planar_layouts(size, chan
     assert sparse_triton._depthwise_block_c(x, tiled, sparse_triton.DEFAULT_CONFIG) == block_c
 
 
-def test_flattened_multistep_input_and_strided_view():
-    """[T, B, C, H, W] flattened to [T*B, ...], then a non-contiguous slice (FactorizedReduce)."""
+@pytest.mark.parametrize("groups", [1, 6], ids=["dense", "depthwise"])
+def test_flattened_multistep_input_and_strided_view(groups):
+    """[T, B, C, H, W] flattened to [T*B, ...], then a non-contiguous slice (FactorizedReduce; for
+    depthwise, planes whose strides the planar kernel must read at run time)."""
     generator = torch.Generator().manual_seed(11)
     x = spikes((6, 6, 10, 10), 0.2, generator).view(3, 2, 6, 10, 10).flatten(0, 1)[:, :, 1:, 1:]
-    weight, bias = torch.randn((4, 6, 1, 1), generator=generator), torch.randn(4, generator=generator)
-    assert_matches_conv2d(x, weight, bias, 2, 0, 1, 1)
+    kernel = 1 if groups == 1 else 3
+    weight = torch.randn((6 if groups > 1 else 4, 6 // groups, kernel, kernel), generator=generator)
+    bias = torch.randn(weight.shape[0], generator=generator)
+    assert_matches_conv2d(x, weight, bias, 2, kernel // 2, 1, groups)
 
 
 def test_non_finite_inputs_propagate_like_conv2d():
