@@ -74,6 +74,11 @@ class KernelConfig:
 
 DEFAULT_CONFIG = KernelConfig()
 _MAX_WGRAD_PARTIAL_BYTES = 8 << 20  # bound on the split reduction's scratch buffer
+# The planar depthwise forward unrolls its channel loop up to this many channel x tap bodies. H100,
+# [256, C, H, W] fp16 (RESULTS.md ninth run): unrolled, 4 channels x 25 taps compiled in 4.1 s
+# and ran 14.3 µs against 18.4 looped; 16 x 25 took 32-39 s to compile and ran no faster
+# (14.5 against 14.3 µs). Before this bound, those compiles were 161 of a fresh search's ~290 s.
+DEPTHWISE_UNROLL_TAPS = 100
 
 
 # Conv parameters stay run-time values: specializing on them (Triton does for ints equal to 1)
@@ -374,9 +379,37 @@ def _sparse_depthwise_fwd_kernel(
              eviction_policy="evict_first")
 
 
+@triton.jit
+def _planar_channel(x_ptr, w_ptr, bias_ptr, y_ptr, active_ptr, c, n, pair, oh, ow, pix_ok,
+                    channels, height, width, sx_n, sx_c, sx_h, sx_w, sy_n, sy_c, sy_h, sy_w,
+                    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+                    KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr):
+    """Channel c of a planar program's row band: its KH x KW taps unless the channel is silent
+    over the band's window (then only the bias is written)."""
+    if c < channels:
+        acc = tl.zeros(oh.shape, tl.float32)
+        if tl.load(active_ptr + pair * channels + c) != 0:
+            x_plane = x_ptr + n.to(tl.int64) * sx_n + c * sx_c
+            for kh in tl.static_range(KH):
+                ih = oh * stride_h - pad_h + kh * dil_h
+                row_ok = pix_ok & (ih >= 0) & (ih < height)
+                for kw in tl.static_range(KW):
+                    iw = ow * stride_w - pad_w + kw * dil_w
+                    xv = tl.load(x_plane + ih * sx_h + iw * sx_w, mask=row_ok & (iw >= 0) & (iw < width), other=0.0)
+                    acc += xv.to(tl.float32) * tl.load(w_ptr + c * (KH * KW) + kh * KW + kw).to(tl.float32)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + c).to(tl.float32)
+        y_ptrs = y_ptr + n.to(tl.int64) * sy_n + c * sy_c + oh * sy_h + ow * sy_w
+        if EVEN:
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), eviction_policy="evict_first")
+        else:
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=pix_ok, eviction_policy="evict_first")
+
+
 # Conv parameters are specialized here (unlike _CONV_ARGS elsewhere): with stride, padding and
 # dilation of 1 known at compile time this kernel took 36.2 instead of 52.7 µs (H100, RESULTS.md
-# seventh run), for a few more compiles.
+# seventh run), for a few more compiles. The channel loop is unrolled only for short bodies
+# (UNROLL, up to DEPTHWISE_UNROLL_TAPS): unrolled, 16 channels x 25 taps took 32-39 s to compile.
 @triton.jit
 def _sparse_depthwise_planar_fwd_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, active_ptr,
@@ -384,35 +417,24 @@ def _sparse_depthwise_planar_fwd_kernel(
     sx_n, sx_c, sx_h, sx_w, sy_n, sy_c, sy_h, sy_w,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     KH: tl.constexpr, KW: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
-    BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, UNROLL: tl.constexpr,
 ):
     # Planar layouts (pixels contiguous): the program's channels one after the other, each a 1-D
-    # row band. A channel silent over the tile's window reads nothing and writes the bias. EVEN
-    # (tiles cover the output exactly) drops the store mask (not timed on its own).
+    # row band. EVEN (tiles cover the output exactly) drops the store mask (not timed on its own).
     tile = tl.program_id(1)
     n = tl.program_id(2)
     pair = n * tl.num_programs(1) + tile
     oh, ow, pix_ok = _tile_pixels(tile, tiles_w, out_h, out_w, TILE_H, TILE_W)
-    for j in tl.static_range(BLOCK_C):
-        c = tl.program_id(0) * BLOCK_C + j
-        if c < channels:
-            acc = tl.zeros((TILE_H * TILE_W,), tl.float32)
-            if tl.load(active_ptr + pair * channels + c) != 0:
-                x_plane = x_ptr + n.to(tl.int64) * sx_n + c * sx_c
-                for kh in tl.static_range(KH):
-                    ih = oh * stride_h - pad_h + kh * dil_h
-                    row_ok = pix_ok & (ih >= 0) & (ih < height)
-                    for kw in tl.static_range(KW):
-                        iw = ow * stride_w - pad_w + kw * dil_w
-                        xv = tl.load(x_plane + ih * sx_h + iw * sx_w, mask=row_ok & (iw >= 0) & (iw < width), other=0.0)
-                        acc += xv.to(tl.float32) * tl.load(w_ptr + c * (KH * KW) + kh * KW + kw).to(tl.float32)
-            if HAS_BIAS:
-                acc += tl.load(bias_ptr + c).to(tl.float32)
-            y_ptrs = y_ptr + n.to(tl.int64) * sy_n + c * sy_c + oh * sy_h + ow * sy_w
-            if EVEN:
-                tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), eviction_policy="evict_first")
-            else:
-                tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=pix_ok, eviction_policy="evict_first")
+    if UNROLL:
+        for j in tl.static_range(BLOCK_C):
+            _planar_channel(x_ptr, w_ptr, bias_ptr, y_ptr, active_ptr, tl.program_id(0) * BLOCK_C + j, n, pair,
+                            oh, ow, pix_ok, channels, height, width, sx_n, sx_c, sx_h, sx_w, sy_n, sy_c, sy_h, sy_w,
+                            stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, KH, KW, HAS_BIAS, EVEN)
+    else:
+        for j in range(BLOCK_C):
+            _planar_channel(x_ptr, w_ptr, bias_ptr, y_ptr, active_ptr, tl.program_id(0) * BLOCK_C + j, n, pair,
+                            oh, ow, pix_ok, channels, height, width, sx_n, sx_c, sx_h, sx_w, sy_n, sy_c, sy_h, sy_w,
+                            stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, KH, KW, HAS_BIAS, EVEN)
 
 
 def depthwise_activity(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry,
@@ -456,14 +478,15 @@ def sparse_depthwise_fwd(
     block_c = _depthwise_block_c(x, geometry, config)
     grid = (cdiv(geometry.in_channels, block_c), geometry.tiles, geometry.batch)
     planar = not channels_innermost(x)
-    even = {"EVEN": rows.out_size % rows.tile == 0 and cols.out_size % cols.tile == 0} if planar else {}
+    planar_args = {"EVEN": rows.out_size % rows.tile == 0 and cols.out_size % cols.tile == 0,
+                   "UNROLL": block_c * rows.kernel * cols.kernel <= DEPTHWISE_UNROLL_TAPS} if planar else {}
     kernel = _sparse_depthwise_planar_fwd_kernel if planar else _sparse_depthwise_fwd_kernel
     kernel[grid](
         x, weight, bias if bias is not None else weight, y, active,
         geometry.in_channels, rows.size, cols.size, rows.out_size, cols.out_size, cols.tiles,
         *x.stride(), *y.stride(), *_conv_args(geometry),
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
-        BLOCK_C=block_c, HAS_BIAS=bias is not None, num_warps=config.depthwise_num_warps, **even,
+        BLOCK_C=block_c, HAS_BIAS=bias is not None, num_warps=config.depthwise_num_warps, **planar_args,
     )
     # Not launched dependently: gdc_wait in each of its many short programs cost more than it
     # saved (H100, [256,128,32,32] planar: 45.2 against 35.9 µs; RESULTS.md eighth run).

@@ -118,12 +118,18 @@ def test_half_precision(kind, dtype):
 
 
 @pytest.mark.parametrize("size", [(21, 19), (16, 16)], ids=["ragged", "even"])  # even: unmasked planar stores
-@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
-@pytest.mark.parametrize("pixels,block_c", [(16, 4), (64, 2), (1024, 4)])
-def test_depthwise_tiles_and_silent_channels_within_a_program(pixels, block_c, channels_last, size):
+@pytest.mark.parametrize("pixels,block_c,channels_last,unroll_taps", [
+    *[(pixels, block_c, channels_last, 100) for pixels, block_c in [(16, 4), (64, 2), (1024, 4)]
+      for channels_last in (False, True)],
+    (64, 2, False, 0), (1024, 4, False, 0),  # planar channel loops not unrolled
+])
+def test_depthwise_tiles_and_silent_channels_within_a_program(pixels, block_c, channels_last, unroll_taps, size,
+                                                             monkeypatch):
     """Depthwise programs of several tile sizes whose channels are partly silent, per plane and per
-    tile (a planar program skips each silent channel's loads), against F.conv2d."""
+    tile (a planar program skips each silent channel's loads), against F.conv2d. Planar programs
+    unroll their channel loop for short bodies; unroll_taps=0 runs it as a loop."""
     from dataclasses import replace
+    monkeypatch.setattr(sparse_triton, "DEPTHWISE_UNROLL_TAPS", unroll_taps)
     generator = torch.Generator().manual_seed(pixels + block_c)
     x = torch.randn((3, 8, *size), generator=generator)
     x *= (torch.rand((3, 8, 1, 1), generator=generator) > 0.5)  # silent planes
