@@ -19,7 +19,6 @@ measured in the same run. --sweep also times the kernels' launch configurations.
 """
 import argparse
 import datetime
-import functools
 from importlib.metadata import version
 
 import torch

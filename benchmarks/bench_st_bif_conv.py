@@ -13,7 +13,8 @@ time: the calls captured in one CUDA graph and replayed, so host work is not cou
   neuron CL             st_bif_multistep over the drive laid out [T, B, H, W, C], so that its
                         spikes come out channels_last (cuDNN CL's input), graph
   cuDNN CL              F.conv2d fp16 channels_last on the spikes (laid out beforehand), graph
-  ours+map              sparse_conv2d(backend="triton", block_map=map): packing + forward, graph
+  ours+map              sparse_conv2d(backend="triton", block_map=map): stage 2 only (dense: packing
+                        + forward; depthwise: the forward on the map's plane flags), graph
   ours prescan          sparse_conv2d(backend="triton") without the map (its own prescan), graph
   pair cuDNN CL         one graph: the neuron writing channels_last spikes (the same elementwise
                         kernel over a [T, B, H, W, C] drive), then cuDNN CL on them
@@ -30,7 +31,7 @@ time: the calls captured in one CUDA graph and replayed, so host work is not cou
   zero blocks           fraction of the spikes' 8x8 blocks that are all zero
   rel err               ours+map against an fp32 F.conv2d of the same spikes
 
-Usage: PYTHONPATH=. python benchmarks/bench_st_bif_conv.py [--markdown FILE] [--pdl-ab]
+Usage: PYTHONPATH=. python benchmarks/bench_st_bif_conv.py [--markdown FILE] [--pdl-ab] [--conv dw3x3 ...]
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ from kernels.st_bif import level_bounds, st_bif_multistep, st_bif_multistep_with
 
 STEPS, BATCH, CHANNELS, SIZE = 4, 64, 128, 32
 SILENT_PLANES = (0.9, 0.5, 0.0)
+CONVS = {"conv3x3": 1, "dw3x3": CHANNELS}  # name: groups
 POS_MAX, NEG_MIN = level_bounds(8, sym=True)
 
 COLUMNS = [("zero blocks", "zero_blocks", "{:.3f}"), ("neuron", "neuron", "{:.1f}"),
@@ -91,7 +93,7 @@ def measure(silent: float, generator: torch.Generator, groups: int = 1) -> dict[
         if relative_error(pair_cudnn(), reference) > 1e-2:
             raise RuntimeError("the channels_last pair computes a different conv: the benchmark is broken")
         row = {
-            "zero_blocks": 1.0 - block_map.float().mean().item(),
+            "zero_blocks": 1.0 - block_map.blocks.float().mean().item(),
             "neuron": graph_us(lambda: st_bif_multistep(drive, 1.0, POS_MAX, NEG_MIN)),
             "neuron_map": graph_us(lambda: st_bif_multistep_with_block_map(drive, 1.0, POS_MAX, NEG_MIN)),
             "neuron_cl": graph_us(lambda: st_bif_multistep(drive_hwc, 1.0, POS_MAX, NEG_MIN)),
@@ -154,6 +156,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", help="also write the table here")
     parser.add_argument("--pdl-ab", action="store_true", help="also time dependent launches off against on")
+    parser.add_argument("--conv", choices=list(CONVS), action="append", help="only these convs (default: all)")
     args = parser.parse_args()
     header = (f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | "
               f"cuDNN {torch.backends.cudnn.version()} | {datetime.date.today()} | "
@@ -162,7 +165,8 @@ def main() -> None:
              "|---|---|" + "---|" * len(COLUMNS)]
     print("\n".join(lines), flush=True)
     generator = torch.Generator("cuda").manual_seed(0)
-    for conv, groups in (("conv3x3", 1), ("dw3x3", CHANNELS)):
+    for conv in args.conv or CONVS:
+        groups = CONVS[conv]
         for silent in SILENT_PLANES:
             row = measure(silent, generator, groups)
             lines.append(f"| {conv} | {silent:.0%} | " + " | ".join(fmt.format(row[key]) for _, key, fmt in COLUMNS) + " |")

@@ -22,6 +22,7 @@ from spikingjelly.activation_based import neuron as sj_neuron
 from spikingjelly.activation_based import surrogate as sj_surrogate
 from torch import nn
 
+from kernels.block_map import BlockMap
 from kernels.st_bif import STBIFNeuron
 from search_space.errors import UserInputError
 
@@ -66,12 +67,12 @@ class SpikingNeuron(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._run(x, with_block_map=False)[0]
 
-    def forward_with_block_map(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_with_block_map(self, x: torch.Tensor) -> tuple[torch.Tensor, BlockMap | None]:
         """`forward`, and the block map of its output where the neuron's kernel writes one (ST-BIF
         on the Triton backend, [T*B, C, H, W] input; see kernels.st_bif), else None."""
         return self._run(x, with_block_map=hasattr(self.neuron, "forward_with_block_map"))
 
-    def _run(self, x: torch.Tensor, with_block_map: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run(self, x: torch.Tensor, with_block_map: bool) -> tuple[torch.Tensor, BlockMap | None]:
         if x.shape[0] % self.timesteps:
             raise ValueError(
                 f"a neuron with T={self.timesteps} got a leading dimension of {x.shape[0]}, "

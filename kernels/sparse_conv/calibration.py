@@ -31,6 +31,9 @@ from kernels.sparse_conv.triton import sparse_conv_wgrad, sparse_depthwise_wgrad
 
 logger = logging.getLogger(__name__)
 
+# Part of every cache key: bump it when the kernels or the timings change, so that crossovers
+# cached by an older version are measured again (2: the depthwise map timing with plane flags).
+CALIBRATION_VERSION = 2
 SAFETY = 0.9  # the sparse path must be predicted this much faster than cuDNN to be taken
 _BENCH_MS = dict(warmup=5, rep=25)
 _GRAPH_BENCH_MS = dict(warmup=2, rep=10)  # graph replays vary little
@@ -184,9 +187,12 @@ def measure_crossover(
             return _graph_us(lambda: conv(full))
         if name.startswith("graph_"):  # graph_map_zero, graph_map_full, graph_sparse_zero, graph_sparse_full
             source = zero if name.endswith("_zero") else full
-            blocks = block_activity(source) if name.startswith("graph_map") else None
+            blocks = planes = None
+            if name.startswith("graph_map"):  # the map as the ST-BIF kernel writes it: blocks and plane flags
+                blocks = block_activity(source)
+                planes = blocks.amax(dim=(1, 2))
             return _graph_us(lambda: sparse_conv2d_forward(source, weight, None, stride, padding, dilation, groups,
-                                                           blocks))
+                                                           blocks, planes))
         grad_y = output_grad()
         if name == "dense_wgrad":
             return _median_us(lambda: torch.ops.aten.convolution_backward(
@@ -247,10 +253,12 @@ class CrossoverCache:
 def call_key(
     x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int], groups: int
 ) -> str:
-    """What a crossover depends on: GPU, versions, dtype, layout, shapes and conv parameters."""
+    """What a crossover depends on: our kernels' version, GPU, library versions, dtype, layout,
+    shapes and conv parameters."""
     layout = "channels_last" if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() else "nchw"
     device = torch.cuda.get_device_name(x.device) if x.is_cuda else str(x.device)
     return "|".join(map(str, (
-        device, torch.__version__, triton.__version__, x.dtype, layout, tuple(x.shape), tuple(weight.shape),
+        f"v{CALIBRATION_VERSION}", device, torch.__version__, triton.__version__, x.dtype, layout, tuple(x.shape),
+        tuple(weight.shape),
         tuple(stride), tuple(padding), tuple(dilation), groups,
     )))

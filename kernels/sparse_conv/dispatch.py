@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.block_map import BlockMap
 from kernels.sparse_conv.calibration import Crossover, CrossoverCache, call_key, default_cache_file
 from kernels.sparse_conv.function import conv_geometry, sparse_conv2d_forward, sparse_conv2d_triton
 from kernels.sparse_conv.geometry import BLOCK, ConvGeometry, cdiv
@@ -99,6 +100,7 @@ class ConvCall:
     groups: int
     tracker: DensityTracker | None
     block_map: torch.Tensor | None = None  # written by the ST-BIF kernel that made x, if any
+    plane_map: torch.Tensor | None = None  # its plane flags, if given with it
 
     @property
     def geometry(self) -> ConvGeometry:
@@ -130,13 +132,20 @@ def _autocast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     return x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
 
 
-def _validate_block_map(x: torch.Tensor, block_map: torch.Tensor) -> None:
+def _split_block_map(x: torch.Tensor, block_map: BlockMap | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(blocks, plane flags or None) of a given map, both checked against x."""
+    blocks, planes = block_map if isinstance(block_map, BlockMap) else (block_map, None)
     batch, channels, height, width = x.shape
-    expected = (batch, cdiv(height, BLOCK), cdiv(width, BLOCK), channels)
-    if block_map.dtype != torch.int8 or block_map.device != x.device or tuple(block_map.shape) != expected:
-        raise ValueError(f"sparse_conv2d: block_map must be int8 {list(expected)} on {x.device} for an input of shape "
-                         f"{list(x.shape)}, got {block_map.dtype} {list(block_map.shape)} on {block_map.device}; pass "
-                         "the map that st_bif_multistep_with_block_map returned with this input, or block_map=None")
+    for name, tensor, expected in (("block_map", blocks, (batch, cdiv(height, BLOCK), cdiv(width, BLOCK), channels)),
+                                   ("block_map.planes", planes, (batch, channels))):
+        if tensor is not None and (not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int8
+                                   or tensor.device != x.device or tuple(tensor.shape) != expected):
+            got = (f"{tensor.dtype} {list(tensor.shape)} on {tensor.device}" if isinstance(tensor, torch.Tensor)
+                   else type(tensor).__name__)
+            raise ValueError(f"sparse_conv2d: {name} must be int8 {list(expected)} on {x.device} for an input of "
+                             f"shape {list(x.shape)}, got {got}; pass the map that st_bif_multistep_with_block_map "
+                             "returned with this input, or block_map=None")
+    return blocks, planes
 
 
 def _validate(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: int) -> None:
@@ -184,8 +193,8 @@ def _sparse(call: ConvCall, sparse_wgrad: bool) -> tuple[torch.Tensor, torch.Ten
     _PATH_COUNTS["sparse_wgrad"] += int(sparse_wgrad and call.needs_weight_grad)
     args = (call.x, call.weight, call.bias, call.stride, call.padding, call.dilation, call.groups)
     if call.needs_autograd or torch.compiler.is_compiling():
-        return sparse_conv2d_triton(*args, sparse_wgrad, call.block_map)
-    return sparse_conv2d_forward(*args, call.block_map)
+        return sparse_conv2d_triton(*args, sparse_wgrad, call.block_map, call.plane_map)
+    return sparse_conv2d_forward(*args, call.block_map, call.plane_map)
 
 
 def _run_torch(call: ConvCall) -> torch.Tensor:
@@ -337,15 +346,16 @@ def sparse_conv2d(
     *,
     backend: str = "auto",
     tracker: DensityTracker | None = None,
-    block_map: torch.Tensor | None = None,
+    block_map: BlockMap | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """F.conv2d(x, weight, bias, stride, padding, dilation, groups), skipping all-zero input
     blocks where that is faster; the result does not depend on the backend (up to rounding).
 
     `tracker` keeps the sparsity measurements of one call site (a module passes its own);
     without it, calls of the same key share one. `block_map` is x's block map as the ST-BIF
-    kernel wrote it (`kernels.st_bif.st_bif_multistep_with_block_map`): the sparse path then
-    skips its prescan. A wrong map gives wrong results; its shape, dtype and device are checked.
+    kernel wrote it (`kernels.st_bif.st_bif_multistep_with_block_map`, a `BlockMap`; or its
+    blocks alone): the sparse path then skips its prescan. A wrong map gives wrong results; its
+    shape, dtype and device are checked.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"sparse_conv2d: unknown backend {backend!r}; expected one of {sorted(_BACKENDS)}")
@@ -353,8 +363,7 @@ def sparse_conv2d(
         raise ValueError(f"sparse_conv2d: padding must be numeric, got {padding!r}; pass an int or a pair")
     x, weight, bias = _autocast(x, weight, bias)
     _validate(x, weight, bias, groups)
-    if block_map is not None:
-        _validate_block_map(x, block_map)
+    blocks, planes = _split_block_map(x, block_map) if block_map is not None else (None, None)
     call = ConvCall(x, weight, bias, _pair(stride, "stride"), _pair(padding, "padding"),
-                    _pair(dilation, "dilation"), groups, tracker, block_map)
+                    _pair(dilation, "dilation"), groups, tracker, blocks, planes)
     return _BACKENDS[backend](call)

@@ -33,15 +33,16 @@ def _cached_geometry(x_shape, weight_shape, stride, padding, dilation, groups) -
 def sparse_conv2d_forward(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
     stride: list[int], padding: list[int], dilation: list[int], groups: int,
-    blocks: Optional[torch.Tensor] = None,
+    blocks: Optional[torch.Tensor] = None, planes: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, blocks): the convolution and its block map (int8 [N, H/8, W/8, C]): the given one
-    (written by the ST-BIF kernel that made x), else the prescan's."""
+    (written by the ST-BIF kernel that made x, maybe with its plane flags [N, C]), else the
+    prescan's."""
     geometry = conv_geometry(x, weight, stride, padding, dilation, groups)
     if blocks is None:
         blocks = block_activity(x)
     if geometry.is_depthwise:
-        y = sparse_depthwise_fwd(x, weight, bias, *depthwise_activity(x, blocks, geometry))
+        y = sparse_depthwise_fwd(x, weight, bias, *depthwise_activity(x, blocks, geometry, planes=planes))
     else:
         y = sparse_conv_fwd(x, weight, bias, forward_lists(x, blocks, geometry))
     return y, blocks
@@ -58,15 +59,16 @@ def sparse_conv2d_triton(
     groups: int,
     sparse_wgrad: bool,
     blocks: Optional[torch.Tensor] = None,
+    planes: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`sparse_conv2d_forward` with autograd; `sparse_wgrad` picks the weight-gradient kernel."""
-    y, blocks_out = sparse_conv2d_forward(x, weight, bias, stride, padding, dilation, groups, blocks)
+    y, blocks_out = sparse_conv2d_forward(x, weight, bias, stride, padding, dilation, groups, blocks, planes)
     # A custom op's outputs may not alias its inputs: a given map comes back as a copy (~1/64 of x).
     return y, blocks_out.clone() if blocks_out is blocks else blocks_out
 
 
 @sparse_conv2d_triton.register_fake
-def _(x, weight, bias, stride, padding, dilation, groups, sparse_wgrad, blocks=None):
+def _(x, weight, bias, stride, padding, dilation, groups, sparse_wgrad, blocks=None, planes=None):
     geometry = conv_geometry(x, weight, stride, padding, dilation, groups)
     channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
     y = torch.empty(geometry.output_shape, dtype=x.dtype, device=x.device,
@@ -77,7 +79,7 @@ def _(x, weight, bias, stride, padding, dilation, groups, sparse_wgrad, blocks=N
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, weight, bias, stride, padding, dilation, groups, sparse_wgrad, _blocks = inputs
+    x, weight, bias, stride, padding, dilation, groups, sparse_wgrad, _blocks, _planes = inputs
     ctx.save_for_backward(x, weight, output[1])
     ctx.conv = (stride, padding, dilation, groups)
     ctx.sparse_wgrad = sparse_wgrad
@@ -100,7 +102,7 @@ def _backward(ctx, grad_y, _grad_blocks):
         grad_w = wgrad(x, grad_y, geometry, tile_activity(blocks, geometry)[0], weight.dtype)
     if need_b:
         grad_b = grad_y.sum(dim=(0, 2, 3))
-    return grad_x, grad_w, grad_b, None, None, None, None, None, None
+    return grad_x, grad_w, grad_b, None, None, None, None, None, None, None
 
 
 sparse_conv2d_triton.register_autograd(_backward, setup_context=_setup_context)

@@ -6,6 +6,7 @@ from torch import nn
 
 import torch.nn.functional as F
 
+from kernels.block_map import BlockMap
 from kernels.sparse_conv.dispatch import DensityTracker, count_path, fixed_dense_path, sparse_conv2d
 from kernels.sparse_conv.triton import interpreted
 
@@ -58,7 +59,7 @@ class SparseConv2d(nn.Conv2d):
             return x.is_cuda or interpreted()
         return x.is_cuda and self.density.last_call_sparse is not False
 
-    def forward(self, x: torch.Tensor, block_map: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, block_map: BlockMap | torch.Tensor | None = None) -> torch.Tensor:
         key = (x.shape, x.stride(), x.dtype, x.device, self.weight.dtype, self.backend,
                torch.is_autocast_enabled(x.device.type))
         route = self._dense_route  # route[2]: a captured call may take the sparse path, the dispatcher decides

@@ -438,10 +438,15 @@ def _sparse_depthwise_planar_fwd_kernel(
 
 
 def depthwise_activity(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry,
-                       config: KernelConfig = DEFAULT_CONFIG) -> tuple[ConvGeometry, torch.Tensor]:
+                       config: KernelConfig = DEFAULT_CONFIG, *, planes: torch.Tensor | None = None,
+                       ) -> tuple[ConvGeometry, torch.Tensor]:
     """The depthwise forward's tiling of x (row bands, their size by x's layout) and its `active`
-    flags [N, tiles, C]."""
+    flags [N, tiles, C]. Where one tile covers the whole output plane, the plane flags [N, C]
+    (if the ST-BIF kernel wrote them) are those flags as they are: the tile's window lies within
+    the plane, so a silent plane is a silent window. Else the block map's windows are ORed."""
     tiled = depthwise_geometry(geometry, not channels_innermost(x), config)
+    if planes is not None and tiled.tiles == 1:
+        return tiled, planes.unsqueeze(1)
     return tiled, window_activity(blocks, tiled)
 
 

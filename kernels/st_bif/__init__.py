@@ -10,6 +10,8 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from kernels.block_map import BlockMap
+
 from .function import st_bif_triton
 from .triton import can_write_block_map, new_block_map
 from .reference import st_bif_reference
@@ -77,13 +79,14 @@ def st_bif_multistep_with_block_map(
     *,
     surrogate: str = "sigmoid",
     backend: str = "auto",
-) -> tuple[Tensor, Tensor | None]:
+) -> tuple[Tensor, BlockMap | None]:
     """`st_bif_multistep` and the block map of its output, for x_seq [T, B, C, H, W].
 
-    The map (int8 [T*B, ceil(H/8), ceil(W/8), C], 1 where an 8x8 block of a plane holds a spike)
-    is what `kernels.sparse_conv.sparse_conv2d(..., block_map=)` would otherwise compute with a
-    pass over the output. The Triton kernel writes it while it writes the spikes; on the torch
-    backend, under torch.compile, or for other shapes the map is None (the conv then makes its own).
+    The map (kernels/block_map.py: int8 blocks [T*B, ceil(H/8), ceil(W/8), C], 1 where an 8x8
+    block of a plane holds a spike, and plane flags [T*B, C]) is what
+    `kernels.sparse_conv.sparse_conv2d(..., block_map=)` would otherwise compute with a pass over
+    the output. The Triton kernel writes it while it writes the spikes; on the torch backend,
+    under torch.compile, or for other shapes the map is None (the conv then makes its own).
     """
     return _run(x_seq, q_threshold, pos_max, neg_min, surrogate, backend, with_block_map=True)
 
@@ -91,7 +94,7 @@ def st_bif_multistep_with_block_map(
 def _run(
     x_seq: Tensor, q_threshold: float | Tensor, pos_max: int, neg_min: int, surrogate: str, backend: str,
     with_block_map: bool,
-) -> tuple[Tensor, Tensor | None]:
+) -> tuple[Tensor, BlockMap | None]:
     check_sequence(x_seq)
     check_threshold(q_threshold, x_seq)
     check_bounds(pos_max, neg_min)
@@ -146,7 +149,7 @@ class STBIFNeuron(nn.Module):
             backend=self.backend,
         )
 
-    def forward_with_block_map(self, x_seq: Tensor) -> tuple[Tensor, Tensor | None]:
+    def forward_with_block_map(self, x_seq: Tensor) -> tuple[Tensor, BlockMap | None]:
         """`forward` and the block map of its output (`st_bif_multistep_with_block_map`)."""
         return st_bif_multistep_with_block_map(
             x_seq, self.q_threshold, self.pos_max, self.neg_min, surrogate=self.surrogate, backend=self.backend

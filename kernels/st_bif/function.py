@@ -11,6 +11,8 @@ Saved for backward: x_seq and the threshold, nothing else (see triton.py).
 import torch
 from torch import Tensor
 
+from kernels.block_map import BlockMap
+
 from .triton import bwd_num_programs, st_bif_bwd, st_bif_fwd
 
 
@@ -88,7 +90,7 @@ class STBIFFunction(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx, x_seq: Tensor, q_threshold: Tensor, pos_max: int, neg_min: int, surrogate: str,
-        block_map: Tensor | None = None,
+        block_map: BlockMap | None = None,
     ) -> Tensor:
         # block_map: filled in place by the kernel (see st_bif_fwd); not part of the autograd graph.
         _setup_context(ctx, (x_seq, q_threshold, pos_max, neg_min, surrogate), None)
@@ -104,7 +106,7 @@ class STBIFFunction(torch.autograd.Function):
 
 def st_bif_triton(
     x_seq: Tensor, q_threshold: Tensor, pos_max: int, neg_min: int, surrogate: str,
-    block_map: Tensor | None = None,
+    block_map: BlockMap | None = None,
 ) -> Tensor:
     """ST-BIF forward on the Triton kernels, differentiable in x_seq and q_threshold; fills
     `block_map` if given (eager only: under torch.compile it must be None)."""

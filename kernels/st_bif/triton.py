@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.block_map import BlockMap
 from kernels.dependent_launch import use_pdl, wait_then_release
 
 from .surrogates import get_surrogate
@@ -70,6 +71,7 @@ def _st_bif_fwd_kernel(
     acc_out_ptr,
     theta_ptr,
     map_ptr,
+    planes_ptr,
     n_neurons,
     x_stride_t,
     x_stride_n,
@@ -112,6 +114,9 @@ def _st_bif_fwd_kernel(
         block = (sample * BLOCK_ROWS + row // MAP_BLOCK) * BLOCK_COLS + (pixel - row * WIDTH) // MAP_BLOCK
         map_base = map_ptr + block * CHANNELS + (plane - sample * CHANNELS)
         map_stride_t = tl.cast(n_neurons // (HEIGHT * WIDTH * CHANNELS) * (BLOCK_ROWS * BLOCK_COLS * CHANNELS), tl.int64)
+        # The plane flags [T*B, C]: the same store of 1, at the group's plane (b*C + c) of step t.
+        planes_base = planes_ptr + plane
+        planes_stride_t = tl.cast(n_neurons // (HEIGHT * WIDTH), tl.int64)
 
     q = tl.full([BLOCK], 0.5, tl.float32)
     acc = tl.zeros([BLOCK], tl.float32)
@@ -130,6 +135,8 @@ def _st_bif_fwd_kernel(
                 if WRITE_MAP:
                     spiking = tl.max(tl.reshape((s != 0).to(tl.int32), (BLOCK // GROUP, GROUP)), axis=1)
                     tl.store(map_base + (start + k) * map_stride_t, tl.full([BLOCK // GROUP], 1, tl.int8),
+                             mask=group_ok & (spiking != 0))
+                    tl.store(planes_base + (start + k) * planes_stride_t, tl.full([BLOCK // GROUP], 1, tl.int8),
                              mask=group_ok & (spiking != 0))
     if WRITE_STATE:
         tl.store(q_out_ptr + offs, q, mask=mask)
@@ -278,13 +285,14 @@ def st_bif_fwd(
     *,
     with_state: bool = False,
     config: LaunchConfig | None = None,
-    block_map: Tensor | None = None,
+    block_map: BlockMap | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Forward over x_seq [T, ...]; returns (out, q_T, acc_T), the states only if with_state.
 
-    `block_map` (for x_seq [T, B, C, H, W]: int8 zeros [T*B, ceil(H/8), ceil(W/8), C], see
-    `new_block_map`) gets a 1 wherever an 8x8 block of a (step, sample, channel) plane spikes:
-    the spike-sparse convolution's block map, so that it need not read the output to make it.
+    `block_map` (for x_seq [T, B, C, H, W], zeroed, from `new_block_map`) gets a 1 wherever an
+    8x8 block of a (step, sample, channel) plane spikes, and in its plane flags wherever the
+    plane spikes: the spike-sparse convolution's map (kernels/block_map.py), so that it need not
+    read the output to make it.
     """
     _check_triton_input(x_seq)
     num_steps = x_seq.shape[0]
@@ -303,7 +311,8 @@ def st_bif_fwd(
         channels, height, width = x_seq.shape[2:] if block_map is not None else (1, 1, 1)
         pdl = block_map is not None and use_pdl(x_seq)  # the map's reader, the conv, follows
         _st_bif_fwd_kernel[(triton.cdiv(n, block),)](
-            x2d, out, q_final, acc_final, q_threshold, block_map,
+            x2d, out, q_final, acc_final, q_threshold,
+            *(block_map if block_map is not None else (None, None)),
             n, x2d.stride(0), x2d.stride(1), pos_max, neg_min,
             T=num_steps, CHUNK=_chunk(num_steps), BLOCK=block, WRITE_STATE=with_state,
             WRITE_MAP=block_map is not None, MAP_BLOCK=MAP_BLOCK, CHANNELS=channels, HEIGHT=height, WIDTH=width,
@@ -318,14 +327,17 @@ def can_write_block_map(x_seq: Tensor) -> bool:
     return x_seq.dim() == 5 and x_seq[0].numel() < 2**31
 
 
-def new_block_map(x_seq: Tensor) -> Tensor:
-    """The zeroed block map that `st_bif_fwd(..., block_map=)` fills, for x_seq [T, B, C, H, W]."""
+def new_block_map(x_seq: Tensor) -> BlockMap:
+    """The zeroed block map that `st_bif_fwd(..., block_map=)` fills, for x_seq [T, B, C, H, W]:
+    its blocks and plane flags share one allocation, so one memset zeroes both."""
     if not can_write_block_map(x_seq):
         raise ValueError(f"a block map needs a [T, B, C, H, W] sequence of fewer than 2**31 neurons per step, "
                          f"got shape {tuple(x_seq.shape)}")
     steps, batch, channels, height, width = x_seq.shape
     shape = (steps * batch, triton.cdiv(height, MAP_BLOCK), triton.cdiv(width, MAP_BLOCK), channels)
-    return torch.zeros(shape, dtype=torch.int8, device=x_seq.device)
+    blocks = shape[0] * shape[1] * shape[2] * channels
+    buffer = torch.zeros(blocks + steps * batch * channels, dtype=torch.int8, device=x_seq.device)
+    return BlockMap(buffer[:blocks].view(shape), buffer[blocks:].view(steps * batch, channels))
 
 
 def st_bif_bwd(

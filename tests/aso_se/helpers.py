@@ -9,7 +9,6 @@ from aso_se.arch_params import ArchSample
 from aso_se.engine import ASOSEEngine
 from aso_se.supernet import SearchNetwork, build_supernet
 from search_space.neurons import NeuronFactory
-from search_space.ops import DARTS_PRIMITIVES
 from search_space.space import SearchSpace
 
 SMALL_SPACE = SearchSpace(

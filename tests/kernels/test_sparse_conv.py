@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels.block_map import BlockMap
 from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts, sparse_conv2d
 from kernels.sparse_conv import prescan as sparse_prescan
 from kernels.sparse_conv import packed as sparse_packed
@@ -504,10 +505,34 @@ def test_block_map_from_the_st_bif_kernel_replaces_the_prescan(kind, monkeypatch
     torch.testing.assert_close(w_grad.grad, ref_w.grad, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("bad_map", ["shape", "dtype"])
+@pytest.mark.parametrize("bad_map", ["shape", "dtype", "planes shape", "planes dtype"])
 def test_a_block_map_of_another_input_is_a_clear_error(bad_map):
     x, weight, bias, _ = conv_case("dense", 3, channels_last=False)
-    block_map = sparse_prescan.block_activity(x)
-    block_map = block_map[:, :1] if bad_map == "shape" else block_map.bool()
-    with pytest.raises(ValueError, match="block_map must be int8"):
+    blocks = sparse_prescan.block_activity(x)
+    planes = blocks.amax(dim=(1, 2))
+    block_map = {"shape": blocks[:, :1], "dtype": blocks.bool(), "planes shape": BlockMap(blocks, planes[:1]),
+                 "planes dtype": BlockMap(blocks, planes.float())}[bad_map]
+    match = "block_map.planes must be int8" if bad_map.startswith("planes") else "block_map must be int8"
+    with pytest.raises(ValueError, match=match):
         sparse_conv2d(x, weight, bias, 1, 1, backend="triton", block_map=block_map)
+
+
+@pytest.mark.parametrize("size,planes_used", [(9, True), (40, False)], ids=["one-tile-planes", "row-band-tiles"])
+def test_depthwise_flags_are_the_neurons_plane_flags_where_a_tile_is_a_plane(size, planes_used):
+    """The depthwise forward takes the ST-BIF kernel's plane flags as its `active` flags where
+    one program covers the whole output plane (no activity kernel), and ORs the block map's
+    windows otherwise (40x40 planes are three row bands); both give F.conv2d's result."""
+    generator = torch.Generator().manual_seed(size)
+    x = spikes((3, 5, size, size), 0.3, generator, plane_silence=0.5)
+    blocks = sparse_prescan.block_activity(x)
+    planes = blocks.amax(dim=(1, 2))
+    assert 0 < planes.float().mean() < 1
+    weight = torch.randn((5, 1, 3, 3), generator=generator)
+    geometry = conv_geometry(x, weight, [1, 1], [1, 1], [1, 1], 5)
+    tiled, active = sparse_triton.depthwise_activity(x, blocks, geometry, planes=planes)
+    assert (tiled.tiles == 1) == planes_used
+    assert (active.data_ptr() == planes.data_ptr()) == planes_used
+    # 3x3 with padding 1: a whole-plane tile's window is the whole plane, so the flags agree
+    assert torch.equal(active, sparse_prescan.window_activity(blocks, tiled))
+    y = sparse_conv2d(x, weight, None, 1, 1, 1, 5, backend="triton", block_map=BlockMap(blocks, planes))
+    torch.testing.assert_close(y, F.conv2d(x, weight, None, 1, 1, 1, 5), rtol=1e-5, atol=1e-5)

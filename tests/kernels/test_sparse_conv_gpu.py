@@ -159,8 +159,9 @@ def test_density_tracker_reads_back_without_waiting():
 @pytest.mark.parametrize("size", [(32, 32), (7, 7), (28, 28), (14, 14)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_st_bif_block_map_feeds_the_packed_forward(size, dtype):
-    """On the GPU: the ST-BIF kernel's map equals the prescan of its output, and the conv given
-    it (the packed forward at stride 1, tiles larger than small planes) matches float64."""
+    """On the GPU: the ST-BIF kernel's map equals the prescan of its output (its plane flags the
+    OR of the blocks), and the conv given it (the packed forward at stride 1, tiles larger than
+    small planes) matches float64."""
     from kernels.sparse_conv.prescan import block_activity
     from kernels.sparse_conv.triton import uses_packed_forward
     from kernels.sparse_conv.function import conv_geometry
@@ -171,7 +172,8 @@ def test_st_bif_block_map_feeds_the_packed_forward(size, dtype):
     drive *= torch.rand((1, 3, 24, 1, 1), generator=generator, device="cuda") > 0.7
     spikes_seq, block_map = st_bif_multistep_with_block_map(drive.to(dtype), 1.0, 3, -4)
     x = spikes_seq.flatten(0, 1)
-    assert torch.equal(block_map, block_activity(x))
+    assert torch.equal(block_map.blocks, block_activity(x))
+    assert torch.equal(block_map.planes, block_map.blocks.amax(dim=(1, 2)))
     weight = (torch.randn((40, 24, 3, 3), generator=generator, device="cuda") / 3).to(dtype)
     assert uses_packed_forward(conv_geometry(x, weight, [1, 1], [1, 1], [1, 1], 1))
     y = sparse_conv2d(x, weight, None, 1, 1, backend="triton", block_map=block_map)

@@ -201,20 +201,22 @@ def test_bad_input_raises_value_error(call, match):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 2, 3, 9, 17), (11, 2, 5, 8, 8), (3, 1, 2, 20, 6), (2, 3, 5, 16, 16), (1, 2, 3, 32, 32)])
 def test_block_map_is_the_prescan_of_the_output(shape, dtype):
-    """The map the forward kernel writes equals the sparse conv's prescan of its output: odd
-    sizes (partial 8x8 blocks), T = 1 and T > 8, silent planes, a partial last program (16x16),
-    and the same spikes as without it."""
+    """The map the forward kernel writes equals the sparse conv's prescan of its output, and its
+    plane flags mark the planes with a spike: odd sizes (partial 8x8 blocks), T = 1 and T > 8,
+    silent planes, a partial last program (16x16), and the same spikes as without it."""
     from kernels.sparse_conv.prescan import block_activity
     from kernels.st_bif import st_bif_multistep_with_block_map
 
     x_seq = random_sequence(shape, dtype, seed=sum(shape))
     x_seq[:, :, 0] = 0  # channel 0 never fires (its membrane stays at 0.5)
-    out, block_map = st_bif_multistep_with_block_map(x_seq, 0.8, POS_MAX, NEG_MIN, backend="triton")
+    out, (blocks, planes) = st_bif_multistep_with_block_map(x_seq, 0.8, POS_MAX, NEG_MIN, backend="triton")
     expected = st_bif_multistep(x_seq, 0.8, POS_MAX, NEG_MIN, backend="triton")
     assert torch.equal(out, expected)
     flat = out.flatten(0, 1)
-    assert torch.equal(block_map, block_activity(flat))
-    assert block_map[..., 0].eq(0).all() and block_map.any()
+    assert torch.equal(blocks, block_activity(flat))
+    assert blocks[..., 0].eq(0).all() and blocks.any()
+    assert planes.dtype == torch.int8 and torch.equal(planes, flat.ne(0).flatten(2).any(2).to(torch.int8))
+    assert planes[:, 0].eq(0).all() and planes.any()
 
 
 def test_block_map_only_where_the_triton_kernel_writes_it():
