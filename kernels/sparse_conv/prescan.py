@@ -12,7 +12,8 @@ depends on shapes only, so the whole path is CUDA-graph capturable.
                             also calls itself) -> `active` [N, tiles, C], and lists the active
                             channels in `index` [N, tiles, C] (ascending) with `count` [N, tiles].
   `_window_activity_kernel` the same `active` flags without the lists (the depthwise forward
-                            needs none).
+                            needs none; where its tiles are whole planes it takes the ST-BIF
+                            kernel's plane flags instead, if given: kernels/block_map.py).
   `_plane_lists_kernel`     per sample: the channels active anywhere in the plane, listed the same
                             way ([N, C] and [N]).
 Loops with a run-time bound are `while` loops: Triton 3.6's interpreter (how CI runs these
