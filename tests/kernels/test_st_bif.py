@@ -199,11 +199,15 @@ def test_bad_input_raises_value_error(call, match):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(1, 2, 3, 9, 17), (11, 2, 5, 8, 8), (3, 1, 2, 20, 6), (2, 3, 5, 16, 16), (1, 2, 3, 32, 32)])
+@pytest.mark.parametrize("shape", [(1, 2, 3, 9, 17), (11, 2, 5, 8, 8), (3, 1, 2, 20, 6), (2, 3, 5, 16, 16), (1, 2, 3, 32, 32),
+                                   (2, 1, 2, 64, 64), (2, 2, 3, 24, 32), (2, 2, 3, 20, 24)])
 def test_block_map_is_the_prescan_of_the_output(shape, dtype):
     """The map the forward kernel writes equals the sparse conv's prescan of its output, and its
     plane flags mark the planes with a spike: odd sizes (partial 8x8 blocks), T = 1 and T > 8,
-    silent planes, a partial last program (16x16), and the same spikes as without it."""
+    silent planes, a partial last program (16x16), and the same spikes as without it. The shapes
+    take each way the kernel ORs spikes before it stores: per neuron (9x17), per run of 8 (20x24),
+    per block of whole 8-row bands (8x8, 16x16, 32x32, 64x64, 24x32); plane flags per program
+    (32x32, 64x64: several programs per plane), per plane (8x8, 16x16), per map lane (24x32)."""
     from kernels.sparse_conv.prescan import block_activity
     from kernels.st_bif import st_bif_multistep_with_block_map
 
