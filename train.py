@@ -32,7 +32,7 @@ def main(cfg: DictConfig) -> None:
             scheduler=instantiate(cfg.optim.scheduler), epochs=cfg.epochs,
             auxiliary_weight=cfg.model.auxiliary_weight, drop_path_prob=cfg.model.drop_path_prob,
             grad_clip=cfg.grad_clip, precision=cfg.trainer.precision, ctx=ctx,
-            log_every_n_steps=cfg.trainer.log_every_n_steps)
+            log_every_n_steps=cfg.trainer.log_every_n_steps, cuda_graph=cfg.cuda_graph)
         if run.resumed:
             with checkpoint.restore_errors(run.checkpoint_path):
                 trainer.load_state_dict(run.state["trainer"])

@@ -23,6 +23,7 @@ from torch import nn
 
 from aso_se.app import TrainingDiverged
 from aso_se.distributed import DistributedContext, wrap_model
+from aso_se.graphed_step import GraphedTrainStep
 from aso_se.progress import EpochProgress
 from aso_se.rng_state import capture_rng_state, restore_rng_state
 from aso_se.tensorboard import TensorBoardLogger, layer_of
@@ -47,10 +48,16 @@ class Retrainer:
     def __init__(self, model: nn.Module, *, optimizer: OptimizerFactory,
                  scheduler: SchedulerFactory, epochs: int, auxiliary_weight: float,
                  drop_path_prob: float, grad_clip: float, precision: str,
-                 ctx: DistributedContext, log_every_n_steps: int) -> None:
+                 ctx: DistributedContext, log_every_n_steps: int, cuda_graph: bool = False) -> None:
         if epochs < 1:
             raise UserInputError(f"epochs={epochs}: a retrain needs at least one epoch; "
                                  f"set epochs=<n>")
+        if cuda_graph and ctx.device.type != "cuda":
+            raise UserInputError(f"cuda_graph=true needs a CUDA device, the run is on {ctx.device}; "
+                                 f"set cuda_graph=false or trainer.device=cuda")
+        if cuda_graph and ctx.distributed:
+            raise UserInputError("cuda_graph=true runs on one GPU only (DDP's gradient reduction is not "
+                                 "captured); set cuda_graph=false under torchrun")
         self.network = model.to(ctx.device)
         self.model = wrap_model(self.network, ctx)
         self.optimizer = optimizer(self.network.parameters())
@@ -60,6 +67,8 @@ class Retrainer:
         self.drop_path_prob = drop_path_prob
         self.grad_clip = grad_clip
         self.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
+        # cuda_graph: each epoch's steps are captured once and replayed (aso_se/graphed_step.py).
+        self.graphed_step = GraphedTrainStep(lambda x, y: self._train_step(x, y)) if cuda_graph else None
         self.ctx = ctx
         self.board: TensorBoardLogger | None = None  # set by fit
         self.log_every = max(1, log_every_n_steps)
@@ -122,10 +131,13 @@ class Retrainer:
         first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
         self.progress.start_epoch(f"retrain epoch {self.epoch + 1}/{self.epochs}", total=steps,
                                   done=done)
+        if self.graphed_step is not None:  # lr and drop-path changed: capture anew
+            self.graphed_step.reset()
+        train_step = self.graphed_step or self._train_step
         started = time.perf_counter()
         for step, (inputs, labels) in enumerate(loader, start=done):
-            loss, correct = self._train_step(inputs.to(device, non_blocking=True),
-                                             labels.to(device, non_blocking=True))
+            loss, correct = train_step(inputs.to(device, non_blocking=True),
+                                       labels.to(device, non_blocking=True))
             sums += torch.stack([loss * labels.numel(), correct])
             first_bad_step = torch.where(~torch.isfinite(loss) & (first_bad_step < 0),
                                          step, first_bad_step)
@@ -159,7 +171,8 @@ class Retrainer:
     def _train_step(self, inputs: torch.Tensor,
                     labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.autocast(self.ctx.device.type, dtype=self.autocast_dtype,
-                            enabled=self.autocast_dtype is not None):
+                            enabled=self.autocast_dtype is not None,
+                            cache_enabled=self.graphed_step is None):  # capture needs the cache off
             logits, logits_aux = self.model(inputs)
             loss = F.cross_entropy(logits, labels)
             if logits_aux is not None:

@@ -74,6 +74,13 @@ def test_bad_genotype_file(text: str, fragments: list[str], run_app: RunApp,
     assert (tmp_path / "genotype.json").read_text() == text
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for runs without a GPU")
+def test_cuda_graph_without_a_gpu(run_app: RunApp, tmp_path: Path) -> None:
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "cuda_graph=true")
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, "cuda_graph=true needs a CUDA device", "cuda_graph=false")
+
+
 def test_no_genotype_and_no_search_yet(run_app: RunApp) -> None:
     code, stderr = run_app("train", *SMOKE)
     assert code == app.EXIT_BAD_INPUT

@@ -1,0 +1,97 @@
+"""A training step captured in a CUDA graph and replayed (train.py's ``cuda_graph=true``).
+
+A retrain step of a small spiking network is host-bound: hundreds of kernel launches (neurons,
+convs, BatchNorms, the optimizer) per step, each costing more CPU time than GPU time. Captured
+once, the whole step (forward, backward, gradient clipping, optimizer step) is one graph launch,
+and the sparse convolutions inside it are priced by GPU time (kernels/sparse_conv/dispatch.py),
+so they run wherever they win on the captured input.
+
+The recipe is PyTorch's whole-network capture (torch.cuda.graphs docs): a few eager warm-up steps
+on a side stream (lazily made state: optimizer buffers, cuBLAS workspaces, the sparse convs'
+calibration and density measurements), then one capture with static input tensors, then one
+replay per batch after copying the batch into them. The warm-up steps and the capture's step
+train on real batches like any other step.
+
+What a graph fixes at capture, the caller must re-capture for (``reset()``): the learning rate
+(a Python float for SGD), the drop-path probability, and the sparse convs' path choices. The
+retrain loop resets once per epoch, where all three change. A batch of another shape (the last,
+smaller batch of an epoch) runs eagerly.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class GraphedTrainStep:
+    """``step(inputs, labels) -> (loss, correct)``, eager until captured, then replayed.
+
+    The returned tensors of a replay are the graph's static outputs: the next call overwrites
+    them, so use them (on the device, stream-ordered) before calling again.
+    """
+
+    def __init__(self, step_fn: StepFn, *, warmup_steps: int = 3) -> None:
+        if warmup_steps < 1:
+            raise ValueError(f"warmup_steps={warmup_steps}: need at least one eager step before a capture")
+        self.step_fn = step_fn
+        self.warmup_steps = warmup_steps
+        self.captures = 0  # graphs captured so far (one per reset, in practice per epoch)
+        self.replays = 0   # steps run by replaying a graph (the capture's own step included)
+        self.eager_steps = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop the graph: the next steps warm up and capture a new one (after a change of the
+        learning rate, the drop-path probability or anything else captured as a constant)."""
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._static: tuple[torch.Tensor, ...] = ()
+        self._warm = 0
+        self._shape_key: tuple | None = None
+
+    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (inputs.shape, inputs.dtype, labels.shape, labels.dtype, inputs.device)
+        if self._graph is not None:
+            if key != self._shape_key:  # e.g. the epoch's last, smaller batch
+                return self._eager(inputs, labels)
+            static_inputs, static_labels, loss, correct = self._static
+            static_inputs.copy_(inputs, non_blocking=True)
+            static_labels.copy_(labels, non_blocking=True)
+            self._graph.replay()
+            self.replays += 1
+            return loss, correct
+        if key != self._shape_key:  # warm up on the shape that will be captured
+            self._shape_key, self._warm = key, 0
+        if self._warm < self.warmup_steps:
+            self._warm += 1
+            return self._eager(inputs, labels, side_stream=True)
+        return self._capture(inputs, labels)
+
+    def _eager(self, inputs: torch.Tensor, labels: torch.Tensor, *,
+               side_stream: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        self.eager_steps += 1
+        if not side_stream:
+            return self.step_fn(inputs, labels)
+        # Warm-up on a side stream, as the capture will be: state made lazily is then made there.
+        current = torch.cuda.current_stream(inputs.device)
+        side = torch.cuda.Stream(inputs.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            loss, correct = self.step_fn(inputs, labels)
+        current.wait_stream(side)
+        for tensor in (loss, correct):  # made on the side stream, read on this one
+            tensor.record_stream(current)
+        return loss, correct
+
+    def _capture(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        static_inputs, static_labels = inputs.clone(), labels.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss, correct = self.step_fn(static_inputs, static_labels)
+        self._graph, self._static = graph, (static_inputs, static_labels, loss, correct)
+        self.captures += 1
+        graph.replay()  # the capture ran nothing: this trains on the batch
+        self.replays += 1
+        return loss, correct
