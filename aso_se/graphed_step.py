@@ -88,7 +88,9 @@ class GraphedTrainStep:
     def _capture(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         static_inputs, static_labels = inputs.clone(), labels.clone()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: the data loader's pin-memory thread keeps calling CUDA (pinned allocations)
+        # during the capture; in the default global mode that invalidates the capture.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             loss, correct = self.step_fn(static_inputs, static_labels)
         self._graph, self._static = graph, (static_inputs, static_labels, loss, correct)
         self.captures += 1
