@@ -129,3 +129,35 @@ def test_retrain_with_cuda_graph_and_drop_path():
     losses = [record["train_loss"] for record in trainer.history]
     assert all(torch.isfinite(torch.tensor(losses))) and losses[1] < losses[0], losses
     assert trainer.graphed_step.captures == 2
+
+
+class PinnedLoader:
+    """The retrain loop's loader interface over a torch DataLoader with worker processes and
+    pinned memory, as the image data sets use: its pin-memory thread calls CUDA while the
+    step is being captured."""
+
+    def __init__(self, inputs, labels):
+        self.loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, labels), batch_size=16,
+                                                  num_workers=2, pin_memory=True)
+
+    def set_epoch(self, epoch, start_batch=0):
+        assert start_batch == 0
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        return iter(self.loader)
+
+
+def test_retrain_with_cuda_graph_and_a_pinned_memory_loader():
+    torch.manual_seed(0)
+    network = build_network("DARTS_V2", neuron="st_bif", channels=8, layers=3, num_classes=10,
+                            in_channels=1, timesteps=2, image_size=16, auxiliary=False).cuda()
+    generator = torch.Generator().manual_seed(5)
+    loader = PinnedLoader(torch.randn(16 * 12, 1, 16, 16, generator=generator),
+                          torch.randint(0, 10, (16 * 12,), generator=generator))
+    trainer = retrainer(network, True)
+    fit(trainer, loader, loader)
+    assert trainer.graphed_step.captures == 2 and trainer.graphed_step.replays == 2 * 9
+    assert all(torch.isfinite(torch.tensor(record["train_loss"])) for record in trainer.history)
