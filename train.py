@@ -56,7 +56,8 @@ def main(cfg: DictConfig) -> None:
         if ctx.is_main:
             checkpoint.save_json({**trainer.metrics(), "wall_time_s": run.wall_time_s,
                                   "genotype": genotype.to_json(), "world_size": ctx.world_size,
-                                  "device": str(ctx.device), "precision": cfg.trainer.precision},
+                                  "device": str(ctx.device), "precision": cfg.trainer.precision,
+                                  "cuda_graph": cfg.cuda_graph},
                                  run.run_dir / "metrics.json")
 
 

@@ -3,7 +3,8 @@
 The recipe of quark0/darts ``train.py``: SGD with a cosine learning-rate schedule (both from
 ``conf/optim``), cutout (a data-set option), an auxiliary head whose loss is added with a weight,
 drop-path whose probability grows linearly from 0 to its final value over the epochs, and the
-gradient norm clipped. The loop runs on one process or under DDP, in fp32 or bf16 autocast.
+gradient norm clipped. The loop runs on one process or under DDP, in fp32 or bf16 autocast;
+on one GPU its steps can be captured in a CUDA graph and replayed (``cuda_graph``).
 
 The loop keeps its running sums on the device and reads them on the host (one sync) every
 ``log_every_n_steps`` steps and at the end of an epoch, which is also where a NaN/Inf loss is
