@@ -11,6 +11,7 @@ from torch import nn
 from aso_se.distributed import DistributedContext
 from aso_se.graphed_step import GraphedTrainStep
 from aso_se.retrain import Retrainer
+from kernels.sparse_conv import SparseConv2d
 from search_space.network import build_network
 
 pytestmark = [
@@ -94,12 +95,16 @@ def deterministic_fp32(monkeypatch):
 
 
 def test_retrain_with_cuda_graph_matches_eager(deterministic_fp32):
-    """Two epochs of a spiking DARTS_V2 network (ST-BIF neurons, sparse convs, auxiliary head),
-    graphed against eager from the same weights: one capture per epoch, and the same losses,
-    accuracies and weights."""
+    """Two epochs of a spiking DARTS_V2 network (ST-BIF neurons, auxiliary head), graphed against
+    eager from the same weights: one capture per epoch, and the same losses, accuracies and
+    weights. Its convs run on cuDNN in both modes: where the dispatcher picks the sparse kernels
+    (fp32 through TF32) spikes flip, which a spiking network amplifies (the other tests here run
+    the dispatcher inside the graph)."""
     torch.manual_seed(0)
     network = build_network("DARTS_V2", neuron="st_bif", channels=8, layers=3, num_classes=10,
                             in_channels=1, timesteps=2, image_size=16, auxiliary=True).cuda()
+    for conv in (m for m in network.modules() if isinstance(m, SparseConv2d)):
+        conv.backend = "torch"
     twin = copy.deepcopy(network)
     train = random_batches([16] * 6 + [5], (1, 16, 16), 10, seed=2)
     test = random_batches([16] * 2, (1, 16, 16), 10, seed=3)
