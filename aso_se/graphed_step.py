@@ -23,7 +23,22 @@ from collections.abc import Callable
 
 import torch
 
+from search_space.errors import UserInputError
+
 StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def check_capturable(optimizer: torch.optim.Optimizer) -> None:
+    """A one-line error for an optimizer whose step cannot be captured: one with a `capturable`
+    option left off (Adam, AdamW, RMSprop, ...: their step reads its counters on the host), or
+    LBFGS (a closure, run several times per step)."""
+    name = type(optimizer).__name__
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise UserInputError("cuda_graph=true cannot capture LBFGS's step (it re-runs a closure); "
+                             "use another optimizer or cuda_graph=false")
+    if any(group.get("capturable") is False for group in optimizer.param_groups):
+        raise UserInputError(f"cuda_graph=true needs a capturable optimizer, and {name} has capturable=False; "
+                             f"set +optim.optimizer.capturable=true or cuda_graph=false")
 
 
 class GraphedTrainStep:

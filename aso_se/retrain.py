@@ -24,7 +24,7 @@ from torch import nn
 
 from aso_se.app import TrainingDiverged
 from aso_se.distributed import DistributedContext, wrap_model
-from aso_se.graphed_step import GraphedTrainStep
+from aso_se.graphed_step import GraphedTrainStep, check_capturable
 from aso_se.progress import EpochProgress
 from aso_se.rng_state import capture_rng_state, restore_rng_state
 from aso_se.tensorboard import TensorBoardLogger, layer_of
@@ -62,6 +62,8 @@ class Retrainer:
         self.network = model.to(ctx.device)
         self.model = wrap_model(self.network, ctx)
         self.optimizer = optimizer(self.network.parameters())
+        if cuda_graph:
+            check_capturable(self.optimizer)
         self.scheduler = scheduler(self.optimizer)
         self.epochs = epochs
         self.auxiliary_weight = auxiliary_weight

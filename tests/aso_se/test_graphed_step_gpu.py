@@ -12,6 +12,7 @@ from aso_se.distributed import DistributedContext
 from aso_se.graphed_step import GraphedTrainStep
 from aso_se.retrain import Retrainer
 from kernels.sparse_conv import SparseConv2d
+from search_space.errors import UserInputError
 from search_space.network import build_network
 
 pytestmark = [
@@ -166,3 +167,21 @@ def test_retrain_with_cuda_graph_and_a_pinned_memory_loader():
     assert trainer.fit(loader, loader, board=None, should_stop=lambda: False, on_epoch_end=lambda is_best: None)
     assert trainer.graphed_step.captures == 2 and trainer.graphed_step.replays == 2 * 9
     assert all(torch.isfinite(torch.tensor(record["train_loss"])) for record in trainer.history)
+
+
+def test_retrain_with_cuda_graph_and_a_capturable_adam():
+    """Adam with capturable=True is captured and trains; without it the retrainer refuses it up
+    front with a one-line error instead of failing inside the capture."""
+    torch.manual_seed(0)
+    network = build_network("DARTS_V2", neuron="st_bif", channels=8, layers=3, num_classes=10,
+                            in_channels=1, timesteps=2, image_size=16, auxiliary=False).cuda()
+    train = random_batches([16], (1, 16, 16), 10, seed=6) * 10
+    common = dict(scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=2), epochs=2,
+                  auxiliary_weight=0.0, drop_path_prob=0.0, grad_clip=5.0, precision="fp32",
+                  ctx=DistributedContext(torch.device("cuda")), log_every_n_steps=100, cuda_graph=True)
+    with pytest.raises(UserInputError, match="capturable=False"):
+        Retrainer(network, optimizer=functools.partial(torch.optim.Adam, lr=1e-3), **common)
+    trainer = Retrainer(network, optimizer=functools.partial(torch.optim.Adam, lr=1e-3, capturable=True), **common)
+    fit(trainer, train, train[:1])
+    losses = [record["train_loss"] for record in trainer.history]
+    assert trainer.graphed_step.captures == 2 and losses[1] < losses[0], losses
