@@ -71,7 +71,7 @@ class Retrainer:
         self.grad_clip = grad_clip
         self.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
         # cuda_graph: each epoch's steps are captured once and replayed (aso_se/graphed_step.py).
-        self.graphed_step = GraphedTrainStep(lambda x, y: self._train_step(x, y)) if cuda_graph else None
+        self.graphed_step = GraphedTrainStep(self._train_step) if cuda_graph else None
         self.ctx = ctx
         self.board: TensorBoardLogger | None = None  # set by fit
         self.log_every = max(1, log_every_n_steps)

@@ -72,9 +72,18 @@ class Batches:
         return iter(self.batches[self.start:])
 
 
-def retrainer(network, cuda_graph, drop_path_prob=0.0):
+SGD = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=3e-4)
+
+
+def spiking_network(auxiliary):
+    torch.manual_seed(0)
+    return build_network("DARTS_V2", neuron="st_bif", channels=8, layers=3, num_classes=10,
+                         in_channels=1, timesteps=2, image_size=16, auxiliary=auxiliary).cuda()
+
+
+def retrainer(network, cuda_graph, drop_path_prob=0.0, optimizer=SGD):
     return Retrainer(
-        network, optimizer=functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=3e-4),
+        network, optimizer=optimizer,
         scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=2), epochs=2,
         auxiliary_weight=0.4, drop_path_prob=drop_path_prob, grad_clip=5.0, precision="fp32",
         ctx=DistributedContext(torch.device("cuda")), log_every_n_steps=100, cuda_graph=cuda_graph)
@@ -101,9 +110,7 @@ def test_retrain_with_cuda_graph_matches_eager(deterministic_fp32):
     weights. Its convs run on cuDNN in both modes: where the dispatcher picks the sparse kernels
     (fp32 through TF32) spikes flip, which a spiking network amplifies (the other tests here run
     the dispatcher inside the graph)."""
-    torch.manual_seed(0)
-    network = build_network("DARTS_V2", neuron="st_bif", channels=8, layers=3, num_classes=10,
-                            in_channels=1, timesteps=2, image_size=16, auxiliary=True).cuda()
+    network = spiking_network(auxiliary=True)
     for conv in (m for m in network.modules() if isinstance(m, SparseConv2d)):
         conv.backend = "torch"
     twin = copy.deepcopy(network)
@@ -126,9 +133,7 @@ def test_retrain_with_cuda_graph_matches_eager(deterministic_fp32):
 def test_retrain_with_cuda_graph_and_drop_path():
     """Drop-path draws its masks inside the graph: a captured epoch with drop-path trains (the
     loss falls over a repeated batch) and stays finite."""
-    torch.manual_seed(0)
-    network = build_network("DARTS_V2", neuron="st_bif", channels=8, layers=3, num_classes=10,
-                            in_channels=1, timesteps=2, image_size=16, auxiliary=False).cuda()
+    network = spiking_network(auxiliary=False)
     train = random_batches([16], (1, 16, 16), 10, seed=4) * 12
     trainer = retrainer(network, True, drop_path_prob=0.3)
     fit(trainer, train, train[:1])
@@ -157,9 +162,7 @@ class PinnedLoader:
 
 
 def test_retrain_with_cuda_graph_and_a_pinned_memory_loader():
-    torch.manual_seed(0)
-    network = build_network("DARTS_V2", neuron="st_bif", channels=8, layers=3, num_classes=10,
-                            in_channels=1, timesteps=2, image_size=16, auxiliary=False).cuda()
+    network = spiking_network(auxiliary=False)
     generator = torch.Generator().manual_seed(5)
     loader = PinnedLoader(torch.randn(16 * 12, 1, 16, 16, generator=generator),
                           torch.randint(0, 10, (16 * 12,), generator=generator))
@@ -172,16 +175,11 @@ def test_retrain_with_cuda_graph_and_a_pinned_memory_loader():
 def test_retrain_with_cuda_graph_and_a_capturable_adam():
     """Adam with capturable=True is captured and trains; without it the retrainer refuses it up
     front with a one-line error instead of failing inside the capture."""
-    torch.manual_seed(0)
-    network = build_network("DARTS_V2", neuron="st_bif", channels=8, layers=3, num_classes=10,
-                            in_channels=1, timesteps=2, image_size=16, auxiliary=False).cuda()
+    network = spiking_network(auxiliary=False)
     train = random_batches([16], (1, 16, 16), 10, seed=6) * 10
-    common = dict(scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=2), epochs=2,
-                  auxiliary_weight=0.0, drop_path_prob=0.0, grad_clip=5.0, precision="fp32",
-                  ctx=DistributedContext(torch.device("cuda")), log_every_n_steps=100, cuda_graph=True)
     with pytest.raises(UserInputError, match="capturable=False"):
-        Retrainer(network, optimizer=functools.partial(torch.optim.Adam, lr=1e-3), **common)
-    trainer = Retrainer(network, optimizer=functools.partial(torch.optim.Adam, lr=1e-3, capturable=True), **common)
+        retrainer(network, True, optimizer=functools.partial(torch.optim.Adam, lr=1e-3))
+    trainer = retrainer(network, True, optimizer=functools.partial(torch.optim.Adam, lr=1e-3, capturable=True))
     fit(trainer, train, train[:1])
     losses = [record["train_loss"] for record in trainer.history]
     assert trainer.graphed_step.captures == 2 and losses[1] < losses[0], losses
