@@ -32,8 +32,9 @@ from kernels.sparse_conv.triton import sparse_conv_wgrad, sparse_depthwise_wgrad
 logger = logging.getLogger(__name__)
 
 # Part of every cache key: bump it when the kernels or the timings change, so that crossovers
-# cached by an older version are measured again (2: the depthwise map timing with plane flags).
-CALIBRATION_VERSION = 2
+# cached by an older version are measured again (2: the depthwise map timing with plane flags;
+# 3: the channels_last packing reads whole channel rows).
+CALIBRATION_VERSION = 3
 SAFETY = 0.9  # the sparse path must be predicted this much faster than cuDNN to be taken
 _BENCH_MS = dict(warmup=5, rep=25)
 _GRAPH_BENCH_MS = dict(warmup=2, rep=10)  # graph replays vary little

@@ -250,18 +250,30 @@ def test_pointer_forward_at_stride_1(kernel, dilation, padding, channels_last):
     torch.testing.assert_close(y, F.conv2d(x, weight, bias, 1, padding, dilation), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
-def test_packing_lists_each_samples_active_channels_in_order(channels_last):
+PACKINGS = {  # (channels_last, row_gather): the packing's variants
+    "nchw": (False, None),
+    "channels_last strided": (True, False),
+    "channels_last rows": (True, True),  # the default on channels_last
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("packing", PACKINGS)
+def test_packing_lists_each_samples_active_channels_in_order(packing, dtype):
     """Packed [N, C/16, H, W, 16]: slot s of sample n holds its s-th active channel; the lanes of
     the last chunk past the count are zeros (the forward reads whole chunks). The same launch
-    copies a (non-contiguous) weight to the [KH, KW, C_in, C_out] layout."""
+    copies a (non-contiguous) weight to the [KH, KW, C_in, C_out] layout. Non-spike values, inf and
+    NaN are copied as they are."""
+    channels_last, row_gather = PACKINGS[packing]
     generator = torch.Generator().manual_seed(21)
-    x = spikes((3, 37, 9, 10), 0.2, generator, plane_silence=0.6)
+    x = spikes((3, 37, 9, 10), 0.2, generator, plane_silence=0.6) * torch.randn((3, 37, 9, 10), generator=generator)
     x[1] = 0
     x[2, :, 3:5, 4:6] = 0.7  # every plane of sample 2 active
-    x = layout(x, channels_last)
+    x[2, 36, 0, 0], x[0, 5, 8, 9] = float("nan"), float("-inf")
+    x = layout(x.to(dtype), channels_last)
     weight = torch.randn((5, 37, 3, 1), generator=generator)[:, :, :, ::1].transpose(0, 1).contiguous().transpose(0, 1)
-    packed, index, count, weight_rows = sparse_packed.pack_active_channels(x, sparse_prescan.block_activity(x), weight, 32, 4)
+    packed, index, count, weight_rows = sparse_packed.pack_active_channels(
+        x, sparse_prescan.block_activity(x), weight, 32, 4, row_gather=row_gather)
     assert torch.equal(weight_rows, weight) and weight_rows.permute(2, 3, 1, 0).is_contiguous()
     active = x.ne(0).flatten(2).any(dim=2)
     assert torch.equal(count, active.sum(dim=1).int())
@@ -269,7 +281,7 @@ def test_packing_lists_each_samples_active_channels_in_order(channels_last):
         channels = active[n].nonzero().flatten()
         assert torch.equal(index[n, : count[n]].long(), channels)
         slots = packed[n].permute(0, 3, 1, 2).flatten(0, 1)  # [chunks * 16, H, W]
-        assert torch.equal(slots[: len(channels)], x[n, channels])
+        torch.testing.assert_close(slots[: len(channels)], x[n, channels], rtol=0, atol=0, equal_nan=True)
         assert not slots[len(channels): max(-(-len(channels) // 16), 1) * 16].any()  # sample 1: chunk 0 of zeros
 
 
