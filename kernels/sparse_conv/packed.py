@@ -12,8 +12,10 @@ pixel with one mask, and the nine taps of a tile read overlapping rows through t
                        chunk s // KC, lane s % KC, channels innermost. Lanes past the sample's
                        count in its last chunk are written as zeros, and so is chunk 0 of a
                        sample with no active channel. Channels-innermost input (channels_last)
-                       is read as whole channel rows, the slots picked out by `tl.gather`
-                       (strided 2-byte loads per slot were 1.4x slower). Program 0 of a sample also writes its list
+                       is read as whole channel rows, the slots picked out by `tl.gather`, for
+                       samples with many active channels (strided 2-byte loads per slot were
+                       1.4x slower there), and by those strided loads for samples with few.
+                       Program 0 of a sample also writes its list
                        (`index` [N, C], `count` [N]), which the forward reads for weights. The
                        programs also share the copy of the weight to [KH, KW, C_in, C_out].
   `_packed_fwd_kernel` per (output-channel block, output tile, sample): for each KC chunk and tap,
@@ -41,16 +43,56 @@ WEIGHT_COPY_BLOCK = 1024  # weight elements a packing program copies per step
 # A row-gathering packing program (channels innermost) holds 4096 x elements in one warp, so that
 # its gather stays within the warp. H100, [256,128,32,32] fp16 channels_last, 90% silent planes
 # (RESULTS.md, eleventh run): 60 µs against 69-112 µs for 8192 or 16384 elements in 2-8 warps,
-# and 84 µs for the strided loads it replaces.
+# and 82-84 µs for strided loads.
 ROW_GATHER_ELEMENTS = 4096
 ROW_GATHER_WARPS = 1
+# Samples with fewer than 1/16 of their channels active keep strided loads, which read less: H100,
+# 128 channels, 0.1-3.6 active per sample: strided 13-37 µs, rows 57 µs, this mix 27-38 µs
+# (the strided loads run in the row gather's small programs there); 8.8: 62 / 57 / 53 µs.
+ROW_GATHER_MIN_SHARE = 16
+
+
+@triton.jit
+def _chunk_channels(active, rank, offs_c, slot):
+    """The channel holding each of the slots `slot` (its rank among the active ones): the
+    compaction, done in registers."""
+    match = (active[None, :] != 0) & (rank[None, :] == slot[:, None])
+    return tl.sum(tl.where(match, offs_c[None, :], 0), axis=1)
+
+
+@triton.jit
+def _pack_strided(src, dst, active, rank, offs_c, offs_j, count, sx_c, pix_ok, plane, KC: tl.constexpr):
+    """Copies the active channels of `src`'s pixels to `dst`, KC slots per chunk, by strided loads."""
+    k0 = 0
+    while k0 < tl.maximum(count, 1):  # chunk 0 even when no channel is active: the forward reads it unconditionally
+        slot = k0 + offs_j
+        ci = _chunk_channels(active, rank, offs_c, slot)
+        values = tl.load(src + ci[None, :] * sx_c, mask=pix_ok[:, None] & (slot < count)[None, :], other=0.0,
+                         eviction_policy="evict_first")  # read once; L2 is for packed, which is read 9 times
+        tl.store(dst + (k0 // KC) * plane * KC, values, mask=pix_ok[:, None])
+        k0 += KC
+
+
+@triton.jit
+def _pack_rows(src, dst, active, rank, offs_c, c_ok, offs_j, count, sx_c, pix_ok, plane, KC: tl.constexpr):
+    """The same copy where channels are innermost: each pixel's channel row read whole (one
+    coalesced, vectorized load, no per-channel mask), the slots picked out by `tl.gather`."""
+    rows = tl.load(src + offs_c[None, :] * sx_c, mask=pix_ok[:, None] & c_ok[None, :], other=0.0,
+                   eviction_policy="evict_first")
+    k0 = 0
+    while k0 < tl.maximum(count, 1):
+        slot = k0 + offs_j
+        ci = _chunk_channels(active, rank, offs_c, slot)
+        values = tl.gather(rows, tl.broadcast_to(ci[None, :], (rows.shape[0], KC)), axis=1)
+        tl.store(dst + (k0 // KC) * plane * KC, tl.where((slot < count)[None, :], values, 0.0), mask=pix_ok[:, None])
+        k0 += KC
 
 
 @triton.jit
 def _pack_kernel(
     x_ptr, blocks_ptr, packed_ptr, index_ptr, count_ptr, w_ptr, w_rows_ptr,
     channels, height, width, blocks_per_plane, sx_n, sx_c, sx_h, sx_w,
-    out_channels, weight_numel, sw_o, sw_i, sw_h, sw_w,
+    out_channels, weight_numel, sw_o, sw_i, sw_h, sw_w, rows_min_count,
     C_PAD: tl.constexpr, BLOCK_PIX: tl.constexpr, KC: tl.constexpr, BLOCK_B: tl.constexpr,
     PLANAR: tl.constexpr, ROW_GATHER: tl.constexpr, KW: tl.constexpr, BLOCK_W: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -95,25 +137,15 @@ def _pack_kernel(
     offs_j = tl.arange(0, KC)
     dst = packed_ptr + (n.to(tl.int64) * tl.cdiv(channels, KC) * plane + pix[:, None]) * KC + offs_j[None, :]
     if ROW_GATHER:
-        # Channels innermost: a pixel's channels are one contiguous row. Read the rows whole (one
-        # coalesced, vectorized load: no per-channel mask) and pick the slots out of registers,
-        # instead of KC strided 2-byte loads per pixel. Read once; L2 is for packed, read 9 times.
-        rows = tl.load(src + offs_c[None, :] * sx_c, mask=pix_ok[:, None] & c_ok[None, :], other=0.0,
-                       eviction_policy="evict_first")
-    k0 = 0
-    while k0 < tl.maximum(count, 1):  # chunk 0 even when no channel is active: the forward reads it unconditionally
-        slot = k0 + offs_j
-        # The channel holding each slot's rank: the compaction, done in registers.
-        match = (active[None, :] != 0) & (rank[None, :] == slot[:, None])
-        ci = tl.sum(tl.where(match, offs_c[None, :], 0), axis=1)
-        if ROW_GATHER:
-            values = tl.gather(rows, tl.broadcast_to(ci[None, :], (BLOCK_PIX, KC)), axis=1)
-            values = tl.where((slot < count)[None, :], values, 0.0)
+        # Channels innermost: a pixel's channels are one contiguous row. A sample with many active
+        # channels has its rows read whole and its slots picked out of registers; one with few
+        # keeps the strided 2-byte loads of its slots, which read less.
+        if count >= rows_min_count:
+            _pack_rows(src, dst, active, rank, offs_c, c_ok, offs_j, count, sx_c, pix_ok, plane, KC)
         else:
-            values = tl.load(src + ci[None, :] * sx_c, mask=pix_ok[:, None] & (slot < count)[None, :], other=0.0,
-                             eviction_policy="evict_first")
-        tl.store(dst + (k0 // KC) * plane * KC, values, mask=pix_ok[:, None])
-        k0 += KC
+            _pack_strided(src, dst, active, rank, offs_c, offs_j, count, sx_c, pix_ok, plane, KC)
+    else:
+        _pack_strided(src, dst, active, rank, offs_c, offs_j, count, sx_c, pix_ok, plane, KC)
 
 
 @triton.jit
@@ -191,10 +223,11 @@ def pack_active_channels(
     """(packed [N, C/KC, H, W, KC], index int32 [N, C], count int32 [N], weight_rows) of x with
     block map `blocks`: each sample's active channels, in ascending order, KC per chunk,
     zero-filled; and `weight` [C_out, C_in, KH, KW] laid out [KH, KW, C_in, C_out] in memory
-    (viewed with weight's shape), the forward's B operand. `row_gather` (default: where channels
-    are innermost and fill a chunk) reads whole channel rows and picks the slots in registers;
-    its programs take their own size (ROW_GATHER_ELEMENTS, ROW_GATHER_WARPS), not
-    `block_pixels` and `num_warps`."""
+    (viewed with weight's shape), the forward's B operand. `row_gather` reads whole channel rows
+    and picks the slots in registers: None (the default) where channels are innermost and fill
+    a chunk, for the samples with at least 1/ROW_GATHER_MIN_SHARE of their channels active;
+    True for every sample; False nowhere. Its programs take their own size (ROW_GATHER_ELEMENTS,
+    ROW_GATHER_WARPS), not `block_pixels` and `num_warps`."""
     batch, channels, height, width = x.shape
     plane = height * width
     packed = torch.empty((batch, cdiv(channels, KC), height, width, KC), device=x.device, dtype=x.dtype)
@@ -203,6 +236,7 @@ def pack_active_channels(
     out_channels, _, kernel_h, kernel_w = weight.shape
     weight_rows = torch.empty((kernel_h, kernel_w, channels, out_channels), device=x.device, dtype=weight.dtype)
     blocks_per_plane = blocks.shape[1] * blocks.shape[2]
+    rows_min_count = 0 if row_gather else channels // ROW_GATHER_MIN_SHARE
     if row_gather is None:  # where a pixel's channels are contiguous and fill at least one chunk
         row_gather = x.stride(1) == 1 and channels >= KC
     if row_gather:  # a program holds its pixels' whole channel rows in registers
@@ -214,7 +248,7 @@ def pack_active_channels(
     _pack_kernel[grid](
         x, blocks, packed, index, count, weight, weight_rows,
         channels, height, width, blocks_per_plane, *x.stride(),
-        out_channels, weight.numel(), *weight.stride(),
+        out_channels, weight.numel(), *weight.stride(), rows_min_count,
         C_PAD=next_pow2(channels), BLOCK_PIX=block_pixels, KC=KC, BLOCK_B=min(16, next_pow2(blocks_per_plane)),
         PLANAR=x.stride(3) == 1 and x.stride(2) == width, ROW_GATHER=row_gather, KW=kernel_w,
         BLOCK_W=min(WEIGHT_COPY_BLOCK, next_pow2(cdiv(weight.numel(), grid[0] * grid[1]))), PDL=pdl,

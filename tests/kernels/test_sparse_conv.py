@@ -253,7 +253,8 @@ def test_pointer_forward_at_stride_1(kernel, dilation, padding, channels_last):
 PACKINGS = {  # (channels_last, row_gather): the packing's variants
     "nchw": (False, None),
     "channels_last strided": (True, False),
-    "channels_last rows": (True, True),  # the default on channels_last
+    "channels_last rows": (True, True),
+    "channels_last default": (True, None),  # rows for samples 0 and 2, strided loads for 1 and 3
 }
 
 
@@ -266,9 +267,11 @@ def test_packing_lists_each_samples_active_channels_in_order(packing, dtype):
     NaN are copied as they are."""
     channels_last, row_gather = PACKINGS[packing]
     generator = torch.Generator().manual_seed(21)
-    x = spikes((3, 37, 9, 10), 0.2, generator, plane_silence=0.6) * torch.randn((3, 37, 9, 10), generator=generator)
+    x = spikes((4, 37, 9, 10), 0.2, generator, plane_silence=0.6) * torch.randn((4, 37, 9, 10), generator=generator)
     x[1] = 0
     x[2, :, 3:5, 4:6] = 0.7  # every plane of sample 2 active
+    x[3] = 0
+    x[3, 20, 2, 3] = 1.5  # one active plane: fewer than 37 // ROW_GATHER_MIN_SHARE
     x[2, 36, 0, 0], x[0, 5, 8, 9] = float("nan"), float("-inf")
     x = layout(x.to(dtype), channels_last)
     weight = torch.randn((5, 37, 3, 1), generator=generator)[:, :, :, ::1].transpose(0, 1).contiguous().transpose(0, 1)
@@ -277,6 +280,8 @@ def test_packing_lists_each_samples_active_channels_in_order(packing, dtype):
     assert torch.equal(weight_rows, weight) and weight_rows.permute(2, 3, 1, 0).is_contiguous()
     active = x.ne(0).flatten(2).any(dim=2)
     assert torch.equal(count, active.sum(dim=1).int())
+    many_active = (count >= x.shape[1] // sparse_packed.ROW_GATHER_MIN_SHARE).tolist()
+    assert many_active == [True, False, True, False]  # the default takes both of its ways
     for n in range(x.shape[0]):
         channels = active[n].nonzero().flatten()
         assert torch.equal(index[n, : count[n]].long(), channels)
