@@ -88,7 +88,7 @@ def _pack_rows(src, dst, active, rank, offs_c, c_ok, offs_j, count, sx_c, pix_ok
         k0 += KC
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows_min_count"])  # one variant whatever the share works out to
 def _pack_kernel(
     x_ptr, blocks_ptr, packed_ptr, index_ptr, count_ptr, w_ptr, w_rows_ptr,
     channels, height, width, blocks_per_plane, sx_n, sx_c, sx_h, sx_w,
