@@ -14,7 +14,7 @@ pixel with one mask, and the nine taps of a tile read overlapping rows through t
                        sample with no active channel. Channels-innermost input (channels_last)
                        is read as whole channel rows, the slots picked out by `tl.gather`, for
                        samples with many active channels (strided 2-byte loads per slot were
-                       1.4x slower there), and by those strided loads for samples with few.
+                       1.4-1.7x slower there), and by those strided loads for samples with few.
                        Program 0 of a sample also writes its list
                        (`index` [N, C], `count` [N]), which the forward reads for weights. The
                        programs also share the copy of the weight to [KH, KW, C_in, C_out].
