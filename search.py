@@ -12,9 +12,10 @@ import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from aso_se import app, checkpoint
-from aso_se.engine import ASOSEEngine
-from aso_se.search_callbacks import SearchCallbacks
+from aso_se.run import app
+from aso_se.run import checkpoint
+from aso_se.search.engine import ASOSEEngine
+from aso_se.run.search_callbacks import SearchCallbacks
 
 
 @hydra.main(config_path="conf", config_name="search", version_base="1.3")

@@ -34,10 +34,10 @@ import triton
 from PIL import Image
 from torchvision.transforms.functional import normalize, pil_to_tensor
 
-from aso_se.arch_params import SamplingConfig
-from aso_se.engine import ASOSEEngine
-from aso_se.schedule import SearchSchedule
-from aso_se.supernet import build_supernet
+from aso_se.search.arch_params import SamplingConfig
+from aso_se.search.engine import ASOSEEngine
+from aso_se.search.schedule import SearchSchedule
+from aso_se.search.supernet import build_supernet
 from kernels.sparse_conv import SparseConv2d
 from search_space.neurons import NeuronFactory, set_firing_rate_recording
 from search_space.ops import DARTS_PRIMITIVES

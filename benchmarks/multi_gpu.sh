@@ -8,7 +8,7 @@
 #    compiles, sparse-conv calibration) and warm (both cached on disk).
 # 2. The same search with `torchrun --nproc_per_node=2 ... trainer=ddp` (warm): each rank
 #    takes half of each search split; the engine checks once per cycle that α is identical
-#    on both ranks (aso_se.grad_sync.check_identical_across_ranks) and stops if not.
+#    on both ranks (aso_se.parallel.distributed.check_identical_across_ranks) and stops if not.
 # 3. train.py on DARTS_V2 (experiment=smoke sizes) with DDP over 2 GPUs.
 set -uo pipefail
 OUT=${OUT:?set OUT to a directory for the logs}

@@ -5,9 +5,9 @@ import functools
 
 import torch
 
-from aso_se.arch_params import ArchSample
-from aso_se.engine import ASOSEEngine
-from aso_se.supernet import SearchNetwork, build_supernet
+from aso_se.search.arch_params import ArchSample
+from aso_se.search.engine import ASOSEEngine
+from aso_se.search.supernet import SearchNetwork, build_supernet
 from search_space.neurons import NeuronFactory
 from search_space.space import SearchSpace
 

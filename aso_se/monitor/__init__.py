@@ -1,0 +1,1 @@
+"""Watching a run: TensorBoard logging, the progress bar, step metrics read without host syncs."""

@@ -1,0 +1,1 @@
+"""What search and training share below them: process groups, gradient averaging, RNG state."""

@@ -1,0 +1,337 @@
+"""Plumbing shared by search.py and train.py: run directory, resume, signals, errors, progress.
+
+Exit codes (documented in the README):
+
+====  ===============================================================================
+0     finished
+2     bad input: a config override, genotype file, data set or checkpoint (one line)
+3     the loss became NaN/Inf; the last good checkpoint is kept (one line)
+4     out of GPU memory; the line names the knobs to lower
+130   stopped by SIGINT (Ctrl-C) after saving a checkpoint; ``resume=<run_dir>`` goes on
+143   the same for SIGTERM
+====  ===============================================================================
+
+An interrupted run exits with 128 + signal, as shells do, so ``search.py && train.py`` does not
+go on to retrain from a search that was stopped.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import hydra.errors
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from aso_se.run import checkpoint
+from aso_se.parallel.distributed import (DistributedContext, any_rank, broadcast_from_main,
+                                init_distributed, shutdown_distributed)
+from aso_se.monitor.tensorboard import TensorBoardLogger
+from aso_se.errors import TrainingDiverged, UserInputError
+
+log = logging.getLogger(__name__)
+
+EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_OUT_OF_MEMORY = 2, 3, 4
+CHECKPOINT = Path("checkpoints") / "last.pt"
+# Knobs that shrink activation memory, named in the out-of-memory line per entry point.
+_MEMORY_KNOBS = {
+    "search": ("batch_size, search.supernet.channels, search.supernet.layers, neuron.timesteps "
+               "or search.sampling.k (or set search.supernet.checkpointing=true)"),
+    "train": "batch_size, model.network.channels, model.network.layers or neuron.timesteps",
+}
+
+
+# Read before main_guard sets HYDRA_FULL_ERROR for Hydra's sake: the user's own wish.
+_USER_WANTS_TRACEBACKS = os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+class OutOfMemory(RuntimeError):
+    """The GPU ran out of memory; the message names the knobs to lower."""
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM stopped the run after its state was saved."""
+
+    def __init__(self, signum: int, run_dir: Path, entry_point: str) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}; state saved in "
+                         f"{run_dir / CHECKPOINT}; continue with: "
+                         f"python {entry_point}.py resume={run_dir}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point guard: one line on stderr and a distinct exit code for every expected failure.
+# ---------------------------------------------------------------------------------------------
+
+def main_guard(hydra_main: Callable[[], Any]) -> None:
+    """Run a ``@hydra.main`` function; expected failures become one stderr line and an exit code.
+
+    Composition errors (a bad override) happen inside ``hydra_main`` before the task runs:
+    Hydra prints a multi-line report for them unless HYDRA_FULL_ERROR is set, when it re-raises
+    and this guard reduces the message to one line. Failures inside the task are reported by
+    `Run` (Hydra would add a line of its own if they left the task). Anything unexpected is a
+    bug and keeps its traceback.
+    """
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    register_resolvers()
+    _quiet_nonzero_ranks()
+    try:
+        hydra_main()
+    except (Exception, KeyboardInterrupt) as err:
+        exit_on_expected_failure(err)
+        raise
+
+
+def exit_on_expected_failure(err: BaseException) -> None:
+    """Write one ``error:`` line and exit with the failure's code; return for a bug."""
+    if isinstance(err, Interrupted):
+        message, code = str(err), 128 + err.signum
+    elif isinstance(err, KeyboardInterrupt):  # a second Ctrl-C, or one before the run started
+        message = "interrupted before the state was saved; the last epoch-end checkpoint is kept"
+        code = 128 + signal.SIGINT
+    elif isinstance(err, (UserInputError, hydra.errors.HydraException, OmegaConfBaseException)):
+        if _USER_WANTS_TRACEBACKS:
+            return
+        message, code = _one_line(err), EXIT_BAD_INPUT
+    elif isinstance(err, TrainingDiverged):
+        message, code = str(err), EXIT_DIVERGED
+    elif isinstance(err, OutOfMemory):
+        message, code = str(err), EXIT_OUT_OF_MEMORY
+    else:
+        return
+    sys.stderr.write(f"error: {message}\n")
+    sys.exit(code)
+
+
+def _one_line(err: BaseException) -> str:
+    """A Hydra/OmegaConf report on one line; our own error when a resolver raised it."""
+    cause = err
+    while cause.__cause__ is not None and not isinstance(cause, UserInputError):
+        cause = cause.__cause__
+    if isinstance(cause, UserInputError):
+        err = cause
+    report = str(err).split("Config search path")[0]  # Hydra appends its search path
+    lines = [line.strip() for line in report.splitlines() if line.strip()]
+    if isinstance(err.__cause__, OmegaConfBaseException) and not isinstance(err, UserInputError):
+        lines.append(f"({str(err.__cause__).strip().splitlines()[0]})")
+    text, listing = "", False
+    for line in lines:  # after "Available options in 'data':" come the options, one per line
+        separator = ", " if listing and not text.endswith(":") else " "
+        text = f"{text}{separator}{line}" if text else line
+        listing = listing or line.endswith(":")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Run directory: Hydra's, or the resumed run's.
+# ---------------------------------------------------------------------------------------------
+
+def register_resolvers() -> None:
+    """Resolvers that ``hydra.run.dir`` and ``hydra.output_subdir`` use in conf/{search,train}.yaml.
+
+    With ``resume=<run_dir>`` Hydra runs in that directory (after checking it holds a
+    checkpoint, so a typo creates nothing) and writes the resuming invocation's config under
+    ``.hydra/resume_<time>`` instead of over the original ``.hydra/config.yaml``.
+    """
+    if not OmegaConf.has_resolver("aso_se.run_dir"):
+        OmegaConf.register_new_resolver("aso_se.run_dir", _run_dir)
+        OmegaConf.register_new_resolver(
+            "aso_se.hydra_subdir", lambda resume, resumed, fresh: resumed if resume else fresh)
+
+
+def _run_dir(resume: str | None, fresh: str) -> str:
+    if not resume:
+        return fresh
+    if not Path(resume).is_dir():
+        raise checkpoint.CheckpointError(f"resume dir {resume} does not exist; pass resume=<a run "
+                                         f"dir under outputs/>, or drop resume= to start anew")
+    if not (Path(resume) / CHECKPOINT).is_file():
+        raise checkpoint.CheckpointError(f"resume dir {resume} has no {CHECKPOINT} (the run saved "
+                                         f"none yet); drop resume= to start a new run")
+    return str(resume)
+
+
+def _quiet_nonzero_ranks() -> None:
+    """Under torchrun, ranks > 0 write no run directory, Hydra config or log file.
+
+    Every rank composes the config and would make its own timestamped run directory (they can
+    straddle a second); rank 0's directory is broadcast once the process group is up.
+    """
+    if int(os.environ.get("RANK", "0")) > 0:
+        sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none"]
+
+
+# ---------------------------------------------------------------------------------------------
+# One run: config, directory, process group, seeds, signals, checkpoint.
+# ---------------------------------------------------------------------------------------------
+
+class Run:
+    """Context of one search or retrain run, entered by the entry point around its work.
+
+    On entry: the config to use (the saved one when resuming), the run directory, the process
+    group, seeds, and SIGINT/SIGTERM handlers that only raise a stop flag (the training loop
+    polls `should_stop` after each step, then the entry point saves and raises `Interrupted`;
+    a second signal quits at once). On exit: the process group is shut down and an expected
+    failure (bad input, NaN/Inf, out of memory, the stop) exits with its one line.
+    """
+
+    def __init__(self, cfg: DictConfig, *, entry_point: str) -> None:
+        self.entry_point = entry_point
+        self.cfg = cfg
+        self.state: dict[str, Any] | None = None  # the checkpoint being resumed
+        self.ctx: DistributedContext | None = None
+        self.run_dir = Path(HydraConfig.get().runtime.output_dir)
+        self._signum: int | None = None
+        self._pid = os.getpid()
+        self._previous_handlers: dict[int, Any] = {}
+        self._started = time.perf_counter()
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / CHECKPOINT
+
+    @property
+    def resumed(self) -> bool:
+        return self.state is not None
+
+    def __enter__(self) -> Run:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        try:
+            self._start()
+        except BaseException as err:
+            self.__exit__(type(err), err, err.__traceback__)
+            raise
+        return self
+
+    def _start(self) -> None:
+        if self.cfg.get("resume"):
+            self._load_resumed_state()
+        trainer = self.cfg.trainer
+        if trainer.precision not in ("fp32", "bf16"):
+            raise UserInputError(f"trainer.precision={trainer.precision} is not supported; "
+                                 f"use fp32 or bf16")
+        self.ctx = init_distributed(ddp=trainer.ddp, device=trainer.device)
+        self.run_dir = broadcast_from_main(self.run_dir, self.ctx)
+        seed_everything(self.cfg.seed)
+        if not self.ctx.is_main:  # rank 0 reports progress; the others only warnings and errors
+            logging.getLogger().setLevel(logging.WARNING)
+        if self.ctx.is_main:
+            log.info("%s run in %s (%s, %d process%s)%s", self.entry_point, self.run_dir,
+                     self.ctx.device, self.ctx.world_size, "" if self.ctx.world_size == 1 else "es",
+                     f", resumed from {self.checkpoint_path}" if self.resumed else "")
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        """Restore the signal handlers, leave the process group, report an expected failure.
+
+        Expected failures exit here, inside the task, with one line: Hydra would print a line
+        of its own for an exception leaving the task. Bugs propagate with their traceback.
+        """
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+        if self.ctx is not None:
+            shutdown_distributed(self.ctx)
+        if exc is None:
+            return
+        if isinstance(exc, torch.OutOfMemoryError):
+            exc = OutOfMemory(f"out of GPU memory; lower {_MEMORY_KNOBS[self.entry_point]}, or "
+                              f"spread the batch over GPUs with trainer=ddp")
+        elif isinstance(exc, TrainingDiverged):
+            kept = (f"last good checkpoint kept: {self.checkpoint_path}"
+                    if self.checkpoint_path.is_file() else "no checkpoint was saved yet")
+            exc = TrainingDiverged(f"{exc}; {kept}")
+        exit_on_expected_failure(exc)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:
+            # A DataLoader worker forked after the handler was installed (Ctrl-C reaches the
+            # whole process group): it keeps working until the main process shuts it down.
+            return
+        if self._signum is not None:  # a second Ctrl-C quits at once
+            signal.default_int_handler(signum, frame)
+        self._signum = signum
+        log.warning("%s received: saving a checkpoint after this step (again to quit at once)",
+                    signal.Signals(signum).name)
+
+    def should_stop(self) -> bool:
+        """Polled after every step; all ranks agree so they stop at the same step."""
+        return any_rank(self._signum is not None, self.ctx)
+
+    def raise_if_stopped(self) -> None:
+        """After the final save: report the stop (exit 128 + signal)."""
+        if self._signum is not None:
+            raise Interrupted(self._signum, self.run_dir, self.entry_point)
+
+    def _load_resumed_state(self) -> None:
+        extra = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
+        if extra:
+            raise UserInputError(f"resume continues a run with its saved config; drop the "
+                                 f"overrides {' '.join(extra)}, or start a new run with them")
+        self.state = checkpoint.load_checkpoint(self.checkpoint_path, kind=self.entry_point)
+        self.cfg = OmegaConf.create(self.state["config"])
+
+    def save(self, state: Mapping[str, Any], path: Path | None = None) -> None:
+        """Checkpoint ``state`` with the config it belongs to (rank 0 only; others return)."""
+        if self.ctx is not None and not self.ctx.is_main:
+            return
+        config = OmegaConf.to_container(self.cfg, resolve=True)
+        checkpoint.save_checkpoint({"config": config, "wall_time_s": self.wall_time_s, **state},
+                                   path or self.checkpoint_path, kind=self.entry_point)
+
+    @property
+    def wall_time_s(self) -> float:
+        """Seconds this run has been working, over every session when it was resumed."""
+        before = self.state.get("wall_time_s", 0.0) if self.state else 0.0
+        return before + time.perf_counter() - self._started
+
+    def tensorboard(self, logger: DictConfig | None, *, step: int) -> TensorBoardLogger | None:
+        """The run's one TensorBoard logger on rank 0 (None elsewhere or with logger=none).
+
+        ``step`` is the global step the run starts from; events a killed run wrote after it
+        are purged, so a resumed curve has no doubled segment.
+        """
+        if logger is None or not self.ctx.is_main:
+            return None
+        return instantiate(logger)(log_dir=self.run_dir / "tb", purge_step=step or None)
+
+
+def find_genotype(name_or_path: str | None, search_root: Path = Path("outputs/search")) -> str:
+    """``genotype=``'s value, or the newest ``genotype.json`` that search.py wrote."""
+    if name_or_path:
+        return str(name_or_path)
+    found = sorted(search_root.glob("*/genotype.json"), key=lambda path: path.stat().st_mtime)
+    if not found:
+        raise UserInputError(f"no genotype given and no {search_root}/*/genotype.json found; run "
+                             f"python search.py first, or pass genotype=<genotype.json | a bundled "
+                             f"name like DARTS_V2>")
+    log.info("genotype: %s (the newest search result)", found[-1])
+    return str(found[-1])
+
+
+def check_timesteps(data: Any, neuron: Any) -> None:
+    """Event data brings its own number of frames; the network must run that many steps."""
+    if data.timesteps is not None and data.timesteps != neuron.timesteps:
+        raise UserInputError(f"data {data.name} has {data.timesteps} frames per sample but "
+                             f"neuron.timesteps={neuron.timesteps}; set both to the same T "
+                             f"(data.timesteps=<T> neuron.timesteps=<T>)")
+
+
+def seed_everything(seed: int) -> None:
+    """The same seed on every rank: identical initial weights, α and Gumbel draws."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

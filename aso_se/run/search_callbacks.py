@@ -1,0 +1,104 @@
+"""What search.py does at the engine's callbacks: progress, TensorBoard, checkpoints, genotypes.
+
+The engine (``aso_se.search.engine.ASOSEEngine``) calls ``on_step`` after every step with host-side
+scalars, ``on_epoch_end`` once an epoch's state is final and ``on_cycle_end`` when a cycle's
+genotype is derived. Here they become a progress bar and an epoch log line, TensorBoard
+scalars and images, ``checkpoints/last.pt`` at every epoch end, and
+``genotypes/cycle_<k>.json``. Only rank 0 writes; every rank keeps the same bookkeeping.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from aso_se.run.app import Run
+from aso_se.run.checkpoint import save_json
+from aso_se.search.engine import ASOSEEngine, CycleResult
+from aso_se.monitor.progress import EpochProgress
+from aso_se.monitor.tensorboard import TensorBoardLogger
+from kernels.sparse_conv import path_counts, reset_path_counts
+from search_space.genotypes import Genotype
+from search_space.neurons import firing_rates
+
+# Per-step scalars of the engine that go to TensorBoard (the rest are positions and counters).
+_STEP_SCALARS = ("loss", "accuracy", "arch_loss", "arch_accuracy", "lr", "temperature",
+                 "entropy", "entropy_weight", "images_per_second")
+# Per-epoch figures of the engine shown in the epoch's log line.
+_EPOCH_SUMMARY = ("loss", "accuracy", "arch_loss", "arch_accuracy", "images_per_second", "lr",
+                  "temperature", "entropy", "arch_kl", "seconds")
+
+
+class SearchCallbacks:
+    """The engine's callbacks for one search run (see the module docstring)."""
+
+    def __init__(self, run: Run, board: TensorBoardLogger | None, *, steps_per_epoch: int,
+                 log_every_n_steps: int) -> None:
+        self.run = run
+        self.board = board
+        self.steps_per_epoch = steps_per_epoch
+        self.log_every = max(1, log_every_n_steps)
+        self.progress = EpochProgress(enabled=run.ctx.is_main)
+        self._epoch_key: tuple[int, str, int] | None = None
+
+    def on_step(self, metrics: dict[str, Any]) -> None:
+        key = (metrics["cycle"], metrics["phase"], metrics["epoch"])
+        if key != self._epoch_key:
+            self._epoch_key = key
+            self.progress.start_epoch(_epoch_title(metrics), total=self.steps_per_epoch,
+                                      done=metrics["step"])
+        scalars = {name: metrics[name] for name in _STEP_SCALARS if name in metrics}
+        self.progress.advance(1, {k: scalars[k] for k in ("loss", "accuracy") if k in scalars})
+        if self.board is not None and (metrics["global_step"] + 1) % self.log_every == 0:
+            self.board.scalars("search", scalars, metrics["global_step"])
+
+    def on_epoch_end(self, engine: ASOSEEngine, info: dict[str, Any]) -> None:
+        self._epoch_key = None
+        summary = {k: info[k] for k in _EPOCH_SUMMARY if k in info}
+        if engine.device.type == "cuda":
+            summary["gpu_memory_gib"] = torch.cuda.max_memory_allocated(engine.device) / 2**30
+        self.progress.end_epoch(_epoch_title(info), summary)
+        if self.board is not None:
+            step = engine.progress["global_step"]
+            self.board.scalars("search_epoch", summary, step)
+            self.board.alphas(engine.alpha_probabilities(), engine.primitives, step)
+            rates = firing_rates(engine.supernet)  # each neuron as of the last step that ran it
+            if rates:  # one host transfer for all neurons
+                values = torch.stack([rate.float() for rate in rates.values()]).tolist()
+                self.board.firing_rates(dict(zip(rates, values)), step)
+            self.board.sparse_conv_paths(path_counts(), step)
+            self.board.flush()
+        reset_path_counts()
+        self.save(engine)
+
+    def on_cycle_end(self, engine: ASOSEEngine, result: CycleResult) -> None:
+        if self.run.ctx.is_main:
+            save_json(_genotype_json(result.genotype),
+                      self.run.run_dir / "genotypes" / f"cycle_{result.cycle}.json")
+        if self.board is not None:
+            self.board.genotype(result.genotype, engine.progress["global_step"])
+            self.board.scalars("evolution", {"cells": float(len(result.structure.cells)),
+                                             "channels": float(result.structure.channels),
+                                             "pruned_ops": float(result.pruned_ops)},
+                               engine.progress["global_step"])
+
+    def save(self, engine: ASOSEEngine) -> None:
+        """``checkpoints/last.pt``: the engine's whole state (rank 0)."""
+        self.run.save({"engine": engine.state_dict()})
+
+    def finish(self, genotype: Genotype) -> None:
+        """The final ``genotype.json`` (what ``train.py`` picks up by default)."""
+        if self.run.ctx.is_main:
+            save_json(_genotype_json(genotype), self.run.run_dir / "genotype.json")
+        if self.board is not None:
+            self.board.close()
+
+
+def _epoch_title(position: dict[str, Any]) -> str:
+    return f"cycle {position['cycle']} {position['phase']} (epoch {position['epoch'] + 1})"
+
+
+def _genotype_json(genotype: Genotype) -> Any:
+    """The object ``Genotype.from_json`` reads, to be written with indentation."""
+    return json.loads(genotype.to_json())

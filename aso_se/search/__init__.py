@@ -1,0 +1,1 @@
+"""The ASO-SE algorithm: supernet, FastMixedOp, architecture parameters, engine, evolution."""

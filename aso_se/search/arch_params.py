@@ -1,0 +1,170 @@
+"""Architecture parameters: all α of a cell type in one ``[edges, ops]`` Parameter, sampled in one batch.
+
+A step draws its op choices for EVERY edge of EVERY cell type with one batched Gumbel-top-k
+(:func:`draw_samples`) and brings the chosen indices to the host with one ``.tolist()`` (the
+only host sync of the draw): the supernet needs them on the host to call just those ops.
+
+An :class:`ArchSample` holds the Gumbel noise and the choice, never an autograd graph. Each
+forward rebuilds its edge weights from α and the sample (:meth:`BatchedArchitectureUpdate.edge_weights`),
+so a sample is never backpropagated through twice ("Trying to backward through the graph a
+second time" came from caching a relaxed sample across steps), and a fresh draw is made for
+every step.
+
+Edge weights (as GDAS, generalized to top-k): ``soft = softmax((α + g) / τ)`` over the
+unpruned ops; the forward value is ``soft`` renormalized over the chosen ops (exactly 1.0 for
+k = 1), zero elsewhere; the gradient is that of ``soft`` (straight-through), so every α of an
+edge gets a gradient through the softmax even when its op was not computed. When every op of
+every edge is chosen (k = all, no threshold, nothing pruned) the weights ARE ``soft``, which
+with no noise and τ = 1 is DARTS's ``softmax(α)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from search_space.errors import UserInputError
+
+
+@dataclass(frozen=True)
+class ArchSample:
+    """One cell type's draw: Gumbel noise, chosen ops, temperature. Holds no autograd graph.
+
+    ``chosen`` is ``[edges, k]`` on the device (-1 = not computed); ``active_ops`` is its host
+    copy without the -1 entries, the op indices each edge computes, best first.
+    """
+
+    noise: Tensor
+    chosen: Tensor
+    active_ops: tuple[tuple[int, ...], ...]
+    temperature: float
+
+    @property
+    def computes_every_op(self) -> bool:
+        return all(len(ops) == self.noise.shape[-1] for ops in self.active_ops)
+
+
+class BatchedArchitectureUpdate(nn.Module):
+    """α of one cell type (``alpha``, ``[edges, ops]``) plus its pruning state.
+
+    Buffers (in ``state_dict``, moved by ``.to()``): ``op_mask`` (False = pruned for good) and
+    ``stayed_below`` (True while an op's probability has been under the prune threshold at every
+    check of the current search phase; see ``aso_se.search.evolution``).
+    """
+
+    op_mask: Tensor
+    stayed_below: Tensor
+
+    def __init__(self, num_edges: int, primitives: Sequence[str], init_scale: float = 1e-3) -> None:
+        super().__init__()
+        self.primitives = tuple(primitives)
+        # DARTS's initialization: tiny random α, an almost uniform start.
+        self.alpha = nn.Parameter(init_scale * torch.randn(num_edges, len(self.primitives)))
+        self.register_buffer("op_mask", torch.ones(num_edges, len(self.primitives), dtype=torch.bool))
+        self.register_buffer("stayed_below", torch.ones(num_edges, len(self.primitives), dtype=torch.bool))
+
+    def logits(self) -> Tensor:
+        """α with ``-inf`` for pruned ops (what softmax, entropy and sampling read)."""
+        return self.alpha.masked_fill(~self.op_mask, float("-inf"))
+
+    def probabilities(self) -> Tensor:
+        """``[edges, ops]`` softmax of α over the unpruned ops."""
+        return torch.softmax(self.logits(), dim=-1)
+
+    def edge_weights(self, sample: ArchSample, *, arch_grad: bool) -> Tensor:
+        """``[edges, ops]`` weights for one forward from α and ``sample`` (see the module docstring).
+
+        With ``arch_grad=False`` (weight steps, α frozen) α is detached: no graph, no α gradient.
+        """
+        logits = self.logits() if arch_grad else self.logits().detach()
+        soft = torch.softmax((logits + sample.noise) / sample.temperature, dim=-1)
+        if sample.computes_every_op:
+            return soft
+        chosen = torch.zeros_like(soft, dtype=torch.bool).scatter_(-1, sample.chosen.clamp(min=0), sample.chosen >= 0)
+        kept = soft * chosen
+        return soft + (kept / kept.sum(dim=-1, keepdim=True) - soft).detach()
+
+
+def active_weights(weights: Tensor, sample: ArchSample) -> list[tuple[Tensor, ...]]:
+    """Per edge, the weights of its active ops in ``sample.active_ops`` order, as 0-dim tensors.
+
+    ``weights`` is ``[edges, ops]`` (:meth:`BatchedArchitectureUpdate.edge_weights`). One gather
+    and one unbind for all edges of all cells of a type, where indexing each term would cost two
+    ops per term in forward and as many in backward. Each row of ``sample.chosen`` lists its
+    active ops first (the -1s trail: ``draw_samples`` keeps a prefix of the top-k), so an edge's
+    weights are the first ``len(active_ops[edge])`` of its row.
+    """
+    per_edge = weights.gather(-1, sample.chosen.clamp(min=0)).flatten().unbind()
+    width = sample.chosen.shape[-1]
+    return [per_edge[edge * width: edge * width + len(ops)] for edge, ops in enumerate(sample.active_ops)]
+
+
+def draw_samples(
+    archs: Sequence[BatchedArchitectureUpdate],
+    num_samples: int,
+    *,
+    k: int | None,
+    weight_threshold: float,
+    temperature: float,
+    generator: torch.Generator | None,
+) -> list[list[ArchSample]]:
+    """``num_samples`` independent draws for every cell type in ``archs``: ``[sample][cell type]``.
+
+    Per edge, the top-``k`` ops of ``α + g`` (``g`` Gumbel noise from ``generator``; ``None``
+    means no noise, i.e. the top-k of α itself) are chosen, minus those whose relaxed weight
+    ``softmax((α + g) / τ)`` is under ``weight_threshold`` (the best op is always kept).
+    ``k=None`` chooses every unpruned op. All cell types must have the same shape. One host
+    sync in total.
+    """
+    logits = torch.stack([arch.logits().detach() for arch in archs])  # [types, edges, ops]
+    shape = (num_samples, *logits.shape)
+    if generator is None:
+        noise = torch.zeros(shape, device=logits.device)
+    else:
+        # Gumbel(0, 1) = -log(Exponential(1)), drawn as torch.nn.functional.gumbel_softmax draws it.
+        noise = -torch.empty(shape, device=logits.device).exponential_(generator=generator).log()
+    perturbed = logits + noise
+    num_ops = logits.shape[-1]
+    top_values, top_ops = perturbed.topk(num_ops if k is None else min(k, num_ops), dim=-1)
+    soft = torch.softmax(perturbed / temperature, dim=-1).gather(-1, top_ops)
+    keep = torch.isfinite(top_values) & (soft >= weight_threshold)
+    keep[..., 0] = True
+    chosen = top_ops.masked_fill(~keep, -1)
+    chosen_host = chosen.tolist()  # the one host sync of the draw
+    return [
+        [
+            ArchSample(
+                noise=noise[s, t],
+                chosen=chosen[s, t],
+                active_ops=tuple(tuple(op for op in edge if op >= 0) for edge in chosen_host[s][t]),
+                temperature=temperature,
+            )
+            for t in range(len(archs))
+        ]
+        for s in range(num_samples)
+    ]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Which ops a training step computes per edge.
+
+    ``k``: the top-k ops of ``α + Gumbel noise`` (None = every op: DARTS's MixedOp, exactly when
+    ``gumbel`` is off). ``weight_threshold``: also skip chosen ops (but the best) whose relaxed
+    weight is under it. ``gumbel``: sample (exploration) or take the top-k of α itself.
+    """
+
+    k: int | None = 2
+    weight_threshold: float = 0.0
+    gumbel: bool = True
+
+    def __post_init__(self) -> None:
+        if self.k is not None and self.k < 1:
+            raise UserInputError(f"sampling k={self.k}: need k >= 1 or null (every op); fix search.sampling.k")
+        if not 0.0 <= self.weight_threshold < 1.0:
+            raise UserInputError(
+                f"sampling weight_threshold={self.weight_threshold}: need 0 <= threshold < 1; "
+                "fix search.sampling.weight_threshold"
+            )

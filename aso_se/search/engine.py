@@ -1,0 +1,479 @@
+"""The ASO-SE search engine: runs the cycle plan (``aso_se.search.schedule``) on a supernet, returns the genotype.
+
+Library entry point for ``search.py``::
+
+    engine = ASOSEEngine(supernet, weights_optimizer=partial(SGD, ...), arch_optimizer=partial(Adam, ...),
+                         weights_scheduler=partial(CosineAnnealingLR, T_max=schedule.total_epochs), ...)
+    genotype = engine.run(weights_loader, arch_loader, on_step=..., on_epoch_end=..., on_cycle_end=...,
+                          should_stop=...)
+
+Callbacks (all optional; the engine never prints, it logs rare events with ``logging``):
+- ``on_step(metrics: dict)`` after every step, at most a step or two late (the scalars come to the
+  host asynchronously, ``aso_se.monitor.step_metrics``). Keys: ``cycle, phase, epoch`` (training epochs
+  before this one, the data/LR index), ``epoch_in_phase, step`` (in the epoch), ``global_step,
+  lr, temperature, entropy_weight, images, images_per_second`` (all processes together),
+  ``loss, accuracy`` (weight step, split A),
+  ``entropy`` (mean per-edge entropy of α, nats) and in the search phase ``arch_loss,
+  arch_accuracy`` (α step, split B, before the α update).
+- ``on_epoch_end(engine, info: dict)`` after every training epoch, once its state is final (save
+  checkpoints here). ``info``: ``cycle, phase, epoch, epoch_in_phase, steps, seconds,
+  images_per_second, lr, temperature, entropy, arch_kl`` (KL of α from the epoch's start) and
+  the epoch means of the step scalars.
+- ``on_cycle_end(engine, result: CycleResult)`` when a cycle's genotype is derived (its evolve
+  phase; the re-stabilization epochs that follow still belong to that cycle).
+- ``should_stop() -> bool`` is polled after every step; when it returns True, ``run`` returns
+  None at once and ``state_dict()`` holds everything needed to continue exactly there.
+
+Exposed for logging: ``alpha_probabilities()``, ``primitives``, ``genotype()``, ``entropy()``,
+``temperature`` (of the last step), ``progress``, ``supernet`` (replaced when it grows). The
+spiking neurons count their spikes (``search_space.neurons.firing_rates``) only in the last
+step of each training epoch, the one ``on_epoch_end`` sees: a count per neuron forward in
+every step would add about a tenth to the step's kernel launches.
+
+Resume: ``load_state_dict(engine.state_dict())`` on an engine built with the same arguments
+restores the grown supernet's structure (rebuilt before its weights are loaded), weights, α,
+pruning masks, optimizers, scheduler, position in the plan down to the step, the epoch's
+running metrics and every RNG (torch CPU/CUDA, Python, numpy, the Gumbel generator). The
+loaders must have ``set_epoch(epoch, start_batch=k)`` (``aso_se.data``: the order is a pure
+function of (seed, epoch) and the first k batches are skipped unread). The Gumbel
+temperature and entropy weight are functions of the position, so they need no state.
+
+Distributed: when torch.distributed is initialized, every rank runs this engine with the same
+seed; see ``aso_se.parallel.distributed`` for how α stays identical and gradients are averaged.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable, Literal, Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from aso_se.errors import TrainingDiverged
+from aso_se.search import fast_math
+from aso_se.search.architect import first_order_arch_step, second_order_arch_step
+from aso_se.search.arch_params import ArchSample, SamplingConfig
+from aso_se.search.evolution import EvolutionConfig, derive_genotype, prune_weak_ops, track_weak_ops
+from aso_se.parallel.distributed import (all_reduce_gradients, broadcast_module, check_identical_across_ranks,
+                              distributed_world_size)
+from aso_se.search.growth import grow_supernet, rebind_optimizer
+from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
+from aso_se.search.schedule import Phase, PlanEntry, SearchSchedule
+from aso_se.monitor.step_metrics import AsyncStepMetrics
+from aso_se.search.supernet import CELL_TYPES, SearchNetwork, SupernetStructure
+from search_space.errors import UserInputError
+from search_space.genotypes import Genotype
+from search_space.neurons import set_firing_rate_recording
+
+logger = logging.getLogger(__name__)
+
+Precision = Literal["fp32", "bf16"]
+Batch = Sequence[Tensor]  # (inputs, labels)
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
+SchedulerFactory = Callable[[Optimizer], LRScheduler]
+STATE_VERSION = 1
+
+
+class ResumableLoader(Protocol):
+    """What ``run`` needs from a loader (``aso_se.data``'s loaders have it)."""
+
+    def __iter__(self) -> Any: ...
+
+    def __len__(self) -> int: ...
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
+
+
+def non_finite_message(metrics: dict[str, Any], name: str) -> str:
+    """Where a loss became NaN/Inf, and what to lower."""
+    return (f"{name} is {metrics[name]} at cycle {metrics['cycle']}, {metrics['phase']} epoch {metrics['epoch']}, "
+            f"step {metrics['step']}: lower the learning rate (optim) or the entropy weight, "
+            "or use trainer.precision=fp32")
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    """A cycle's outcome: its derived genotype and the supernet it leaves for the next cycle."""
+
+    cycle: int
+    genotype: Genotype
+    structure: SupernetStructure
+    pruned_ops: int
+
+
+class ASOSEEngine:
+    """Searches ``supernet`` with ASO-SE (see the module docstring for the API and its callbacks).
+
+    ``weights_optimizer``/``arch_optimizer``: factories taking the parameters (Hydra partials);
+    ``weights_scheduler``: optional factory taking the weights optimizer, stepped once per
+    training epoch (its length should be ``schedule.total_epochs``). ``grad_clip``: max norm of
+    the weight gradients (None: no clipping). ``precision``: "bf16" runs forwards under
+    autocast (weights, α and optimizer state stay fp32).
+    """
+
+    def __init__(
+        self,
+        supernet: SearchNetwork,
+        *,
+        weights_optimizer: OptimizerFactory,
+        arch_optimizer: OptimizerFactory,
+        weights_scheduler: SchedulerFactory | None = None,
+        schedule: SearchSchedule = SearchSchedule(),
+        sampling: SamplingConfig = SamplingConfig(),
+        evolution: EvolutionConfig = EvolutionConfig(),
+        second_order: bool = False,
+        grad_clip: float | None = 5.0,
+        device: str | torch.device = "cpu",
+        precision: Precision = "fp32",
+        seed: int = 0,
+    ) -> None:
+        if precision not in ("fp32", "bf16"):
+            raise UserInputError(f"precision {precision!r}: expected 'fp32' or 'bf16'; fix trainer.precision")
+        self.device = torch.device(device)
+        self.schedule, self.sampling, self.evolution = schedule, sampling, evolution
+        self.second_order, self.grad_clip, self.precision, self.seed = second_order, grad_clip, precision, seed
+        self._make_weights_optimizer, self._make_arch_optimizer = weights_optimizer, arch_optimizer
+        self._make_weights_scheduler = weights_scheduler
+        self._use_supernet(supernet.to(self.device))
+        # One generator for all Gumbel draws, seeded alike on every rank (aso_se.parallel.distributed).
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._plan = schedule.plan()
+        self._position = 0  # index of the current plan entry
+        self._step = 0  # steps done in the current epoch
+        self._global_step = 0
+        self._epoch_totals: dict[str, float] = {}
+        self._epoch_start_logits = self._stacked_logits()
+        self._epoch_started = time.perf_counter()
+        self.genotypes: list[Genotype] = []
+        self.temperature = schedule.temperature_start
+        self._metrics = AsyncStepMetrics()
+        self._pending_rng: dict[str, Any] | None = None
+
+    # ----------------------------------------------------------------------------- the loop
+    def run(
+        self,
+        weights_loader: ResumableLoader,
+        arch_loader: ResumableLoader,
+        *,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        on_epoch_end: Callable[[ASOSEEngine, dict[str, Any]], None] | None = None,
+        on_cycle_end: Callable[[ASOSEEngine, CycleResult], None] | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> Genotype | None:
+        """Runs the rest of the plan; the final genotype, or None if ``should_stop`` ended it early."""
+        if self._position == 0 and self._step == 0:
+            broadcast_module(self.supernet)  # identical start on every rank
+        while self._position < len(self._plan):
+            entry = self._plan[self._position]
+            if entry.phase is Phase.EVOLVE:
+                result = self._evolve(entry.cycle)
+                self._position += 1
+                if on_cycle_end is not None:
+                    on_cycle_end(self, result)
+                continue
+            if not self._train_epoch(entry, weights_loader, arch_loader, on_step, should_stop):
+                return None
+            self._end_epoch(entry, on_epoch_end)
+        return self.genotypes[-1]
+
+    def _train_epoch(
+        self, entry: PlanEntry, weights_loader: ResumableLoader, arch_loader: ResumableLoader,
+        on_step: Callable[[dict[str, Any]], None] | None, should_stop: Callable[[], bool],
+    ) -> bool:
+        searching = entry.phase is Phase.SEARCH
+        loaders = [weights_loader, arch_loader] if searching else [weights_loader]
+        for loader in loaders:
+            loader.set_epoch(entry.epoch, start_batch=self._step)
+        steps_per_epoch = self._step + min(len(loader) for loader in loaders)
+        if self._pending_rng is not None:  # a resumed run: the RNG as it was after the last step
+            restore_rng_state(self._pending_rng)
+            self._pending_rng = None
+        last_push = time.perf_counter()
+        world_size = distributed_world_size()  # images/s counts every rank's images
+        for batches in zip(*loaders):
+            progress = self.schedule.search_progress(entry.epoch_in_phase, self._step, steps_per_epoch)
+            self.temperature = self.schedule.temperature(entry.phase, progress)
+            entropy_weight = self.schedule.entropy_weight(progress) if searching else 0.0
+            last_step = self._step == steps_per_epoch - 1
+            if last_step:  # the firing rates that on_epoch_end reads (module docstring)
+                set_firing_rate_recording(self.supernet, True)
+            scalars = self.train_step(
+                batches[0], batches[1] if searching else None,
+                temperature=self.temperature, entropy_weight=entropy_weight,
+            )
+            if last_step:
+                set_firing_rate_recording(self.supernet, False)
+            now = time.perf_counter()
+            images = sum(len(batch[1]) for batch in batches) * world_size
+            self._metrics.push(
+                {
+                    "cycle": entry.cycle, "phase": entry.phase.value, "epoch": entry.epoch,
+                    "epoch_in_phase": entry.epoch_in_phase, "step": self._step, "global_step": self._global_step,
+                    "lr": self.weights_optimizer.param_groups[0]["lr"], "temperature": self.temperature,
+                    "entropy_weight": entropy_weight, "images": images,
+                    "images_per_second": images / max(now - last_push, 1e-9),
+                },
+                scalars,
+            )
+            last_push = now
+            self._step += 1
+            self._global_step += 1
+            self._deliver(on_step, wait=False)
+            if should_stop():
+                self._deliver(on_step, wait=True)
+                return False
+        self._deliver(on_step, wait=True)
+        return True
+
+    def _end_epoch(self, entry: PlanEntry, on_epoch_end: Callable[[ASOSEEngine, dict[str, Any]], None] | None) -> None:
+        if self.weights_scheduler is not None:
+            self.weights_scheduler.step()
+        if entry.phase is Phase.SEARCH and self.evolution.prune_threshold > 0:
+            for kind in CELL_TYPES:
+                track_weak_ops(self.supernet.arch[kind], self.evolution.prune_threshold)
+        logits = self._stacked_logits()
+        totals = dict(self._epoch_totals)
+        steps, images = totals.pop("steps", 0.0), totals.pop("images", 0.0)
+        seconds = time.perf_counter() - self._epoch_started
+        info = {
+            "cycle": entry.cycle, "phase": entry.phase.value, "epoch": entry.epoch,
+            "epoch_in_phase": entry.epoch_in_phase, "steps": int(steps), "seconds": seconds,
+            "images_per_second": images / max(seconds, 1e-9),
+            "lr": self.weights_optimizer.param_groups[0]["lr"], "temperature": self.temperature,
+            "entropy": float(self._mean_entropy(logits)),
+            "arch_kl": float(fast_math.kl_divergence(logits, self._epoch_start_logits).mean()),
+            **{name: total / max(steps, 1.0) for name, total in totals.items()},
+        }
+        self._position += 1
+        self._step = 0
+        self._epoch_totals = {}
+        self._epoch_start_logits = logits
+        self._epoch_started = time.perf_counter()
+        if on_epoch_end is not None:
+            on_epoch_end(self, info)
+
+    def _deliver(self, on_step: Callable[[dict[str, Any]], None] | None, *, wait: bool) -> None:
+        """Hands the landed step metrics out; raises TrainingDiverged on a NaN/Inf loss."""
+        for metrics in self._metrics.drain(wait=wait):
+            for name in ("loss", "arch_loss"):
+                if name in metrics and not math.isfinite(metrics[name]):
+                    raise TrainingDiverged(non_finite_message(metrics, name))
+            totals = self._epoch_totals
+            totals["steps"] = totals.get("steps", 0.0) + 1
+            for name in ("images", "loss", "accuracy", "arch_loss", "arch_accuracy"):
+                if name in metrics:
+                    totals[name] = totals.get(name, 0.0) + metrics[name]
+            if on_step is not None:
+                on_step(metrics)
+
+    # ----------------------------------------------------------------------------- the steps
+    def train_step(
+        self, weights_batch: Batch, arch_batch: Batch | None, *, temperature: float, entropy_weight: float = 0.0
+    ) -> dict[str, Tensor]:
+        """One step: an α step on ``arch_batch`` (skipped when None: α frozen), then a weight step on
+        ``weights_batch``, each with its own ops from ONE batched draw (the step's only host sync).
+        Returns the step's scalars as 0-dim device tensors (nothing is synchronized)."""
+        samples = self.supernet.draw(
+            1 if arch_batch is None else 2, k=self.sampling.k, weight_threshold=self.sampling.weight_threshold,
+            temperature=temperature, generator=self.generator if self.sampling.gumbel else None,
+        )
+        weights_batch = self._to_device(weights_batch)
+        scalars: dict[str, Tensor] = {}
+        if arch_batch is None:
+            with torch.no_grad():
+                scalars["entropy"] = self._mean_entropy(self._stacked_logits())
+        else:  # DARTS's order: the α step, then the weight step
+            scalars.update(self._arch_step(self._to_device(arch_batch), weights_batch, samples[1], entropy_weight))
+        scalars.update(self._weight_step(weights_batch, samples[0]))
+        return scalars
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+
+    def _to_device(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        inputs, labels = batch[0], batch[1]
+        return inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+
+    def _loss(
+        self, batch: tuple[Tensor, Tensor], sample: Sequence[ArchSample], *, arch_grad: bool
+    ) -> tuple[Tensor, Tensor]:
+        """(cross-entropy loss, accuracy) of one supernet forward with ``sample``."""
+        inputs, labels = batch
+        with self._autocast():
+            logits = self.supernet(inputs, sample, arch_grad=arch_grad)
+        loss = F.cross_entropy(logits.float(), labels)
+        return loss, (logits.detach().argmax(dim=-1) == labels).float().mean()
+
+    def _weight_step(self, batch: tuple[Tensor, Tensor], sample: Sequence[ArchSample]) -> dict[str, Tensor]:
+        self.weights_optimizer.zero_grad(set_to_none=True)
+        loss, accuracy = self._loss(batch, sample, arch_grad=False)
+        loss.backward()
+        all_reduce_gradients(self._weight_params)
+        if self.grad_clip is not None:
+            nn.utils.clip_grad_norm_(self._weight_params, self.grad_clip)
+        self.weights_optimizer.step()
+        return {"loss": loss.detach(), "accuracy": accuracy}
+
+    def _arch_step(
+        self, batch: tuple[Tensor, Tensor], weights_batch: tuple[Tensor, Tensor], sample: Sequence[ArchSample],
+        entropy_weight: float,
+    ) -> dict[str, Tensor]:
+        outputs: dict[str, Tensor] = {}  # the last arch_loss() call's parts, for the metrics
+
+        def arch_loss() -> Tensor:
+            outputs["arch_loss"], outputs["arch_accuracy"] = self._loss(batch, sample, arch_grad=True)
+            logits = torch.stack([self.supernet.arch[kind].logits() for kind in CELL_TYPES])
+            outputs["entropy"] = self._mean_entropy(logits)
+            return outputs["arch_loss"] + entropy_weight * outputs["entropy"]
+
+        def train_loss() -> Tensor:
+            return self._loss(weights_batch, sample, arch_grad=True)[0]
+
+        alphas = self.supernet.arch_parameters()
+        if self.second_order:
+            second_order_arch_step(arch_loss, train_loss, alphas, self._weight_params, self.weights_optimizer)
+        else:
+            first_order_arch_step(arch_loss, alphas)
+        all_reduce_gradients(alphas)
+        self.arch_optimizer.step()
+        return {name: value.detach() for name, value in outputs.items()}
+
+    # ----------------------------------------------------------------------------- evolution
+    def _evolve(self, cycle: int) -> CycleResult:
+        check_identical_across_ranks(self._stacked_logits(), "α")  # every rank derives the same genotype
+        genotype = self.genotype()
+        self.genotypes.append(genotype)
+        pruned = 0
+        if cycle < self.schedule.cycles - 1:  # the last cycle's supernet is not trained again
+            if self.evolution.prune_threshold > 0:
+                pruned = sum(prune_weak_ops(self.supernet.arch[kind]) for kind in CELL_TYPES)
+            self._grow(cycle)
+        structure = self.supernet.structure
+        logger.info("cycle %d: genotype %s; pruned %d ops; supernet %s", cycle, genotype, pruned, structure)
+        return CycleResult(cycle, genotype, structure, pruned)
+
+    def _grow(self, cycle: int) -> None:
+        structure, evolution = self.supernet.structure, self.evolution
+        new_cells = evolution.grow_cells
+        if evolution.max_cells is not None:
+            new_cells = max(0, min(new_cells, evolution.max_cells - len(structure.cells)))
+        width_factor = evolution.width_factor
+        if evolution.max_channels is not None and structure.channels * width_factor > evolution.max_channels:
+            width_factor = 1
+        if new_cells == 0 and width_factor == 1:
+            return
+        old_net, old_optimizers = self.supernet, (self.weights_optimizer, self.arch_optimizer)
+        old_scheduler = self.weights_scheduler
+        # Seeded by (seed, cycle): a resumed search grows exactly the same supernet.
+        seed = self.seed + 7919 * (cycle + 1)
+        grown, old_name = grow_supernet(old_net, new_cells=new_cells, width_factor=width_factor, seed=seed)
+        self._use_supernet(grown)
+        if old_scheduler is not None:
+            self.weights_scheduler.load_state_dict(old_scheduler.state_dict())
+        for old, new in zip(old_optimizers, (self.weights_optimizer, self.arch_optimizer)):
+            rebind_optimizer(old, new, old_net, grown, old_name, width_factor)
+
+    # ----------------------------------------------------------------------------- helpers
+    def _use_supernet(self, supernet: SearchNetwork) -> None:
+        """Makes ``supernet`` the searched one, with fresh optimizers (and scheduler) over it."""
+        self.supernet = supernet
+        set_firing_rate_recording(supernet, False)  # on for each epoch's last step only
+        self._weight_params = list(supernet.weight_parameters())
+        self.weights_optimizer = self._make_weights_optimizer(self._weight_params)
+        self.arch_optimizer = self._make_arch_optimizer(supernet.arch_parameters())
+        self.weights_scheduler = (
+            None if self._make_weights_scheduler is None else self._make_weights_scheduler(self.weights_optimizer)
+        )
+
+    def _stacked_logits(self) -> Tensor:
+        with torch.no_grad():
+            return torch.stack([self.supernet.arch[kind].logits() for kind in CELL_TYPES])
+
+    @staticmethod
+    def _mean_entropy(logits: Tensor) -> Tensor:
+        return fast_math.entropy(logits).mean()
+
+    # ----------------------------------------------------------------------------- for logging
+    @property
+    def primitives(self) -> tuple[str, ...]:
+        return tuple(self.supernet.search_space.primitives)
+
+    @property
+    def progress(self) -> dict[str, Any]:
+        """Where the search is: cycle, phase, epoch (training epochs done), step in the epoch."""
+        entry = self._plan[min(self._position, len(self._plan) - 1)]
+        return {"cycle": entry.cycle, "phase": entry.phase.value, "epoch": entry.epoch, "step": self._step,
+                "global_step": self._global_step, "finished": self._position >= len(self._plan)}
+
+    def alpha_probabilities(self) -> dict[str, Tensor]:
+        """``{"normal": [edges, ops], "reduce": [edges, ops]}`` softmax of α on the CPU (columns: ``primitives``)."""
+        with torch.no_grad():
+            return {kind: self.supernet.arch[kind].probabilities().float().cpu() for kind in CELL_TYPES}
+
+    def entropy(self) -> dict[str, float]:
+        """Mean per-edge entropy (nats) of each cell type's α."""
+        with torch.no_grad():
+            return {kind: float(fast_math.entropy(self.supernet.arch[kind].logits()).mean()) for kind in CELL_TYPES}
+
+    def genotype(self) -> Genotype:
+        """The genotype derived from the current α (top-2 inputs per node without none, skip cap)."""
+        probs = self.alpha_probabilities()
+        space = self.supernet.search_space
+        return derive_genotype(
+            probs["normal"], probs["reduce"], space.primitives, steps=space.steps, multiplier=space.multiplier,
+            max_skip_connect=self.evolution.max_skip_connect,
+        )
+
+    # ----------------------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        """Everything to continue exactly (module docstring); tensors and plain containers only."""
+        return {
+            "version": STATE_VERSION,
+            "schedule": asdict(self.schedule),
+            "structure": self.supernet.structure.to_dict(),
+            "supernet": self.supernet.state_dict(),
+            "weights_optimizer": self.weights_optimizer.state_dict(),
+            "arch_optimizer": self.arch_optimizer.state_dict(),
+            "weights_scheduler": None if self.weights_scheduler is None else self.weights_scheduler.state_dict(),
+            "position": self._position,
+            "step": self._step,
+            "global_step": self._global_step,
+            "epoch_totals": dict(self._epoch_totals),
+            "epoch_start_logits": self._epoch_start_logits.cpu(),
+            "genotypes": [genotype.to_json() for genotype in self.genotypes],
+            "rng": capture_rng_state(),
+            "gumbel_rng": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores a ``state_dict()``; the global RNGs are set when ``run`` reaches the saved step."""
+        if state.get("version") != STATE_VERSION:
+            raise UserInputError(
+                f"engine state version {state.get('version')}, expected {STATE_VERSION}; start a new search"
+            )
+        if state["schedule"] != asdict(self.schedule):
+            raise UserInputError(
+                f"the checkpoint's search schedule {state['schedule']} differs from this run's "
+                f"{asdict(self.schedule)}; "
+                "resume with the same search.schedule"
+            )
+        structure = SupernetStructure.from_dict(state["structure"])
+        if structure != self.supernet.structure:
+            self._use_supernet(self.supernet.with_structure(structure))
+        self.supernet.load_state_dict(state["supernet"])
+        self.weights_optimizer.load_state_dict(state["weights_optimizer"])
+        self.arch_optimizer.load_state_dict(state["arch_optimizer"])
+        if self.weights_scheduler is not None:
+            self.weights_scheduler.load_state_dict(state["weights_scheduler"])
+        self._position, self._step, self._global_step = state["position"], state["step"], state["global_step"]
+        self._epoch_totals = dict(state["epoch_totals"])
+        self._epoch_start_logits = state["epoch_start_logits"].to(self.device)
+        self.genotypes = [Genotype.from_json(text) for text in state["genotypes"]]
+        self.generator.set_state(state["gumbel_rng"])
+        self._pending_rng = state["rng"]

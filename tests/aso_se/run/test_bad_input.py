@@ -1,0 +1,173 @@
+"""Every bad input gives one stderr line naming the problem and the fix, a non-zero exit, no
+traceback, and loses nothing already written.
+
+The entry points run in this process (conftest.run_app) so that each case costs a fraction of
+a second; the subprocess tests in test_entry_points.py show the same guard in real processes.
+"""
+from __future__ import annotations
+
+import runpy
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aso_se.run import app
+from aso_se.run.checkpoint import load_checkpoint, save_checkpoint
+from tests.aso_se.run.helpers import REPO, SMOKE, RunApp
+
+
+def assert_one_line(stderr: str, *fragments: str) -> None:
+    assert stderr.startswith("error: ") and stderr.count("\n") == 1, stderr
+    assert "Traceback" not in stderr
+    for fragment in fragments:
+        assert fragment in stderr
+
+
+@pytest.fixture(scope="module")
+def finished_search(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished smoke search, copied by the tests that damage it."""
+    run_dir = tmp_path_factory.mktemp("search") / "run"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+        monkeypatch.setattr(sys, "argv", ["search.py", *SMOKE, f"hydra.run.dir={run_dir}"])
+        runpy.run_path(str(REPO / "search.py"), run_name="__main__")
+    assert (run_dir / "genotype.json").is_file()
+    return run_dir
+
+
+@pytest.fixture
+def damaged_copy(finished_search: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(finished_search, tmp_path / "copy"))
+
+
+@pytest.mark.parametrize(("override", "fragments"), [
+    ("no_such_key=1", ["Could not override 'no_such_key'", "+no_such_key=1"]),
+    ("data=nope", ["Could not find 'data/nope'", "mnist5k"]),
+    ("search.schedule.cycles=0", ["cycles=0", "fix search.schedule"]),
+    ("trainer.precision=fp16", ["trainer.precision=fp16", "fp32 or bf16"]),
+    ("trainer=ddp", ["torchrun --nproc_per_node"]),
+    ("resume=no/such/dir", ["resume dir no/such/dir does not exist"]),
+])
+def test_bad_search_override(override: str, fragments: list[str], run_app: RunApp,
+                             tmp_path: Path) -> None:
+    code, stderr = run_app("search", *SMOKE, override)
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, *fragments)
+    assert not (tmp_path / "no").exists()  # a mistyped resume dir is never created
+
+
+@pytest.mark.parametrize(("text", "fragments"), [
+    ("{not json", ["genotype.json", "must be JSON"]),
+    ('{"normal": [["conv_9x9", 0], ["skip_connect", 1]], "normal_concat": [2],'
+     ' "reduce": [["skip_connect", 0], ["skip_connect", 1]], "reduce_concat": [2]}',
+     ["unknown op 'conv_9x9'", "sep_conv_3x3"]),
+])
+def test_bad_genotype_file(text: str, fragments: list[str], run_app: RunApp,
+                           tmp_path: Path) -> None:
+    (tmp_path / "genotype.json").write_text(text)
+    code, stderr = run_app("train", *SMOKE, "genotype=genotype.json")
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, *fragments)
+    assert (tmp_path / "genotype.json").read_text() == text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for runs without a GPU")
+def test_cuda_graph_without_a_gpu(run_app: RunApp, tmp_path: Path) -> None:
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "cuda_graph=true")
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, "cuda_graph=true needs a CUDA device", "cuda_graph=false")
+
+
+def test_no_genotype_and_no_search_yet(run_app: RunApp) -> None:
+    code, stderr = run_app("train", *SMOKE)
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, "run python search.py first", "genotype=")
+
+
+def test_resume_dir_without_checkpoint(run_app: RunApp, tmp_path: Path) -> None:
+    (tmp_path / "empty_run").mkdir()
+    code, stderr = run_app("search", "resume=empty_run")
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, "has no checkpoints/last.pt")
+    assert list((tmp_path / "empty_run").iterdir()) == []
+
+
+def test_resume_corrupt_checkpoint_keeps_the_run(damaged_copy: Path, run_app: RunApp) -> None:
+    last = damaged_copy / "checkpoints" / "last.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    before = {path: path.read_bytes() for path in damaged_copy.rglob("*") if path.is_file()}
+    code, stderr = run_app("search", f"resume={damaged_copy}")
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, "unreadable", str(last))
+    for path, content in before.items():
+        assert path.read_bytes() == content
+
+
+def test_resume_with_the_other_entry_point(damaged_copy: Path, run_app: RunApp) -> None:
+    code, stderr = run_app("train", f"resume={damaged_copy}")
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, "written by the search entry point", "search.py")
+
+
+def test_resume_checkpoint_that_does_not_fit(damaged_copy: Path, run_app: RunApp) -> None:
+    last = damaged_copy / "checkpoints" / "last.pt"
+    state = load_checkpoint(last, kind="search")
+    name = next(iter(state["engine"]["supernet"]))
+    state["engine"]["supernet"][name] = torch.zeros(3, 3, 3)  # a weight of another shape
+    save_checkpoint(state, last, kind="search")
+    code, stderr = run_app("search", f"resume={damaged_copy}")
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, "does not fit", name)
+
+
+def test_resume_with_other_overrides(damaged_copy: Path, run_app: RunApp) -> None:
+    code, stderr = run_app("search", f"resume={damaged_copy}", "batch_size=8")
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, "drop the overrides batch_size=8")
+
+
+def _nan_from_call(call: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the cross-entropy NaN from its ``call``-th call on (a diverging run)."""
+    real = torch.nn.functional.cross_entropy
+    calls = 0
+
+    def cross_entropy(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls >= call else loss
+
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", cross_entropy)
+
+
+def test_nan_loss_stops_the_search_and_keeps_the_last_checkpoint(
+        run_app: RunApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Epoch 1 (search) is 2 steps of 2 losses (α, weights); epoch 2 (re-stabilization) has one
+    # loss per step: its second step diverges.
+    _nan_from_call(6, monkeypatch)
+    code, stderr = run_app("search", *SMOKE, "hydra.run.dir=run")
+    assert code == app.EXIT_DIVERGED
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    assert_one_line(stderr, "loss is nan at cycle 0, restabilize epoch 1, step 1",
+                    f"last good checkpoint kept: {last}")
+    assert load_checkpoint(last, kind="search")["engine"]["global_step"] == 2
+
+
+def test_nan_loss_stops_the_retrain(run_app: RunApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    _nan_from_call(2, monkeypatch)
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run")
+    assert code == app.EXIT_DIVERGED
+    assert_one_line(stderr, "NaN/Inf at epoch 1, step 2", "no checkpoint was saved yet")
+
+
+def test_out_of_memory_names_the_knobs(run_app: RunApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr("aso_se.search.engine.ASOSEEngine._weight_step", out_of_memory)
+    code, stderr = run_app("search", *SMOKE, "hydra.run.dir=run")
+    assert code == app.EXIT_OUT_OF_MEMORY
+    assert_one_line(stderr, "out of GPU memory", "batch_size", "search.supernet.channels")

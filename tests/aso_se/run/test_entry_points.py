@@ -1,0 +1,148 @@
+"""search.py and train.py end to end, as users run them: real subprocesses, real mnist5k digits.
+
+One smoke search (``experiment=smoke``) is shared by the module; the other runs are a retrain
+of its genotype, a search stopped by Ctrl-C and resumed, and 2-process DDP runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from aso_se.run.checkpoint import load_checkpoint
+from search_space.genotypes import Genotype
+from tests.aso_se.run.helpers import REPO
+
+SMOKE = ["experiment=smoke"]
+
+
+def _env() -> dict[str, str]:
+    # One thread per process: the tests run several processes on two cores.
+    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def run_entry(script: str, *overrides: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(REPO / script), *overrides], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def _only_run_dir(root: Path) -> Path:
+    (run_dir,) = root.iterdir()
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory the entry points run in: their outputs/ goes here."""
+    return tmp_path_factory.mktemp("apps")
+
+
+@pytest.fixture(scope="module")
+def smoke_search(workdir: Path) -> Path:
+    result = run_entry("search.py", *SMOKE, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    return _only_run_dir(workdir / "outputs" / "search")
+
+
+def test_search_writes_genotype_checkpoint_and_tensorboard(smoke_search: Path) -> None:
+    genotype = Genotype.from_json((smoke_search / "genotype.json").read_text())
+    cycles = sorted(path.name for path in (smoke_search / "genotypes").iterdir())
+    assert cycles == ["cycle_0.json", "cycle_1.json"]
+    assert Genotype.from_json((smoke_search / "genotypes" / "cycle_1.json").read_text()) == genotype
+    state = load_checkpoint(smoke_search / "checkpoints" / "last.pt", kind="search")
+    assert state["engine"]["position"] > 0 and state["config"]["batch_size"] == 16
+    assert (smoke_search / ".hydra" / "config.yaml").is_file()
+    assert "cycle 1 search" in (smoke_search / "search.log").read_text()
+
+    events = EventAccumulator(str(smoke_search / "tb"), size_guidance={"images": 0})
+    events.Reload()
+    tags = events.Tags()
+    assert {"search/loss", "search/arch_loss", "search/temperature", "search/entropy",
+            "search_epoch/images_per_second"} <= set(tags["scalars"])
+    images = {"alpha/normal", "alpha/reduce", "genotype/normal", "genotype/reduce"}
+    assert images <= set(tags["images"])
+    assert any(tag.startswith("firing_rate/cells.") for tag in tags["histograms"])
+
+
+def test_train_retrains_the_newest_searched_genotype(workdir: Path, smoke_search: Path) -> None:
+    result = run_entry("train.py", *SMOKE, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    run_dir = _only_run_dir(workdir / "outputs" / "train")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert 0.0 <= metrics["test_acc"] <= 1.0 and metrics["epochs"] == 1
+    assert 0.0 < metrics["params_m"] < 0.1 and metrics["train_images_per_second"] > 0
+    assert metrics["firing_rate_per_layer"] and 0.0 < metrics["firing_rate_mean"] < 1.0
+    assert metrics["wall_time_s"] > 0 and metrics["cuda_graph"] is False
+    assert Genotype.from_json(metrics["genotype"]) == Genotype.from_json(
+        (smoke_search / "genotype.json").read_text())
+    assert {"last.pt", "best.pt"} <= {path.name for path in (run_dir / "checkpoints").iterdir()}
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0})
+    events.Reload()
+    tags = events.Tags()
+    assert {"train/loss", "test/acc", "sparse_conv/dense:cpu"} <= set(tags["scalars"])
+    assert {"genotype/normal", "genotype/reduce"} <= set(tags["images"])
+    assert any(tag.startswith("firing_rate/cells.") for tag in tags["histograms"])
+
+
+def test_ctrl_c_then_resume_gives_the_uninterrupted_genotype(tmp_path: Path,
+                                                            smoke_search: Path) -> None:
+    """Ctrl-C in a terminal sends SIGINT to the whole process group, DataLoader workers too."""
+    run_dir = tmp_path / "interrupted"
+    search = subprocess.Popen(
+        [sys.executable, str(REPO / "search.py"), *SMOKE, "data.num_workers=2",
+         f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    assert search.stdout is not None
+    for line in search.stdout:  # stop it inside cycle 0's re-stabilization, after the growth
+        if "cycle 0: genotype" in line:
+            break
+    time.sleep(0.5)
+    os.killpg(search.pid, signal.SIGINT)
+    _, stderr = search.communicate(timeout=120)
+    assert search.returncode == 128 + signal.SIGINT, stderr
+    assert stderr.count("\n") == 1 and f"resume={run_dir}" in stderr
+    assert not (run_dir / "genotype.json").exists()
+
+    resumed = run_entry("search.py", f"resume={run_dir}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    # The same batches with or without workers: the data order depends on (seed, epoch) only.
+    assert (json.loads((run_dir / "genotype.json").read_text())
+            == json.loads((smoke_search / "genotype.json").read_text()))
+    log = (run_dir / "search.log").read_text()
+    assert "resumed from" in log and log.count("SIGINT received") == 1  # workers stay quiet
+
+
+def _torchrun_two_processes(script: str, *overrides: str,
+                            cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+         str(REPO / script), *SMOKE, "trainer=ddp", *overrides],
+        cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
+
+
+def test_ddp_search_on_two_cpu_processes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "ddp"
+    result = _torchrun_two_processes("search.py", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    Genotype.from_json((run_dir / "genotype.json").read_text())
+    assert "2 processes" in (run_dir / "search.log").read_text()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp"]  # rank 1 wrote nothing
+    assert (result.stdout + result.stderr).count("search halves") == 1  # and logged nothing: rank 0's line
+
+
+def test_ddp_retrain_on_two_cpu_processes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "ddp"
+    result = _torchrun_two_processes("train.py", "genotype=DARTS_V2", f"hydra.run.dir={run_dir}",
+                                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and 0.0 <= metrics["test_acc"] <= 1.0
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp"]

@@ -1,0 +1,165 @@
+"""The ASO-SE engine end to end on real digits: cycles, growth, exact resume, NaN, configs."""
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+import torch
+from torch.optim.lr_scheduler import CosineAnnealingLR
+
+from aso_se.search.arch_params import SamplingConfig
+from aso_se.data import MNIST5kData
+from aso_se.errors import TrainingDiverged
+from aso_se.search.engine import ASOSEEngine
+from aso_se.search.evolution import EvolutionConfig
+from aso_se.search.schedule import SearchSchedule
+from search_space.errors import UserInputError
+from search_space.network import build_network
+from search_space.neurons import SpikingNeuron, firing_rates
+from tests.aso_se.helpers import SMALL_SPACE, make_engine, tiny_supernet
+
+SCHEDULE = SearchSchedule(cycles=2, warmup_epochs=1, search_epochs=1, restabilize_epochs=1)
+EVOLUTION = EvolutionConfig(grow_cells=1, width_factor=2, max_channels=8, prune_threshold=0.19, max_skip_connect=1)
+
+
+def loaders(samples: int = 32, batch: int = 8):
+    """mnist5k's two search halves: 16 digits each, 2 steps per epoch."""
+    return MNIST5kData(max_train_samples=samples).search_loaders(batch, seed=0)
+
+
+def new_engine(**kwargs: Any) -> ASOSEEngine:
+    return make_engine(
+        tiny_supernet("st_bif"), schedule=SCHEDULE, sampling=SamplingConfig(k=2), evolution=EVOLUTION, seed=3,
+        weights_scheduler=lambda optimizer: CosineAnnealingLR(optimizer, SCHEDULE.total_epochs),
+        **kwargs,
+    )
+
+
+def test_two_cycle_search_on_digits_yields_a_trainable_genotype() -> None:
+    steps, epochs, cycles = [], [], []
+    engine = new_engine()
+    genotype = engine.run(
+        *loaders(), on_step=steps.append, on_epoch_end=lambda e, info: epochs.append(info),
+        on_cycle_end=lambda e, result: cycles.append(result),
+    )
+    assert [result.cycle for result in cycles] == [0, 1] and genotype == cycles[-1].genotype == engine.genotypes[-1]
+    assert cycles[0].pruned_ops > 0 and cycles[1].pruned_ops == 0  # the last cycle neither prunes nor grows
+    assert engine.supernet.structure.cells == ("normal", "grown", "reduction", "reduction")
+    assert engine.supernet.structure.channels == 8
+    assert [info["phase"] for info in epochs] == ["warmup", "search", "restabilize", "warmup", "search"]
+    assert len(steps) == 10 and [m["global_step"] for m in steps] == list(range(10))
+    search_steps = [m for m in steps if m["phase"] == "search"]
+    keys = {"arch_loss", "arch_accuracy", "entropy", "loss", "accuracy", "temperature"}
+    assert all(keys <= set(metrics) for metrics in search_steps)
+    assert epochs[-1]["lr"] < epochs[0]["lr"] and epochs[1]["arch_kl"] > 0
+    assert all(op in SMALL_SPACE.primitives and op != "none" for op, _ in genotype.normal + genotype.reduce)
+    assert sum(op == "skip_connect" for op, _ in genotype.normal) <= 1
+    network = build_network(genotype, neuron="st_bif", channels=4, layers=3, num_classes=10, in_channels=1,
+                            timesteps=2, image_size=28)
+    logits, _ = network(torch.randn(2, 1, 28, 28))
+    logits.sum().backward()
+    assert logits.shape == (2, 10)
+
+
+def roundtrip(state: dict) -> dict:
+    """Through torch.save / torch.load(weights_only=True), as the apps' checkpoints do."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def test_interrupted_and_resumed_search_ends_exactly_like_an_uninterrupted_one() -> None:
+    reference = new_engine()
+    expected = reference.run(*loaders())
+    # Stop mid-epoch in cycle 0's search phase, then in cycle 1's warm-up (after the growth).
+    state, genotype = None, None
+    for stop_at in (3, 7, None):
+        engine = new_engine()
+        if state is not None:
+            engine.load_state_dict(roundtrip(state))
+        genotype = engine.run(*loaders(), should_stop=lambda: engine.progress["global_step"] == stop_at)
+        state = engine.state_dict()
+        if stop_at is not None:
+            assert genotype is None and engine.progress["global_step"] == stop_at
+    assert genotype == expected
+    assert engine.supernet.structure == reference.supernet.structure
+    expected_state = reference.supernet.state_dict()
+    for name, value in engine.supernet.state_dict().items():
+        assert torch.equal(value, expected_state[name]), name
+
+
+def test_resuming_with_another_schedule_is_refused() -> None:
+    state = new_engine().state_dict()
+    other = make_engine(tiny_supernet("st_bif"), schedule=SearchSchedule(cycles=3))
+    with pytest.raises(UserInputError, match="same search.schedule"):
+        other.load_state_dict(state)
+
+
+class PoisonedLoader:
+    """A loader whose third batch holds NaN images."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self.loader.set_epoch(epoch, start_batch=start_batch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for index, (images, labels) in enumerate(self.loader):
+            yield (images.fill_(float("nan")) if index == 2 else images), labels
+
+
+def test_nan_loss_stops_the_search_naming_where() -> None:
+    weights_loader, arch_loader = loaders(samples=64)
+    engine = make_engine(tiny_supernet("relu", timesteps=1), schedule=SCHEDULE)
+    with pytest.raises(TrainingDiverged, match=r"loss is nan at cycle 0, warmup epoch 0, step 2"):
+        engine.run(PoisonedLoader(weights_loader), arch_loader)
+
+
+def test_search_config_composes_into_the_engine() -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+    from pathlib import Path
+
+    with initialize_config_dir(config_dir=str(Path(__file__).parents[3] / "conf" / "search"), version_base="1.3"):
+        config = compose("aso_se")
+    knobs = instantiate(config, _convert_="object")
+    supernet = knobs["supernet"](search_space=SMALL_SPACE, neuron=torch.nn.ReLU, num_classes=10, in_channels=1)
+    engine = make_engine(supernet, schedule=knobs["schedule"], sampling=knobs["sampling"], evolution=knobs["evolution"],
+                         second_order=knobs["second_order"], grad_clip=knobs["grad_clip"])
+    assert engine.sampling.k == 2 and engine.schedule.cycles >= 1 and engine.evolution.max_skip_connect == 2
+
+
+def test_bf16_step_keeps_fp32_state(digits) -> None:
+    images, labels = digits
+    engine = make_engine(tiny_supernet("st_bif"), precision="bf16")
+    scalars = engine.train_step((images[:8], labels[:8]), (images[8:], labels[8:]), temperature=1.0)
+    assert all(torch.isfinite(value) for value in scalars.values())
+    assert all(param.dtype == torch.float32 for param in engine.supernet.parameters())
+
+
+def test_unknown_precision_is_refused() -> None:
+    with pytest.raises(UserInputError, match="trainer.precision"):
+        make_engine(tiny_supernet("relu", timesteps=1), precision="fp16")
+
+
+def test_firing_rates_are_recorded_in_the_last_step_of_each_epoch_only() -> None:
+    engine = new_engine()
+    recording: list[bool] = []
+    train_step = engine.train_step
+
+    def spying_train_step(*args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        neurons = [m for m in engine.supernet.modules() if isinstance(m, SpikingNeuron)]
+        recording.append(any(neuron.record_firing_rate for neuron in neurons))
+        return train_step(*args, **kwargs)
+
+    engine.train_step = spying_train_step
+    rates: list[dict[str, torch.Tensor]] = []
+    engine.run(*loaders(), on_epoch_end=lambda e, info: rates.append(firing_rates(e.supernet)))
+    assert recording == [False, True] * 5  # 5 epochs of 2 steps
+    assert all(0 < max(epoch.values()) < 1 for epoch in rates)

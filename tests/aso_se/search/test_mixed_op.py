@@ -1,0 +1,87 @@
+"""FastMixedOp: with every op active it is DARTS's MixedOp, term for term."""
+from __future__ import annotations
+
+import copy
+from typing import Callable, Iterable
+
+import pytest
+import torch
+from torch import nn
+
+from aso_se.search.mixed_op import FastMixedOp
+from search_space.neurons import NeuronFactory
+from search_space.ops import DARTS_PRIMITIVES, OPS
+
+
+class DartsMixedOp(nn.Module):
+    """quark0/darts model_search.MixedOp, literally."""
+
+    def __init__(self, ops: list[nn.Module]) -> None:
+        super().__init__()
+        self._ops = nn.ModuleList(ops)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return sum(w * op(x) for w, op in zip(weights, self._ops))
+
+
+def edge_ops(neuron: str, stride: int) -> list[nn.Module]:
+    torch.manual_seed(0)
+    factory = NeuronFactory(neuron, timesteps=2)
+    return [OPS[name](4, stride, False, factory) for name in DARTS_PRIMITIVES]
+
+
+def run(
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], parameters: Iterable[nn.Parameter],
+    x: torch.Tensor, weights: torch.Tensor,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    x, weights = x.clone().requires_grad_(), weights.clone().requires_grad_()
+    out = forward(x, weights)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    out.backward(grad_out)
+    return out, [x.grad, weights.grad] + [p.grad for p in parameters]
+
+
+@pytest.mark.parametrize("neuron", ["relu", "st_bif", "lif"])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_all_ops_active_equals_darts_mixed_op(neuron: str, stride: int) -> None:
+    ops = edge_ops(neuron, stride)
+    darts, fast = DartsMixedOp(copy.deepcopy(ops)), FastMixedOp(copy.deepcopy(ops))
+    x = torch.randn(4, 4, 8, 8, generator=torch.Generator().manual_seed(2))  # T*B = 2*2
+    weights = torch.softmax(torch.randn(len(ops), generator=torch.Generator().manual_seed(3)), dim=0)
+    expected, expected_grads = run(darts, darts.parameters(), x, weights)
+    actual, actual_grads = run(lambda x, w: fast(x, w.unbind(), range(len(ops))), fast.parameters(), x, weights)
+    assert torch.equal(actual, expected)
+    assert len(actual_grads) == len(expected_grads)
+    for got, want in zip(actual_grads, expected_grads):
+        assert (got is None and want is None) or torch.equal(got, want)
+
+
+def test_only_the_active_ops_run() -> None:
+    ops = edge_ops("st_bif", 1)
+    calls: list[int] = []
+    for index, op in enumerate(ops):
+        op.register_forward_hook(lambda module, args, out, index=index: calls.append(index))
+    fast = FastMixedOp(ops)
+    x = torch.randn(4, 4, 8, 8)
+    weights = torch.softmax(torch.randn(len(ops)), dim=0)
+    out = fast(x, (weights[4], weights[1]), (4, 1))
+    torch.testing.assert_close(out, weights[4] * ops[4](x) + weights[1] * ops[1](x))
+    assert calls == [4, 1, 4, 1]  # two ops in the edge, then the two reference calls
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_none_is_left_out_of_the_sum_unless_it_is_alone(stride: int) -> None:
+    ops = edge_ops("st_bif", stride)
+    none = DARTS_PRIMITIVES.index("none")
+    calls: list[int] = []
+    for index, op in enumerate(ops):
+        op.register_forward_hook(lambda module, args, out, index=index: calls.append(index))
+    fast = FastMixedOp(ops)
+    x = torch.randn(4, 4, 8, 8, generator=torch.Generator().manual_seed(4))
+    weights = torch.softmax(torch.randn(len(ops), generator=torch.Generator().manual_seed(5)), dim=0)
+    out = fast(x, (weights[none], weights[4]), (none, 4))
+    assert calls == [4]
+    assert torch.equal(out, weights[none] * ops[none](x) + weights[4] * ops[4](x))
+    alone = fast(x, (weights[none],), (none,))
+    assert calls == [4, none, 4, none]
+    assert torch.equal(alone, torch.zeros_like(out))

@@ -1,0 +1,185 @@
+"""train.py's cuda_graph=true on a CUDA GPU: captured steps train exactly as eager ones do.
+Run with `pytest -m gpu tests/aso_se/test_graphed_step_gpu.py` on a machine with a GPU."""
+import copy
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aso_se.parallel.distributed import DistributedContext
+from aso_se.train.graphed_step import GraphedTrainStep
+from aso_se.train.retrain import Retrainer
+from kernels.sparse_conv import SparseConv2d
+from search_space.errors import UserInputError
+from search_space.network import build_network
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def random_batches(sizes, shape, classes, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randn(size, *shape, generator=generator).cuda(),
+             torch.randint(0, classes, (size,), generator=generator).cuda()) for size in sizes]
+
+
+def test_each_replay_trains_on_its_own_batch():
+    """Per-step losses and final weights of the graphed step equal the eager step's, batch by
+    batch (a replay on stale inputs or a missed optimizer step would differ), and a batch of
+    another size runs eagerly."""
+    torch.manual_seed(0)
+    models = [nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 5)).cuda()]
+    models.append(copy.deepcopy(models[0]))
+    optimizers = [torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) for model in models]
+
+    def step(model, optimizer, inputs, labels):
+        loss = F.cross_entropy(model(inputs), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach(), (model(inputs).argmax(1) == labels).sum().float()
+
+    graphed = GraphedTrainStep(functools.partial(step, models[1], optimizers[1]), warmup_steps=2)
+    batches = random_batches([32] * 7 + [9], (20,), 5, seed=1)
+    eager_losses, graphed_losses = [], []
+    for inputs, labels in batches:
+        eager_losses.append(step(models[0], optimizers[0], inputs, labels)[0].item())
+        graphed_losses.append(graphed(inputs, labels)[0].item())  # .item(): before the next replay
+    assert (graphed.captures, graphed.replays, graphed.eager_steps) == (1, 5, 3)
+    torch.testing.assert_close(graphed_losses, eager_losses, rtol=1e-5, atol=1e-6)
+    assert len(set(eager_losses)) == len(eager_losses)  # the batches do differ
+    for eager_param, graphed_param in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(graphed_param, eager_param, rtol=1e-5, atol=1e-6)
+
+
+class Batches:
+    """The retrain loop's loader interface over fixed batches."""
+
+    def __init__(self, batches):
+        self.batches, self.start = batches, 0
+
+    def set_epoch(self, epoch, start_batch=0):
+        self.start = start_batch
+
+    def __len__(self):
+        return len(self.batches) - self.start
+
+    def __iter__(self):
+        return iter(self.batches[self.start:])
+
+
+SGD = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=3e-4)
+
+
+def spiking_network(auxiliary):
+    torch.manual_seed(0)
+    return build_network("DARTS_V2", neuron="st_bif", channels=8, layers=3, num_classes=10,
+                         in_channels=1, timesteps=2, image_size=16, auxiliary=auxiliary).cuda()
+
+
+def retrainer(network, cuda_graph, drop_path_prob=0.0, optimizer=SGD):
+    return Retrainer(
+        network, optimizer=optimizer,
+        scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=2), epochs=2,
+        auxiliary_weight=0.4, drop_path_prob=drop_path_prob, grad_clip=5.0, precision="fp32",
+        ctx=DistributedContext(torch.device("cuda")), log_every_n_steps=100, cuda_graph=cuda_graph)
+
+
+def fit(trainer, train, test):
+    assert trainer.fit(Batches(train), Batches(test), board=None, should_stop=lambda: False,
+                       on_epoch_end=lambda is_best: None)
+
+
+@pytest.fixture
+def deterministic_fp32(monkeypatch):
+    """cuDNN's deterministic algorithms and no TF32: the eager and the graphed run then differ
+    only where a spike flips, and spiking networks amplify any rounding difference."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+
+
+def test_retrain_with_cuda_graph_matches_eager(deterministic_fp32):
+    """Two epochs of a spiking DARTS_V2 network (ST-BIF neurons, auxiliary head), graphed against
+    eager from the same weights: one capture per epoch, and the same losses, accuracies and
+    weights. Its convs run on cuDNN in both modes: where the dispatcher picks the sparse kernels
+    (fp32 through TF32) spikes flip, which a spiking network amplifies (the other tests here run
+    the dispatcher inside the graph)."""
+    network = spiking_network(auxiliary=True)
+    for conv in (m for m in network.modules() if isinstance(m, SparseConv2d)):
+        conv.backend = "torch"
+    twin = copy.deepcopy(network)
+    train = random_batches([16] * 6 + [5], (1, 16, 16), 10, seed=2)
+    test = random_batches([16] * 2, (1, 16, 16), 10, seed=3)
+    eager, graphed = retrainer(network, False), retrainer(twin, True)
+    fit(eager, train, test)
+    fit(graphed, train, test)
+    step = graphed.graphed_step
+    assert (step.captures, step.replays, step.eager_steps) == (2, 2 * 3, 2 * 4)
+    for record_eager, record_graphed in zip(eager.history, graphed.history):
+        for key, tolerance in (("train_loss", 1e-3), ("test_loss", 1e-3), ("train_acc", 0), ("test_acc", 0)):
+            assert record_graphed[key] == pytest.approx(record_eager[key], rel=tolerance, abs=1e-6), \
+                (key, eager.history, graphed.history)
+    for (name, eager_param), graphed_param in zip(network.named_parameters(), twin.parameters()):
+        error = ((graphed_param - eager_param).norm() / eager_param.norm().clamp_min(1e-12)).item()
+        assert error < 1e-3, (name, error)
+
+
+def test_retrain_with_cuda_graph_and_drop_path():
+    """Drop-path draws its masks inside the graph: a captured epoch with drop-path trains (the
+    loss falls over a repeated batch) and stays finite."""
+    network = spiking_network(auxiliary=False)
+    train = random_batches([16], (1, 16, 16), 10, seed=4) * 12
+    trainer = retrainer(network, True, drop_path_prob=0.3)
+    fit(trainer, train, train[:1])
+    losses = [record["train_loss"] for record in trainer.history]
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[1] < losses[0], losses
+    assert trainer.graphed_step.captures == 2
+
+
+class PinnedLoader:
+    """The retrain loop's loader interface over a torch DataLoader with worker processes and
+    pinned memory, as the image data sets use: its pin-memory thread calls CUDA while the
+    step is being captured."""
+
+    def __init__(self, inputs, labels):
+        self.loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, labels), batch_size=16,
+                                                  num_workers=2, pin_memory=True)
+
+    def set_epoch(self, epoch, start_batch=0):
+        assert start_batch == 0
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        return iter(self.loader)
+
+
+def test_retrain_with_cuda_graph_and_a_pinned_memory_loader():
+    network = spiking_network(auxiliary=False)
+    generator = torch.Generator().manual_seed(5)
+    loader = PinnedLoader(torch.randn(16 * 12, 1, 16, 16, generator=generator),
+                          torch.randint(0, 10, (16 * 12,), generator=generator))
+    trainer = retrainer(network, True)
+    assert trainer.fit(loader, loader, board=None, should_stop=lambda: False, on_epoch_end=lambda is_best: None)
+    assert trainer.graphed_step.captures == 2 and trainer.graphed_step.replays == 2 * 9
+    assert all(torch.isfinite(torch.tensor(record["train_loss"])) for record in trainer.history)
+
+
+def test_retrain_with_cuda_graph_and_a_capturable_adam():
+    """Adam with capturable=True is captured and trains; without it the retrainer refuses it up
+    front with a one-line error instead of failing inside the capture."""
+    network = spiking_network(auxiliary=False)
+    train = random_batches([16], (1, 16, 16), 10, seed=6) * 10
+    with pytest.raises(UserInputError, match="capturable=False"):
+        retrainer(network, True, optimizer=functools.partial(torch.optim.Adam, lr=1e-3))
+    trainer = retrainer(network, True, optimizer=functools.partial(torch.optim.Adam, lr=1e-3, capturable=True))
+    fit(trainer, train, train[:1])
+    losses = [record["train_loss"] for record in trainer.history]
+    assert trainer.graphed_step.captures == 2 and losses[1] < losses[0], losses
