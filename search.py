@@ -4,17 +4,14 @@
 
 The run directory (outputs/search/<date>_<time>/) gets genotype.json, genotypes/cycle_<k>.json,
 checkpoints/last.pt, tb/ (TensorBoard), search.log and Hydra's config; ``python train.py``
-then retrains the newest genotype.json. Exit codes: see aso_se/app.py.
+then retrains the newest genotype.json. Exit codes: see aso_se/run/app.py.
 """
-import functools
-
 import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from aso_se.run import app
 from aso_se.run import checkpoint
-from aso_se.search.engine import ASOSEEngine
 from aso_se.run.search_callbacks import SearchCallbacks
 
 
@@ -24,18 +21,10 @@ def main(cfg: DictConfig) -> None:
         cfg, ctx = run.cfg, run.ctx
         data, neuron = instantiate(cfg.data), instantiate(cfg.neuron)
         app.check_timesteps(data, neuron)
-        search = instantiate(cfg.search, _convert_="object")
-        supernet = search["supernet"](search_space=instantiate(cfg.search_space), neuron=neuron,
-                                   num_classes=data.num_classes, in_channels=data.in_channels,
-                                   timesteps=neuron.timesteps)
-        engine = ASOSEEngine(
-            supernet, weights_optimizer=instantiate(cfg.optim.weights),
-            arch_optimizer=instantiate(cfg.optim.arch),
-            weights_scheduler=functools.partial(instantiate(cfg.optim.weights_scheduler),
-                                                T_max=search["schedule"].total_epochs),
-            schedule=search["schedule"], sampling=search["sampling"], evolution=search["evolution"],
-            second_order=search["second_order"], grad_clip=search["grad_clip"], device=ctx.device,
-            precision=cfg.trainer.precision, seed=cfg.seed)
+        engine = instantiate(cfg.search, _convert_="object")(
+            search_space=instantiate(cfg.search_space), neuron=neuron, num_classes=data.num_classes,
+            in_channels=data.in_channels, optim=instantiate(cfg.optim, _convert_="object"),
+            device=ctx.device, precision=cfg.trainer.precision, seed=cfg.seed)
         if run.resumed:
             with checkpoint.restore_errors(run.checkpoint_path):
                 engine.load_state_dict(run.state["engine"])

@@ -4,7 +4,7 @@
 
 The run directory (outputs/train/<date>_<time>/) gets checkpoints/last.pt and best.pt, tb/
 (TensorBoard) and metrics.json. ``resume=<run_dir>`` continues a stopped run. Exit codes: see
-aso_se/app.py.
+aso_se/run/app.py.
 """
 import hydra
 from hydra.utils import instantiate

@@ -7,6 +7,7 @@ earlier states, and outputs the concatenation of some nodes (a genotype's ``*_co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -34,19 +35,27 @@ def reduction_indices(layers: int) -> tuple[int, int]:
 
 
 def cell_layouts(
-    layers: int, channels: int, stem_channels: int, *, normal_multiplier: int, reduce_multiplier: int
+    layers: int, channels: int, stem_channels: int, *, normal_multiplier: int, reduce_multiplier: int,
+    kinds: Sequence[str] | None = None,
 ) -> list[CellLayout]:
-    """DARTS's channel plan: C doubles at each reduction; a cell outputs ``multiplier * C`` channels."""
+    """DARTS's channel plan: C doubles at each reduction; a cell outputs ``multiplier * C`` channels.
+
+    ``kinds`` ("normal", "reduction", "grown"; default: DARTS's reductions at 1/3 and 2/3) lets a
+    supernet insert grown cells, which add to their predecessor's output and so pass the channel
+    plan through unchanged."""
+    if kinds is None:
+        kinds = ["reduction" if index in reduction_indices(layers) else "normal" for index in range(layers)]
     layouts = []
     C_prev_prev, C_prev, C = stem_channels, stem_channels, channels
     reduction_prev = False
-    for index in range(layers):
-        reduction = index in reduction_indices(layers)
+    for kind in kinds:
+        reduction = kind == "reduction"
         if reduction:
             C *= 2
         layouts.append(CellLayout(C_prev_prev, C_prev, C, reduction, reduction_prev))
-        multiplier = reduce_multiplier if reduction else normal_multiplier
-        C_prev_prev, C_prev, reduction_prev = C_prev, multiplier * C, reduction
+        if kind != "grown":
+            multiplier = reduce_multiplier if reduction else normal_multiplier
+            C_prev_prev, C_prev, reduction_prev = C_prev, multiplier * C, reduction
     return layouts
 
 

@@ -192,10 +192,17 @@ SPIKING_PRIMITIVES: tuple[str, ...] = (
 )
 
 
-def check_primitives(names: Iterable[str]) -> tuple[str, ...]:
-    """``names`` as a tuple if it is a non-empty list of distinct registered ops; else UserInputError."""
+# The named primitive lists that conf/search_space/*.yaml refer to.
+PRIMITIVE_SETS: dict[str, tuple[str, ...]] = {"darts": DARTS_PRIMITIVES, "spiking": SPIKING_PRIMITIVES}
+
+
+def check_primitives(names: Iterable[str] | str) -> tuple[str, ...]:
+    """The ops of a named set (``"darts"``) or of a non-empty list of distinct registered ops; else UserInputError."""
     if isinstance(names, str):
-        raise UserInputError(f"the primitive list must be a list of op names, got the string {names!r}; fix search_space.primitives")
+        if names in PRIMITIVE_SETS:
+            return PRIMITIVE_SETS[names]
+        raise UserInputError(f"the primitive list must be a list of op names or one of {sorted(PRIMITIVE_SETS)}, "
+                             f"got the string {names!r}; fix search_space.primitives")
     names = tuple(names)
     unknown = [name for name in names if name not in OPS]
     if unknown:

@@ -1,50 +1,18 @@
-"""The ASO-SE search engine: runs the cycle plan (``aso_se.search.schedule``) on a supernet, returns the genotype.
+"""The ASO-SE search engine: runs the cycle plan (``schedule``) on a supernet and returns the genotype.
 
-Library entry point for ``search.py``::
-
-    engine = ASOSEEngine(supernet, weights_optimizer=partial(SGD, ...), arch_optimizer=partial(Adam, ...),
-                         weights_scheduler=partial(CosineAnnealingLR, T_max=schedule.total_epochs), ...)
-    genotype = engine.run(weights_loader, arch_loader, on_step=..., on_epoch_end=..., on_cycle_end=...,
-                          should_stop=...)
-
-Callbacks (all optional; the engine never prints, it logs rare events with ``logging``):
-- ``on_step(metrics: dict)`` after every step, at most a step or two late (the scalars come to the
-  host asynchronously, ``aso_se.monitor.step_metrics``). Keys: ``cycle, phase, epoch`` (training epochs
-  before this one, the data/LR index), ``epoch_in_phase, step`` (in the epoch), ``global_step,
-  lr, temperature, entropy_weight, images, images_per_second`` (all processes together),
-  ``loss, accuracy`` (weight step, split A),
-  ``entropy`` (mean per-edge entropy of α, nats) and in the search phase ``arch_loss,
-  arch_accuracy`` (α step, split B, before the α update).
-- ``on_epoch_end(engine, info: dict)`` after every training epoch, once its state is final (save
-  checkpoints here). ``info``: ``cycle, phase, epoch, epoch_in_phase, steps, seconds,
-  images_per_second, lr, temperature, entropy, arch_kl`` (KL of α from the epoch's start) and
-  the epoch means of the step scalars.
-- ``on_cycle_end(engine, result: CycleResult)`` when a cycle's genotype is derived (its evolve
-  phase; the re-stabilization epochs that follow still belong to that cycle).
-- ``should_stop() -> bool`` is polled after every step; when it returns True, ``run`` returns
-  None at once and ``state_dict()`` holds everything needed to continue exactly there.
-
-Exposed for logging: ``alpha_probabilities()``, ``primitives``, ``genotype()``, ``entropy()``,
-``temperature`` (of the last step), ``progress``, ``supernet`` (replaced when it grows). The
-spiking neurons count their spikes (``search_space.neurons.firing_rates``) only in the last
-step of each training epoch, the one ``on_epoch_end`` sees: a count per neuron forward in
-every step would add about a tenth to the step's kernel launches.
-
-Resume: ``load_state_dict(engine.state_dict())`` on an engine built with the same arguments
-restores the grown supernet's structure (rebuilt before its weights are loaded), weights, α,
-pruning masks, optimizers, scheduler, position in the plan down to the step, the epoch's
-running metrics and every RNG (torch CPU/CUDA, Python, numpy, the Gumbel generator). The
-loaders must have ``set_epoch(epoch, start_batch=k)`` (``aso_se.data``: the order is a pure
-function of (seed, epoch) and the first k batches are skipped unread). The Gumbel
-temperature and entropy weight are functions of the position, so they need no state.
-
-Distributed: when torch.distributed is initialized, every rank runs this engine with the same
-seed; see ``aso_se.parallel.distributed`` for how α stays identical and gradients are averaged.
+``engine.run(weights_loader, arch_loader, on_step=, on_epoch_end=, on_cycle_end=, should_stop=)``;
+the callbacks' keys are documented on ``run``. The engine never prints; it logs rare events.
+Resume: ``load_state_dict(state_dict())`` on an engine built with the same arguments restores the
+grown supernet, weights, α, pruning masks, optimizers, schedule position down to the step and
+every RNG; the loaders' ``set_epoch(epoch, start_batch=k)`` makes the data order a pure function of
+(seed, epoch). Under torch.distributed every rank runs the same engine with the same seed
+(``aso_se.parallel.distributed`` keeps α identical).
 """
 from __future__ import annotations
 
 import logging
 import math
+import functools
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Literal, Protocol, Sequence
@@ -166,7 +134,15 @@ class ASOSEEngine:
         on_cycle_end: Callable[[ASOSEEngine, CycleResult], None] | None = None,
         should_stop: Callable[[], bool] = lambda: False,
     ) -> Genotype | None:
-        """Runs the rest of the plan; the final genotype, or None if ``should_stop`` ended it early."""
+        """Runs the rest of the plan; the final genotype, or None if ``should_stop`` ended it early.
+
+        ``on_step(metrics)`` after every step, a step or two late (scalars arrive asynchronously):
+        cycle, phase, epoch, epoch_in_phase, step, global_step, lr, temperature, entropy_weight,
+        images, images_per_second, loss, accuracy, entropy (nats), and arch_loss, arch_accuracy in
+        the search phase. ``on_epoch_end(engine, info)`` once an epoch's state is final (save here):
+        also steps, seconds, arch_kl and the epoch means. ``on_cycle_end(engine, CycleResult)`` when
+        a cycle's genotype is derived. ``should_stop()`` is polled after every step.
+        """
         if self._position == 0 and self._step == 0:
             broadcast_module(self.supernet)  # identical start on every rank
         while self._position < len(self._plan):
@@ -477,3 +453,23 @@ class ASOSEEngine:
         self.genotypes = [Genotype.from_json(text) for text in state["genotypes"]]
         self.generator.set_state(state["gumbel_rng"])
         self._pending_rng = state["rng"]
+
+
+def build_engine(
+    *, supernet: Callable[..., SearchNetwork], schedule: SearchSchedule, sampling: SamplingConfig,
+    evolution: EvolutionConfig, second_order: bool, grad_clip: float | None, search_space: Any,
+    neuron: Callable[[], nn.Module], num_classes: int, in_channels: int, optim: dict[str, Any],
+    device: str | torch.device = "cpu", precision: Precision = "fp32", seed: int = 0,
+) -> ASOSEEngine:
+    """The engine of a composed ``search`` config node (Hydra ``_partial_``), completed by search.py
+    with the search space, neuron, data shapes, optimizers (``optim``: weights, arch, weights_scheduler)
+    and run settings. The weights' schedule spans all training epochs of the plan."""
+    network = supernet(search_space=search_space, neuron=neuron, num_classes=num_classes,
+                       in_channels=in_channels, timesteps=neuron.timesteps)
+    scheduler = optim.get("weights_scheduler")
+    return ASOSEEngine(
+        network, weights_optimizer=optim["weights"], arch_optimizer=optim["arch"],
+        weights_scheduler=None if scheduler is None else functools.partial(scheduler, T_max=schedule.total_epochs),
+        schedule=schedule, sampling=sampling, evolution=evolution, second_order=second_order,
+        grad_clip=grad_clip, device=device, precision=precision, seed=seed,
+    )

@@ -106,10 +106,10 @@ class EvolutionConfig:
     """
 
     grow_cells: int = 1
-    max_cells: int | None = None
+    max_cells: int | None = 8
     width_factor: int = 1
-    max_channels: int | None = None
-    prune_threshold: float = 0.0
+    max_channels: int | None = 16
+    prune_threshold: float = 0.05
     max_skip_connect: int | None = 2
 
     def __post_init__(self) -> None:

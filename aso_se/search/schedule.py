@@ -49,8 +49,8 @@ class SearchSchedule:
     """
 
     cycles: int = 2
-    warmup_epochs: int = 1
-    search_epochs: int = 2
+    warmup_epochs: int = 2
+    search_epochs: int = 1
     restabilize_epochs: int = 1
     temperature_start: float = 2.0
     temperature_end: float = 0.2

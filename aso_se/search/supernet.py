@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from aso_se.search.arch_params import ArchSample, BatchedArchitectureUpdate, active_weights, draw_samples
 from aso_se.search.recompute import MemoryEfficientCell
 from aso_se.search.mixed_op import FastMixedOp, sum_terms
-from search_space.cell import CellLayout, cell_preprocessing, edge_stride, reduction_indices
+from search_space.cell import CellLayout, cell_layouts, cell_preprocessing, edge_stride, reduction_indices
 from search_space.errors import UserInputError
 from search_space.multistep import Stem, mean_over_time
 from search_space.ops import OPS
@@ -119,23 +119,19 @@ class SearchNetwork(nn.Module):
         self.stem_multiplier = stem_multiplier
         C_stem = stem_multiplier * structure.channels
         self.stem = Stem(in_channels, C_stem, timesteps)
-        C_prev_prev, C_prev, C = C_stem, C_stem, structure.channels
-        reduction_prev = False
+        multiplier = search_space.multiplier
+        layouts = cell_layouts(len(structure.cells), structure.channels, C_stem, normal_multiplier=multiplier,
+                               reduce_multiplier=multiplier, kinds=structure.cells)
         self.cells = nn.ModuleList()
-        for position, kind in enumerate(structure.cells):
-            if kind == "grown" and (position == 0 or C_prev != search_space.multiplier * C):
+        for position, (kind, layout) in enumerate(zip(structure.cells, layouts)):
+            if kind == "grown" and (position == 0 or layout.C_prev != multiplier * layout.C):
                 raise UserInputError(
                     f"supernet structure {structure.cells}: a grown cell at {position} must follow a cell "
                     "of its stage (it adds to that cell's output); fix the structure in the checkpoint"
                 )
-            if kind == "reduction":
-                C *= 2
-            layout = CellLayout(C_prev_prev, C_prev, C, reduction=kind == "reduction", reduction_prev=reduction_prev)
             cell = SearchCell(search_space, layout, grown=kind == "grown", neuron=neuron)
             self.cells.append(MemoryEfficientCell(cell, enabled=checkpointing))
-            if kind != "grown":  # a grown cell passes s0 through (module docstring)
-                reduction_prev = kind == "reduction"
-                C_prev_prev, C_prev = C_prev, search_space.multiplier * C
+        C_prev = multiplier * layouts[-1].C  # a grown last cell keeps its stage's width
         self.classifier = nn.Linear(C_prev, num_classes)
         edges = num_edges(search_space.steps)
         self.arch = nn.ModuleDict(

@@ -7,6 +7,8 @@ import torch
 
 from aso_se.search.arch_params import ArchSample
 from aso_se.search.engine import ASOSEEngine
+from aso_se.search.evolution import EvolutionConfig
+from aso_se.search.schedule import SearchSchedule
 from aso_se.search.supernet import SearchNetwork, build_supernet
 from search_space.neurons import NeuronFactory
 from search_space.space import SearchSpace
@@ -41,5 +43,11 @@ def sample_ops(supernet: SearchNetwork, k: int | None, seed: int | None = 0) -> 
     return supernet.draw(1, k=k, weight_threshold=0.0, temperature=1.0, generator=generator)[0]
 
 
+# The plan and evolution the engine tests were written for: no pruning, no caps on growth.
+TEST_SCHEDULE = SearchSchedule(cycles=2, warmup_epochs=1, search_epochs=2, restabilize_epochs=1)
+TEST_EVOLUTION = EvolutionConfig(max_cells=None, max_channels=None, prune_threshold=0.0)
+
+
 def make_engine(supernet: SearchNetwork, **kwargs) -> ASOSEEngine:
-    return ASOSEEngine(supernet, **{**darts_optimizers(), **kwargs})
+    return ASOSEEngine(supernet, **{**darts_optimizers(), "schedule": TEST_SCHEDULE, "evolution": TEST_EVOLUTION,
+                                    **kwargs})

@@ -67,17 +67,14 @@ def test_every_neuron_option_makes_neurons(option: str) -> None:
 @pytest.mark.parametrize("search", options("search"))
 def test_every_supernet_option_builds_and_steps(space: str, search: str) -> None:
     cfg = compose_config("search", "experiment=smoke", f"search_space={space}", f"search={search}")
-    parts = instantiate(cfg.search, _convert_="object")
-    supernet = parts["supernet"](search_space=instantiate(cfg.search_space),
-                                 neuron=instantiate(cfg.neuron), num_classes=10, in_channels=1,
-                                 timesteps=cfg.neuron.timesteps)
-    weights = instantiate(cfg.optim.weights)(supernet.weight_parameters())
-    arch = instantiate(cfg.optim.arch)(supernet.arch_parameters())
-    scheduler = functools.partial(instantiate(cfg.optim.weights_scheduler),
-                                  T_max=parts["schedule"].total_epochs)(weights)
+    engine = instantiate(cfg.search, _convert_="object")(
+        search_space=instantiate(cfg.search_space), neuron=instantiate(cfg.neuron), num_classes=10,
+        in_channels=1, optim=instantiate(cfg.optim, _convert_="object"))
+    supernet = engine.supernet
     supernet(torch.randn(2, 1, 28, 28)).sum().backward()
-    weights.step(), arch.step(), scheduler.step()
-    assert parts["schedule"].total_epochs > 0 and parts["sampling"].k >= 1
+    engine.weights_optimizer.step(), engine.arch_optimizer.step(), engine.weights_scheduler.step()
+    assert engine.schedule.total_epochs > 0 and engine.sampling.k >= 1
+    assert engine.weights_scheduler.T_max == engine.schedule.total_epochs
 
 
 @pytest.mark.parametrize("model", options("model"))

@@ -16,8 +16,8 @@ from aso_se.search.evolution import EvolutionConfig
 from aso_se.search.schedule import SearchSchedule
 from search_space.errors import UserInputError
 from search_space.network import build_network
-from search_space.neurons import SpikingNeuron, firing_rates
-from tests.aso_se.helpers import SMALL_SPACE, make_engine, tiny_supernet
+from search_space.neurons import NeuronFactory, SpikingNeuron, firing_rates
+from tests.aso_se.helpers import SMALL_SPACE, darts_optimizers, make_engine, tiny_supernet
 
 SCHEDULE = SearchSchedule(cycles=2, warmup_epochs=1, search_epochs=1, restabilize_epochs=1)
 EVOLUTION = EvolutionConfig(grow_cells=1, width_factor=2, max_channels=8, prune_threshold=0.19, max_skip_connect=1)
@@ -92,7 +92,7 @@ def test_interrupted_and_resumed_search_ends_exactly_like_an_uninterrupted_one()
 
 def test_resuming_with_another_schedule_is_refused() -> None:
     state = new_engine().state_dict()
-    other = make_engine(tiny_supernet("st_bif"), schedule=SearchSchedule(cycles=3))
+    other = make_engine(tiny_supernet("st_bif"), schedule=SearchSchedule(cycles=3, warmup_epochs=1, search_epochs=2))
     with pytest.raises(UserInputError, match="same search.schedule"):
         other.load_state_dict(state)
 
@@ -128,10 +128,10 @@ def test_search_config_composes_into_the_engine() -> None:
 
     with initialize_config_dir(config_dir=str(Path(__file__).parents[3] / "conf" / "search"), version_base="1.3"):
         config = compose("aso_se")
-    knobs = instantiate(config, _convert_="object")
-    supernet = knobs["supernet"](search_space=SMALL_SPACE, neuron=torch.nn.ReLU, num_classes=10, in_channels=1)
-    engine = make_engine(supernet, schedule=knobs["schedule"], sampling=knobs["sampling"], evolution=knobs["evolution"],
-                         second_order=knobs["second_order"], grad_clip=knobs["grad_clip"])
+    build = instantiate(config, _convert_="object")
+    optim = {"weights": darts_optimizers()["weights_optimizer"], "arch": darts_optimizers()["arch_optimizer"]}
+    engine = build(search_space=SMALL_SPACE, neuron=NeuronFactory("relu", timesteps=1), num_classes=10,
+                   in_channels=1, optim=optim)
     assert engine.sampling.k == 2 and engine.schedule.cycles >= 1 and engine.evolution.max_skip_connect == 2
 
 

@@ -19,7 +19,7 @@ def test_plan_runs_four_phases_per_cycle_and_ends_with_the_last_evolution() -> N
 
 
 def test_temperature_anneals_within_each_search_phase() -> None:
-    schedule = SearchSchedule(temperature_start=4.0, temperature_end=0.25, search_epochs=2)
+    schedule = SearchSchedule(temperature_start=4.0, temperature_end=0.25, warmup_epochs=1, search_epochs=2)
     progress = [schedule.search_progress(epoch, step, 10) for epoch in range(2) for step in range(10)]
     temperatures = [schedule.temperature(Phase.SEARCH, p) for p in progress]
     assert temperatures[0] == 4.0 and temperatures == sorted(temperatures, reverse=True)
