@@ -10,8 +10,7 @@ import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from aso_se.run import app
-from aso_se.run import checkpoint
+from aso_se.run import app, checkpoint
 from aso_se.train.retrain import Retrainer
 from search_space.genotypes import Genotype, load_genotype
 

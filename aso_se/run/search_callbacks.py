@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
+from aso_se.monitor.progress import EpochProgress
+from aso_se.monitor.tensorboard import TensorBoardLogger
 from aso_se.run.app import Run
 from aso_se.run.checkpoint import save_json
 from aso_se.search.engine import ASOSEEngine, CycleResult
-from aso_se.monitor.progress import EpochProgress
-from aso_se.monitor.tensorboard import TensorBoardLogger
 from kernels.sparse_conv import path_counts, reset_path_counts
 from search_space.genotypes import Genotype
 from search_space.neurons import firing_rates

@@ -10,9 +10,9 @@ every RNG; the loaders' ``set_epoch(epoch, start_batch=k)`` makes the data order
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
-import functools
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Literal, Protocol, Sequence
@@ -24,16 +24,20 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from aso_se.errors import TrainingDiverged
-from aso_se.search import fast_math
-from aso_se.search.architect import first_order_arch_step, second_order_arch_step
-from aso_se.search.arch_params import ArchSample, SamplingConfig
-from aso_se.search.evolution import EvolutionConfig, derive_genotype, prune_weak_ops, track_weak_ops
-from aso_se.parallel.distributed import (all_reduce_gradients, broadcast_module, check_identical_across_ranks,
-                              distributed_world_size)
-from aso_se.search.growth import grow_supernet, rebind_optimizer
-from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
-from aso_se.search.schedule import Phase, PlanEntry, SearchSchedule
 from aso_se.monitor.step_metrics import AsyncStepMetrics
+from aso_se.parallel.distributed import (
+    all_reduce_gradients,
+    broadcast_module,
+    check_identical_across_ranks,
+    distributed_world_size,
+)
+from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
+from aso_se.search import fast_math
+from aso_se.search.arch_params import ArchSample, SamplingConfig
+from aso_se.search.architect import first_order_arch_step, second_order_arch_step
+from aso_se.search.evolution import EvolutionConfig, derive_genotype, prune_weak_ops, track_weak_ops
+from aso_se.search.growth import grow_supernet, rebind_optimizer
+from aso_se.search.schedule import Phase, PlanEntry, SearchSchedule
 from aso_se.search.supernet import CELL_TYPES, SearchNetwork, SupernetStructure
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype

@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from aso_se.errors import TrainingDiverged
-from aso_se.parallel.distributed import DistributedContext, wrap_model
-from aso_se.train.graphed_step import GraphedTrainStep, check_capturable
 from aso_se.monitor.progress import EpochProgress
-from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
 from aso_se.monitor.tensorboard import TensorBoardLogger, layer_of
+from aso_se.parallel.distributed import DistributedContext, wrap_model
+from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
+from aso_se.train.graphed_step import GraphedTrainStep, check_capturable
 from kernels.sparse_conv import path_counts, reset_path_counts
 from search_space.errors import UserInputError
 from search_space.neurons import firing_rates

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import CosineAnnealingLR
 
-from aso_se.search.arch_params import SamplingConfig
 from aso_se.data import MNIST5kData
 from aso_se.errors import TrainingDiverged
+from aso_se.search.arch_params import SamplingConfig
 from aso_se.search.engine import ASOSEEngine
 from aso_se.search.evolution import EvolutionConfig
 from aso_se.search.schedule import SearchSchedule
@@ -122,9 +122,10 @@ def test_nan_loss_stops_the_search_naming_where() -> None:
 
 
 def test_search_config_composes_into_the_engine() -> None:
+    from pathlib import Path
+
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
-    from pathlib import Path
 
     with initialize_config_dir(config_dir=str(Path(__file__).parents[3] / "conf" / "search"), version_base="1.3"):
         config = compose("aso_se")
