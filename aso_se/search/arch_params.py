@@ -1,21 +1,9 @@
 """Architecture parameters: all α of a cell type in one ``[edges, ops]`` Parameter, sampled in one batch.
 
-A step draws its op choices for EVERY edge of EVERY cell type with one batched Gumbel-top-k
-(:func:`draw_samples`) and brings the chosen indices to the host with one ``.tolist()`` (the
-only host sync of the draw): the supernet needs them on the host to call just those ops.
-
-An :class:`ArchSample` holds the Gumbel noise and the choice, never an autograd graph. Each
-forward rebuilds its edge weights from α and the sample (:meth:`BatchedArchitectureUpdate.edge_weights`),
-so a sample is never backpropagated through twice ("Trying to backward through the graph a
-second time" came from caching a relaxed sample across steps), and a fresh draw is made for
-every step.
-
-Edge weights (as GDAS, generalized to top-k): ``soft = softmax((α + g) / τ)`` over the
-unpruned ops; the forward value is ``soft`` renormalized over the chosen ops (exactly 1.0 for
-k = 1), zero elsewhere; the gradient is that of ``soft`` (straight-through), so every α of an
-edge gets a gradient through the softmax even when its op was not computed. When every op of
-every edge is chosen (k = all, no threshold, nothing pruned) the weights ARE ``soft``, which
-with no noise and τ = 1 is DARTS's ``softmax(α)``.
+One batched Gumbel-top-k (:func:`draw_samples`) picks the ops of every edge of every cell type and
+brings them to the host in one sync: the supernet needs them there to call only those ops.
+An :class:`ArchSample` holds noise and choice but no autograd graph; each forward rebuilds its edge
+weights from α (:meth:`BatchedArchitectureUpdate.edge_weights`), so no graph is backpropagated twice.
 """
 from __future__ import annotations
 
@@ -74,9 +62,12 @@ class BatchedArchitectureUpdate(nn.Module):
         return torch.softmax(self.logits(), dim=-1)
 
     def edge_weights(self, sample: ArchSample, *, arch_grad: bool) -> Tensor:
-        """``[edges, ops]`` weights for one forward from α and ``sample`` (see the module docstring).
+        """``[edges, ops]`` weights for one forward: GDAS's straight-through estimator, top-k.
 
-        With ``arch_grad=False`` (weight steps, α frozen) α is detached: no graph, no α gradient.
+        Forward: ``soft = softmax((α + g) / τ)`` renormalized over the chosen ops, 0 elsewhere (1.0 for
+        k = 1); gradient: that of ``soft``, so every unpruned α gets one. When every op is chosen the
+        weights are ``soft`` (DARTS's ``softmax(α)`` with no noise and τ = 1). ``arch_grad=False``
+        detaches α (weight steps).
         """
         logits = self.logits() if arch_grad else self.logits().detach()
         soft = torch.softmax((logits + sample.noise) / sample.temperature, dim=-1)
@@ -90,11 +81,9 @@ class BatchedArchitectureUpdate(nn.Module):
 def active_weights(weights: Tensor, sample: ArchSample) -> list[tuple[Tensor, ...]]:
     """Per edge, the weights of its active ops in ``sample.active_ops`` order, as 0-dim tensors.
 
-    ``weights`` is ``[edges, ops]`` (:meth:`BatchedArchitectureUpdate.edge_weights`). One gather
-    and one unbind for all edges of all cells of a type, where indexing each term would cost two
-    ops per term in forward and as many in backward. Each row of ``sample.chosen`` lists its
-    active ops first (the -1s trail: ``draw_samples`` keeps a prefix of the top-k), so an edge's
-    weights are the first ``len(active_ops[edge])`` of its row.
+    ``weights`` is ``[edges, ops]``. One gather and one unbind serve all edges (indexing each term
+    would add ops per term in forward and backward); rows of ``sample.chosen`` list active ops
+    first, so an edge's weights are the first ``len(active_ops[edge])`` of its row.
     """
     per_edge = weights.gather(-1, sample.chosen.clamp(min=0)).flatten().unbind()
     width = sample.chosen.shape[-1]
@@ -112,11 +101,9 @@ def draw_samples(
 ) -> list[list[ArchSample]]:
     """``num_samples`` independent draws for every cell type in ``archs``: ``[sample][cell type]``.
 
-    Per edge, the top-``k`` ops of ``α + g`` (``g`` Gumbel noise from ``generator``; ``None``
-    means no noise, i.e. the top-k of α itself) are chosen, minus those whose relaxed weight
-    ``softmax((α + g) / τ)`` is under ``weight_threshold`` (the best op is always kept).
-    ``k=None`` chooses every unpruned op. All cell types must have the same shape. One host
-    sync in total.
+    Per edge: the top-``k`` ops of ``α + g`` (``k=None``: every unpruned op; ``generator=None``: no
+    noise), minus those whose ``softmax((α + g) / τ)`` is under ``weight_threshold`` (the best is
+    always kept). All cell types must have the same shape. One host sync in total.
     """
     logits = torch.stack([arch.logits().detach() for arch in archs])  # [types, edges, ops]
     shape = (num_samples, *logits.shape)

@@ -1,14 +1,10 @@
 """Entropy and KL divergence of the architecture distribution, one row per edge.
 
-Both work on logits (α, with ``-inf`` for pruned ops) through ``log_softmax``, never on
-``log(softmax(...))``, so tiny probabilities neither underflow to ``log(0)`` nor lose
-precision; pruned ops (probability exactly 0) contribute 0 and get a zero (not NaN) gradient.
-
-On CUDA the functions run through ``torch.compile``: forward and backward become one fused
-kernel each instead of ~6 tiny launches, which matters on a launch-bound supernet step. If
-compilation fails (no compiler toolchain, an unsupported platform) they fall back to eager
-once, with one warning. CPU tensors always run eager: for the ``[edges, ops]`` tensors here a
-CPU compile costs tens of seconds and saves microseconds.
+Both read logits (α, ``-inf`` for pruned ops) through ``log_softmax``, never ``log(softmax(...))``,
+so tiny probabilities keep their precision and pruned ops contribute 0 with a zero (not NaN) gradient.
+On CUDA they run through ``torch.compile``, fusing several tiny kernels into one per direction (the
+supernet step is launch-bound); if compilation fails they fall back to eager, with one warning.
+CPU tensors run eager: for tensors this small a CPU compile costs far more than it saves.
 """
 from __future__ import annotations
 

@@ -1,24 +1,13 @@
 """Structure evolution, the growing half: deeper and/or wider supernets that compute the same function.
 
-Depth: "grown" cells are inserted at the end of the stages with the fewest cells. A grown cell
-outputs ``s1 + gate * cell(s0, s1)`` with ``gate = 0`` and passes ``s0`` through, so at the
-moment of growth every later cell sees exactly its old inputs (``aso_se.search.supernet``). The gate
-still gets a gradient, so the new cell starts learning at the first step (as ReZero).
-
-Width: every channel count is multiplied by an integer ``factor``; new channel ``j`` is a copy
-of old channel ``j // factor`` (each channel repeated ``factor`` times in place). That one
-mapping is consistent with every concatenation in the network (a cell's output of its nodes,
-FactorizedReduce's two halves), so each tensor transforms on its own:
-- output-channel dims (dim 0, and every 1-D tensor: biases, BatchNorm statistics) are repeated;
-- input-channel dims (dim 1 of a conv or linear weight) keep the old weights on the first copy
-  of each channel and zeros on the others, so every layer's output is unchanged.
-Copies of a channel hold identical values, so BatchNorm statistics and spikes are identical
-too. Unlike Net2Net's even split, the zeros make the copies' outgoing weights differ, so
-training pulls the copies apart instead of keeping them in lockstep.
-
-New modules are initialized under a seed given by the caller, so a resumed search grows
-exactly the same supernet as an uninterrupted one. Optimizer state (momentum, Adam moments)
-follows its parameters through the same mapping (``rebind_optimizer``).
+Depth: a grown cell outputs ``s1 + gate * cell(s0, s1)`` with ``gate = 0`` and passes ``s0`` through
+(``aso_se.search.supernet``), so later cells see their old inputs, yet the gate's gradient trains the
+new cell from the first step (as ReZero).
+Width: every channel count is multiplied by an integer factor, each old channel repeated in place
+(:func:`widen_tensor`); that one mapping agrees with every concatenation in the network (cell outputs,
+FactorizedReduce's halves), so each tensor transforms on its own.
+New modules are initialized under a caller-given seed, so a resumed search grows the same supernet;
+optimizer state follows its parameters through the same mapping (:func:`rebind_optimizer`).
 """
 from __future__ import annotations
 
@@ -64,7 +53,13 @@ def grow_structure(
 
 
 def widen_tensor(old: Tensor, new_shape: torch.Size, factor: int) -> Tensor:
-    """``old`` mapped onto ``new_shape`` by the channel mapping of the module docstring."""
+    """``old`` mapped onto ``new_shape``: new channel ``j`` is a copy of old channel ``j // factor``.
+
+    Output-channel dims (dim 0, every 1-D tensor) are repeated; input-channel dims (dim 1 of a conv or
+    linear weight) keep the weights on each channel's first copy and zeros on the others, so every
+    layer's output, BatchNorm statistics and spikes are unchanged. Unlike Net2Net's even split, the
+    zeros let training pull the copies apart. Raises ValueError if a dim grows by other than ``factor``.
+    """
     out = old
     for dim, (old_size, new_size) in enumerate(zip(old.shape, new_shape)):
         if new_size == old_size:
@@ -83,7 +78,7 @@ def widen_tensor(old: Tensor, new_shape: torch.Size, factor: int) -> Tensor:
 def grow_supernet(
     net: SearchNetwork, *, new_cells: int, width_factor: int, seed: int
 ) -> tuple[SearchNetwork, NameMap]:
-    """A deeper and/or wider supernet computing the same function as ``net`` (module docstring)."""
+    """A deeper and/or wider supernet computing the same function as ``net``, and its names' map to ``net``'s."""
     structure, new_positions = grow_structure(net.structure, new_cells, width_factor)
     old_cell_at = {new: old for old, new in enumerate(new_positions)}
 

@@ -16,18 +16,13 @@ def sum_terms(terms: Iterable[Tensor]) -> Tensor:
 
 
 class FastMixedOp(nn.Module):
-    """``sum(weights[j] * ops[i](x) for j, i in enumerate(active_ops))``: DARTS's MixedOp restricted to ``active_ops``.
+    """DARTS's MixedOp restricted to ``active_ops``: ``sum(w * ops[i](x) for w, i in zip(weights, active_ops))``.
 
-    ``active_ops`` (host ints, from one batched draw: ``aso_se.search.arch_params.draw_samples``) decides
-    which ops run, and ``weights`` holds their weights in the same order
-    (``aso_se.search.arch_params.active_weights``); the other ops cost nothing. ``none`` terms are left
-    out (an op other than ``none`` runs whenever the edge has one): they add ``w * 0 = 0``, so
-    the sum keeps its value (only a ``-0.0`` may come out as ``+0.0``) and every gradient stays
-    the same (the ``none`` weight's term gives it exactly 0). With every op active this is
-    DARTS's MixedOp term for term, in the same order, without sum()'s leading ``0 +``, so
-    outputs and gradients match it. Which ops are active (top-k during search, the argmax op
-    in eval mode) and the straight-through weights that give every α a gradient are decided by
-    the caller, once for all edges.
+    The caller picks ``active_ops`` (host ints, ``aso_se.search.arch_params.draw_samples``) and their
+    ``weights`` in the same order (``aso_se.search.arch_params.active_weights``) once for all edges; the
+    other ops cost nothing. ``none`` terms are skipped unless alone: they add ``w * 0``, so values (up to
+    the sign of a zero) and gradients are unchanged. With every op active this is DARTS's MixedOp term
+    for term, so outputs and gradients match it.
     """
 
     def __init__(self, ops: Iterable[nn.Module]) -> None:

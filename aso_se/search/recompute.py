@@ -12,11 +12,10 @@ from torch.utils.checkpoint import checkpoint
 
 @contextlib.contextmanager
 def _frozen_batchnorm_statistics(module: nn.Module) -> Iterator[None]:
-    """While recomputing, BatchNorm must normalize exactly as before (batch statistics, and the
-    same tensors saved for backward, which checkpoint verifies) without updating its running
-    statistics a second time. A momentum of 0 leaves ``running_mean``/``running_var`` unchanged
-    (``(1 - 0)·running + 0·batch``); hiding ``num_batches_tracked`` skips its increment. Both are
-    attribute swaps on the host: no extra kernels."""
+    """Recomputation normalizes as before but does not update BatchNorm's running statistics twice.
+
+    Momentum 0 leaves ``running_mean``/``running_var`` unchanged and hiding ``num_batches_tracked``
+    skips its increment: host-side attribute swaps, no extra kernels."""
     norms = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
     saved = [(norm.momentum, norm.num_batches_tracked) for norm in norms]
     for norm in norms:
@@ -31,13 +30,9 @@ def _frozen_batchnorm_statistics(module: nn.Module) -> Iterator[None]:
 class MemoryEfficientCell(nn.Module):
     """Wraps a cell; with ``enabled`` its activations are recomputed in backward instead of stored.
 
-    Uses ``torch.utils.checkpoint`` with ``use_reentrant=False`` (works with non-tensor arguments
-    such as the host lists of active ops, and with inputs that don't require grad) and
-    ``preserve_rng_state=True`` (anything random inside replays identically; our neurons and ops
-    draw nothing, the Gumbel noise is an input). Spiking neurons restart from their initial
-    state on every forward, so the recomputation sees the same membrane trajectory. Only
-    checkpoints while autograd records; no-grad forwards run plain. The wrapper is always
-    present, so the state_dict keys don't depend on ``enabled``.
+    Non-reentrant checkpointing accepts the host lists of active ops and inputs without grad; neurons
+    restart from their initial state each forward, so the recomputation replays the same spikes.
+    No-grad forwards run plain. The wrapper is always present, so state_dict keys don't depend on ``enabled``.
     """
 
     def __init__(self, cell: nn.Module, enabled: bool = False) -> None:

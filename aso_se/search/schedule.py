@@ -1,13 +1,10 @@
 """The ASO-SE cycle plan and the knob schedules (Gumbel temperature, entropy weight).
 
-A search runs ``cycles`` cycles of four phases (design §5):
-1. ``warmup``: weights trained, α frozen (ops still sampled from α, so each step trains a few paths);
-2. ``search``: alternating α steps (split B) and weight steps (split A), Gumbel exploration,
-   temperature annealed, entropy regularizer ramped;
-3. ``evolve``: derive the genotype, prune ops that stayed weak, grow the supernet (no training);
-4. ``restabilize``: weights trained, α frozen, to settle the grown and pruned supernet.
-The last cycle ends after its ``evolve`` (its derived genotype is the result; growing a supernet
-that is never trained again would be wasted), so it has no ``restabilize``.
+A search runs ``cycles`` cycles of four phases: ``warmup`` (weights trained, α frozen, ops still
+sampled from α); ``search`` (α steps on split B alternate with weight steps on split A, temperature
+annealed, entropy weight ramped); ``evolve`` (derive the genotype, prune weak ops, grow; no training);
+``restabilize`` (weights trained, α frozen, to settle the grown supernet). The last cycle ends after
+its ``evolve``: its genotype is the result, and growing a supernet never trained again would be wasted.
 """
 from __future__ import annotations
 
@@ -38,14 +35,11 @@ class PlanEntry:
 class SearchSchedule:
     """Cycles, phase lengths (epochs) and the annealed knobs of the search phase.
 
-    The temperature decays exponentially from ``temperature_start`` to ``temperature_end``
-    within every cycle's search phase (each cycle explores, then commits); warm-up uses
-    ``temperature_start`` and re-stabilization ``temperature_end``. The temperature sharpens
-    the relaxed weights (forward values of the top-k and the α gradients); which ops are
-    sampled follows ``softmax(α)`` itself, so a hot start cannot make the forward an
-    average of every op (what collapsed earlier searches to chance accuracy). The entropy
-    weight ramps linearly from ``entropy_weight_start`` to ``entropy_weight_end`` over the same
-    span; a positive weight pushes α towards a decision.
+    The temperature decays exponentially from start to end within every cycle's search phase (each
+    cycle explores, then commits); warm-up uses the start value, re-stabilization the end value. It
+    sharpens the relaxed weights only: which ops are sampled follows ``softmax(α)``, so a hot start
+    cannot turn the forward into an average of every op. The entropy weight ramps linearly over the
+    same span; a positive weight pushes α towards a decision.
     """
 
     cycles: int = 2

@@ -1,15 +1,11 @@
 """The supernet searched by ASO-SE: DARTS's search network with FastMixedOp edges.
 
-Layout as DARTS's ``model_search.Network``: a stem, ``layers`` cells (reduction cells at 1/3
-and 2/3 of the depth), global pooling and a linear classifier; every cell has 2 input nodes,
-``steps`` intermediate nodes (node i reads all 2 + i earlier states through one FastMixedOp
-edge each, in DARTS's edge order) and outputs the concatenation of its last ``multiplier``
-nodes. All ops come from ``search_space.ops.OPS`` with ``affine=False`` BatchNorms, as DARTS.
-Tensors are flattened over time, ``[T*B, C, H, W]`` (design §2).
-
-Structure evolution adds "grown" cells (``aso_se.search.growth``): a normal cell whose output is
-``s1 + gate * cell(s0, s1)`` with the scalar ``gate`` starting at 0, and which passes ``s0``
-through unchanged, so the next cell sees exactly the inputs it saw before the growth.
+Layout as DARTS's ``model_search.Network``: a stem, ``layers`` cells (reductions at 1/3 and 2/3 of
+the depth), global pooling, a linear classifier; node i of a cell reads all 2 + i earlier states
+through one FastMixedOp edge each, in DARTS's edge order. Ops come from ``search_space.ops.OPS`` with
+``affine=False`` BatchNorms, as DARTS. Tensors are flattened over time, ``[T*B, C, H, W]``.
+Grown cells (``aso_se.search.growth``) output ``s1 + gate * cell(s0, s1)`` with ``gate`` starting at 0
+and pass ``s0`` through, so the next cell sees exactly the inputs it saw before the growth.
 """
 from __future__ import annotations
 
@@ -59,7 +55,7 @@ class SupernetStructure:
 
 
 class SearchCell(nn.Module):
-    """One supernet cell: preprocessing, then ``steps`` nodes summing FastMixedOp edges."""
+    """One supernet cell: preprocessing, ``steps`` nodes summing FastMixedOp edges, last ``multiplier`` nodes out."""
 
     def __init__(
         self, search_space: SearchSpace, layout: CellLayout, *, grown: bool, neuron: Callable[[], nn.Module]
