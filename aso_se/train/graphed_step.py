@@ -1,21 +1,10 @@
 """A training step captured in a CUDA graph and replayed (train.py's ``cuda_graph=true``).
 
-A retrain step of a small spiking network is host-bound: hundreds of kernel launches (neurons,
-convs, BatchNorms, the optimizer) per step, each costing more CPU time than GPU time. Captured
-once, the whole step (forward, backward, gradient clipping, optimizer step) is one graph launch,
-and the sparse convolutions inside it are priced by GPU time (kernels/sparse_conv/dispatch.py),
-so they run wherever they win on the captured input.
-
-The recipe is PyTorch's whole-network capture (torch.cuda.graphs docs): a few eager warm-up steps
-on a side stream (lazily made state: optimizer buffers, cuBLAS workspaces, the sparse convs'
-calibration and density measurements), then one capture with static input tensors, then one
-replay per batch after copying the batch into them. The warm-up steps and the capture's step
-train on real batches like any other step.
-
-What a graph fixes at capture, the caller must re-capture for (``reset()``): the learning rate
-(a Python float for SGD), the drop-path probability, and the sparse convs' path choices. The
-retrain loop resets once per epoch, where all three change. A batch of another shape (the last,
-smaller batch of an epoch) runs eagerly.
+A retrain step of a small spiking network is host-bound: hundreds of kernel launches, each costing
+more CPU time than GPU time. Captured once, the whole step (forward, backward, clipping, optimizer
+step) is one graph launch, and the sparse convolutions inside it are priced by GPU time
+(kernels/sparse_conv/dispatch.py), so they run wherever they win on the captured input.
+The recipe is PyTorch's whole-network capture (torch.cuda.graphs docs); see :class:`GraphedTrainStep`.
 """
 from __future__ import annotations
 
@@ -29,9 +18,8 @@ StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor
 
 
 def check_capturable(optimizer: torch.optim.Optimizer) -> None:
-    """A one-line error for an optimizer whose step cannot be captured: one with a `capturable`
-    option left off (Adam, AdamW, RMSprop, ...: their step reads its counters on the host), or
-    LBFGS (a closure, run several times per step)."""
+    """Raises UserInputError for an optimizer whose step cannot be captured: LBFGS (it re-runs a
+    closure) or one with ``capturable=False`` (Adam, AdamW, ...: their step reads counters on the host)."""
     name = type(optimizer).__name__
     if isinstance(optimizer, torch.optim.LBFGS):
         raise UserInputError("cuda_graph=true cannot capture LBFGS's step (it re-runs a closure); "
@@ -44,8 +32,10 @@ def check_capturable(optimizer: torch.optim.Optimizer) -> None:
 class GraphedTrainStep:
     """``step(inputs, labels) -> (loss, correct)``, eager until captured, then replayed.
 
-    The returned tensors of a replay are the graph's static outputs: the next call overwrites
-    them, so use them (on the device, stream-ordered) before calling again.
+    ``warmup_steps`` eager steps on a side stream make the lazy state (optimizer buffers, cuBLAS
+    workspaces, sparse-conv calibration); the next step is captured; every step trains on its batch.
+    A batch of another shape (an epoch's last) runs eagerly. A replay returns the graph's static
+    outputs: the next call overwrites them, so use them (on the device, stream-ordered) first.
     """
 
     def __init__(self, step_fn: StepFn, *, warmup_steps: int = 3) -> None:
@@ -59,8 +49,9 @@ class GraphedTrainStep:
         self.reset()
 
     def reset(self) -> None:
-        """Drop the graph: the next steps warm up and capture a new one (after a change of the
-        learning rate, the drop-path probability or anything else captured as a constant)."""
+        """Drop the graph: the next steps warm up and capture a new one. Call it when anything captured
+        as a constant changes: the learning rate, the drop-path probability, the sparse convs' paths
+        (the retrain loop calls it once per epoch, where all three change)."""
         self._graph: torch.cuda.CUDAGraph | None = None
         self._static: tuple[torch.Tensor, ...] = ()
         self._warm = 0
