@@ -44,16 +44,12 @@ def split_train_test(
 class ClassificationData(ABC):
     """A labelled image (or DVS-frame) dataset with its search and train loaders.
 
-    Attributes the model and the apps read: ``name``, ``num_classes``, ``in_channels``,
-    ``image_size`` and ``timesteps`` (None for static images, which give batches ``[B, C, H, W]``
-    for the model to repeat over T; T for DVS data, whose batches are time-first
-    ``[T, B, 2, H, W]``). Constructors only check arguments; files are read on first use, so a
-    ``DataError`` reaches the caller as itself rather than wrapped by Hydra's ``instantiate``.
-
-    Every loader yields ``(inputs, labels)`` and has ``set_epoch(epoch)``: batch order and
-    augmentation are then a pure function of (seed, epoch), whatever the number of workers, so
-    a resumed run sees exactly the same batches. ``rank``/``world_size`` shard every loader for
-    DDP: training shards are disjoint and equally long, the test shards cover the test set once.
+    Attributes: ``name``, ``num_classes``, ``in_channels``, ``image_size``, ``timesteps`` (None for
+    static images, batches ``[B, C, H, W]`` the model repeats over T; T for DVS, batches ``[T, B, 2, H, W]``).
+    Files are read on first use, so a ``DataError`` is not wrapped by Hydra's ``instantiate``.
+    Loaders yield ``(inputs, labels)``; after ``set_epoch(epoch)`` order and augmentation are a pure
+    function of (seed, epoch), whatever the workers. ``rank``/``world_size`` shard for DDP: training
+    shards are disjoint and equally long, test shards cover the test set once.
     """
 
     name: str

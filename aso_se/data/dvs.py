@@ -1,15 +1,10 @@
 """Neuromorphic (DVS) datasets through spikingjelly 2.0, as event-count frames.
 
-Each sample is spikingjelly's ``[T, 2, 128, 128]`` frames (``frames_number=T``,
-``split_by="number"``: T slices with equal event counts; channel = polarity), resized to
-``image_size``. The loader's collate stacks samples along dim 1, so batches reach the model
-time-first, ``[T, B, 2, H, W]``, as every other multi-step tensor in the project.
-
-The files cannot be downloaded automatically: they must already be under ``root``, either
-as spikingjelly's converted events ``root/events_np/`` or as the original downloads in
-``root/download/`` (converted on first use, which takes a while). We check that before
-spikingjelly runs, because on a miss it would try to download and leave a ``.building``
-marker behind that blocks every later attempt.
+Samples are ``[T, 2, 128, 128]`` frames (T slices of equal event counts, channel = polarity) resized
+to ``image_size``; batches are time-first, ``[T, B, 2, H, W]``, like every multi-step tensor here.
+The files cannot be downloaded automatically: ``root`` must hold ``events_np/`` or the original
+downloads in ``download/`` (converted on first use, slowly). We check before spikingjelly runs: on a
+miss it would try to download and leave a ``.building`` marker that blocks every later attempt.
 """
 from pathlib import Path
 from zipfile import BadZipFile

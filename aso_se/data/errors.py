@@ -8,11 +8,9 @@ FIX_ROOT = "set data.root or ASO_SE_DATA, or use data=mnist5k"
 class DataError(UserInputError):
     """Missing or malformed data: one line naming the path, what was expected and the fix.
 
-    An exception raised inside a DataLoader worker comes back to the main process re-created
-    from torch's report, ``"Caught DataError in DataLoader worker process N.\\nOriginal
-    Traceback ...\\naso_se.data.errors.DataError: <message>"``. The constructor keeps only
-    ``<message>``, so the user still sees the one line whether or not workers are used.
-    Line breaks (e.g. from a quoted torchvision error) are folded into spaces.
+    A DataLoader worker's error is re-created in the main process from torch's multi-line report
+    (``"Caught DataError in DataLoader worker ... DataError: <message>"``); the constructor keeps only
+    ``<message>``, so the user sees one line with or without workers. Line breaks fold into spaces.
     """
 
     def __init__(self, message: str) -> None:

@@ -44,12 +44,10 @@ def collate_time_first(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Ten
 
 
 def _stop_workers(iterator: Any) -> None:
-    """Stops a failed pass's workers now and waits for its queues' feeder threads.
+    """Stops a failed pass's workers now and joins its queues' feeder threads.
 
-    After a worker's error (e.g. an unreadable image) the pass is over. Left to interpreter
-    exit, torch skips its worker shutdown, and a queue's feeder thread could then print an EBADF
-    traceback after the user's one-line error (seen on a 16-core machine with Python 3.12).
-    Joined here, before the error leaves the loader, no thread is left to print anything."""
+    Left to interpreter exit, torch skips the worker shutdown and a feeder thread can print an EBADF
+    traceback after the user's one-line error; joined here, no thread is left to print anything."""
     shutdown = getattr(iterator, "_shutdown_workers", None)  # absent without workers
     if shutdown is None:
         return

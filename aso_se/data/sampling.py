@@ -34,16 +34,11 @@ def stratified_order(labels: torch.Tensor, seed: int) -> torch.Tensor:
 class ShardSampler(Sampler[tuple[int, int]]):
     """This rank's share of ``indices``, yielded as ``(epoch, index)`` keys.
 
-    The key carries the epoch to the dataset (also into persistent workers, which keep their
-    own copy of the dataset) so that random augmentation can be seeded per sample.
-
-    - ``shuffle=True`` (training): reshuffled every epoch from ``(seed, epoch)`` alone, then
-      dealt round-robin to the ranks; the remainder is dropped so that every rank runs the same
-      number of steps (DistributedDataParallel needs that) and shards are disjoint.
-    - ``shuffle=False`` (evaluation): fixed order, every sample exactly once over all ranks.
-
-    ``set_epoch(epoch, skip)`` also drops the first ``skip`` keys of that epoch, so that a run
-    resumed mid-epoch does not load the samples it has already seen.
+    The key carries the epoch to the dataset, even into persistent workers, to seed augmentation.
+    ``shuffle=True`` (training): reshuffled from ``(seed, epoch)`` alone, dealt round-robin, the
+    remainder dropped so shards are disjoint and every rank runs the same number of steps (as DDP
+    needs). ``shuffle=False`` (evaluation): fixed order, every sample once over all ranks.
+    ``set_epoch(epoch, skip)`` drops the epoch's first ``skip`` keys (a run resumed mid-epoch).
     """
 
     def __init__(self, indices: torch.Tensor, *, seed: int, rank: int, world_size: int, shuffle: bool) -> None:
