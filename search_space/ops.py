@@ -1,19 +1,10 @@
-"""The op registry: every candidate operation of a cell edge, one line per op.
+"""The op registry ``OPS``: every candidate operation of a cell edge, one line per op.
 
-A builder is ``builder(C, stride, affine, neuron) -> nn.Module``: ``C`` channels in and out,
-``stride`` 2 on the edges of a reduction cell that read the cell's inputs, ``affine`` for the
-BatchNorms (DARTS: False in the supernet, True when retraining), and ``neuron`` a factory
-(``search_space.neurons.NeuronFactory``) called once per activation so that every activation
-is a fresh module.
-
-Two families:
-(a) DARTS's operations (quark0/darts ``cnn/operations.py``) with exactly its definitions,
-    the ReLU replaced by the configured neuron (with ``neuron="relu"`` they ARE DARTS's ops);
-(b) spiking ops, neuron → conv → BN.
-Every conv that follows a neuron reads spikes and is a ``kernels.sparse_conv.SparseConv2d``
-(``neuron_then_conv`` hands it the block map that the ST-BIF kernel writes, where it is used);
-the convs that follow another conv read real values and stay ``nn.Conv2d``. Attribute names
-follow DARTS so that state_dict keys (and DARTS's checkpoints) match.
+Two families: (a) DARTS's operations (quark0/darts ``cnn/operations.py``) exactly, the ReLU replaced
+by the configured neuron (with ``neuron="relu"`` they are DARTS's ops); (b) spiking ops, neuron →
+conv → BN. A conv that follows a neuron reads spikes and is a ``kernels.sparse_conv.SparseConv2d``
+(fed the ST-BIF kernel's block map by :func:`neuron_then_conv`); convs after another conv read real
+values and stay ``nn.Conv2d``. Attribute names follow DARTS, so state_dict keys match its checkpoints.
 """
 from __future__ import annotations
 
@@ -32,7 +23,12 @@ OPS: dict[str, OpBuilder] = {}
 
 
 def register_op(name: str) -> Callable[[OpBuilder], OpBuilder]:
-    """Decorator adding ``builder(C, stride, affine, neuron)`` to ``OPS`` under ``name``."""
+    """Decorator adding ``builder(C, stride, affine, neuron) -> nn.Module`` to ``OPS`` under ``name``.
+
+    ``C``: channels in and out; ``stride``: 2 on a reduction cell's edges that read its inputs;
+    ``affine``: for the BatchNorms (DARTS: False in the supernet, True when retraining); ``neuron``: a
+    factory called once per activation, so each is a fresh module. Raises ValueError on a repeated name.
+    """
 
     def add(builder: OpBuilder) -> OpBuilder:
         if name in OPS:
