@@ -1,17 +1,11 @@
 """Benchmark: one ASO-SE search step (one α step + one weight step) and its peak memory.
 
-One run, one supernet layout (8 cells, C = 16, batch 64, T = 4, 32x32 CIFAR-10 images, DARTS's 8
-ops, DARTS's optimizers), the same inputs for every row:
-  1. DARTS's MixedOp over all ops with spikingjelly LIF (k = all, no Gumbel: literally
-     ``sum(w * op(x))``, the hand-written baseline of design §6);
-  2. FastMixedOp top-2 (LIF);  3. + our ST-BIF;  4. + per-cell checkpointing;
-  5. + the spike-sparse conv dispatcher;  6. + bf16 autocast;
-  7./8. ReLU at T = 1 with top-2 and with all ops (the ANN reference).
-Convs run on cuDNN (SparseConv2d backend "torch") except in rows 5-6 (backend "auto").
-Each row: median wall time of ``--steps`` steps after ``--warmup`` (each step ends with a
-device sync), peak allocated memory over those steps, and, from one profiled step, the CUDA
-kernels launched, their summed GPU time, and the host syncs (torch.cuda.set_sync_debug_mode).
-With ``--anchor PATH`` the hand-written anchor script of design §6 also runs in this process.
+One supernet layout (8 cells, C = 16, batch 64, T = 4, 32x32 CIFAR-10, DARTS's 8 ops and optimizers) and
+the same inputs for every row of ``ROWS``: from DARTS's all-op MixedOp with LIF (the hand-written baseline)
+through top-2, ST-BIF, checkpointing, the sparse-conv dispatcher and bf16, to the ReLU (ANN) references.
+Each row: median wall time of ``--steps`` synced steps after ``--warmup``, peak memory, and from one
+profiled step the CUDA kernels, their GPU time and the host syncs. ``--anchor`` also runs the
+hand-written DARTS supernet script in this process.
 
     python benchmarks/bench_search_step.py --images /tmp/cifar10/train [--anchor .gpu/anchors/darts_snn_supernet.py]
     python benchmarks/bench_search_step.py --tiny     # CPU smoke run of the script itself
@@ -87,6 +81,7 @@ def load_images(folder: Path | None, count: int) -> torch.Tensor:
 
 
 def make_engine(row: Row, channels: int, layers: int, device: torch.device) -> ASOSEEngine:
+    """``row``'s engine, seeded; convs on cuDNN (SparseConv2d backend "torch") unless ``row.sparse_conv`` ("auto")."""
     torch.manual_seed(0)
     neuron = NeuronFactory(row.neuron, timesteps=row.timesteps, **NEURON_PARAMS[row.neuron])
     supernet = build_supernet(
@@ -179,7 +174,7 @@ def bench_row(
 
 
 def run_anchor(path: Path) -> None:
-    """design §6's hand-written DARTS supernet (ReLU and LIF), timed by its own code in this process."""
+    """The hand-written DARTS supernet script (ReLU and LIF), timed by its own code in this process."""
     spec = importlib.util.spec_from_file_location("darts_snn_supernet", path)
     anchor = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(anchor)

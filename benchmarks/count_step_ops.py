@@ -1,24 +1,10 @@
 """Count the aten ops one ASO-SE search step dispatches, and time the step on the host.
 
-The search step of ``bench_search_step.py``'s row "top-2, ST-BIF" (8 cells, C = 16, T = 4,
-32x32 input, DARTS's 8 ops, FastMixedOp top-2, learnable-threshold ST-BIF, convs on
-``F.conv2d``, firing-rate recording off) with a tiny batch, so that device compute is small
-and what is left is host work: Python, the dispatcher, autograd and kernel launches.
-
-Ops are counted with a ``TorchDispatchMode`` over ``--count-steps`` ``ASOSEEngine.train_step``s
-(α step + weight step, forwards and backwards, optimizers): every aten op that reaches the
-dispatcher's Python key counts once, views and ``empty`` too (they launch nothing on a GPU but
-cost host time). Triton launches are not ops: the eager ST-BIF shows only as its launchers'
-``empty``/``view`` calls, and launches one kernel per forward and one per backward on top.
-The optimizers run their foreach implementations, as torch picks on CUDA (``clip_grad_norm_``
-still runs per tensor on CPU). The count is a proxy for kernel launches; it does not depend
-on the batch or the image size. The time is the median wall time of ``--steps`` steps after
-``--warmup``, each ending with a device sync.
-
-On CPU the ST-BIF "auto" backend is the torch reference (a Python loop over T, many small
-ops); on CUDA it is the Triton kernels, so run it on the GPU for the real count. (Under
-``TRITON_INTERPRET=1``, ``--neuron-backend triton`` also counts the interpreter's own tensor
-copies: ``set_``, ``new_empty``, ``copy_``.)
+The step is ``bench_search_step.py``'s row "top-2, ST-BIF" (8 cells, C = 16, T = 4, firing-rate recording
+off) with a tiny batch, so device compute is small and what is left is host work: Python, the dispatcher,
+autograd, launches. The op count is a proxy for kernel launches and does not depend on batch or image size;
+the time is the median of ``--steps`` synced steps after ``--warmup``. Run it on CUDA for the real count:
+on CPU the ST-BIF "auto" backend is the torch reference, a Python loop over T of many small ops.
 
     PYTHONPATH=. python benchmarks/count_step_ops.py
 """
@@ -36,7 +22,12 @@ from kernels.st_bif import STBIFNeuron
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts every op dispatched while active, by its name without the overload (``aten.add``)."""
+    """Counts every op dispatched while active, by its name without the overload (``aten.add``).
+
+    Views and ``empty`` count too (no launch, but host time). Triton launches are not ops: the ST-BIF
+    kernel shows only as its launchers' ``empty``/``view`` calls. Under ``TRITON_INTERPRET=1`` the
+    interpreter's own copies (``set_``, ``new_empty``, ``copy_``) count as well.
+    """
 
     def __init__(self) -> None:
         super().__init__()
