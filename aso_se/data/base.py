@@ -46,10 +46,9 @@ class ClassificationData(ABC):
 
     Attributes: ``name``, ``num_classes``, ``in_channels``, ``image_size``, ``timesteps`` (None for
     static images, batches ``[B, C, H, W]`` the model repeats over T; T for DVS, batches ``[T, B, 2, H, W]``).
-    Files are read on first use, so a ``DataError`` is not wrapped by Hydra's ``instantiate``.
-    Loaders yield ``(inputs, labels)``; after ``set_epoch(epoch)`` order and augmentation are a pure
-    function of (seed, epoch), whatever the workers. ``rank``/``world_size`` shard for DDP: training
-    shards are disjoint and equally long, test shards cover the test set once.
+    Files are read on first use, so a ``DataError`` is not wrapped by Hydra's ``instantiate``. After
+    ``set_epoch(epoch)`` loaders yield ``(inputs, labels)`` in an order and augmentation that depend on
+    (seed, epoch) only. ``rank``/``world_size`` shard for DDP: training shards disjoint and equally long.
     """
 
     name: str

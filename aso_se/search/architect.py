@@ -42,10 +42,9 @@ def second_order_arch_step(
         ∇α    = ∇α L_arch(w', α) - ξ (∇α L_train(w⁺) - ∇α L_train(w⁻)) / 2ε
         w±    = w ± ε ∇w' L_arch(w', α),   ε = 0.01 / ‖∇w' L_arch‖
 
-    ξ, momentum and weight decay are read from ``weights_optimizer`` (SGD's keys; missing ones
-    count as 0). The weights are modified in place and restored exactly from a copy (no model
-    copy, so grown supernets need nothing special). BatchNorm running statistics are updated by
-    the extra forwards, as in DARTS. Sets ``alpha.grad``.
+    ξ, momentum, weight decay: ``weights_optimizer``'s SGD keys (missing = 0). The weights are changed in
+    place and restored exactly (no model copy, so grown supernets need nothing special); the extra
+    forwards update BatchNorm statistics, as in DARTS. Sets ``alpha.grad``.
     """
     group = weights_optimizer.param_groups[0]
     lr, momentum, weight_decay = group["lr"], group.get("momentum", 0.0), group.get("weight_decay", 0.0)

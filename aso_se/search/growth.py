@@ -1,13 +1,11 @@
 """Structure evolution, the growing half: deeper and/or wider supernets that compute the same function.
 
-Depth: a grown cell outputs ``s1 + gate * cell(s0, s1)`` with ``gate = 0`` and passes ``s0`` through
-(``aso_se.search.supernet``), so later cells see their old inputs, yet the gate's gradient trains the
-new cell from the first step (as ReZero).
-Width: every channel count is multiplied by an integer factor, each old channel repeated in place
+Depth: a grown cell outputs ``s1 + gate * cell(s0, s1)`` with ``gate = 0`` and passes ``s0`` through, so
+later cells see their old inputs, yet the gate's gradient trains the new cell at once (as ReZero).
+Width: channel counts are multiplied by an integer factor, each old channel repeated in place
 (:func:`widen_tensor`); that one mapping agrees with every concatenation in the network (cell outputs,
-FactorizedReduce's halves), so each tensor transforms on its own.
-New modules are initialized under a caller-given seed, so a resumed search grows the same supernet;
-optimizer state follows its parameters through the same mapping (:func:`rebind_optimizer`).
+FactorizedReduce's halves), so each tensor transforms on its own. New modules are initialized under a
+caller-given seed, so a resumed search grows the same supernet; optimizer state follows its parameters.
 """
 from __future__ import annotations
 
