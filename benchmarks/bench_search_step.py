@@ -186,7 +186,7 @@ def run_anchor(path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=Path, default=None, help="CIFAR-10 train/ folder (class subfolders of JPEGs)")
-    parser.add_argument("--anchor", type=Path, default=None, help="design §6's darts_snn_supernet.py, run in-process")
+    parser.add_argument("--anchor", type=Path, default=None, help="the hand-written DARTS supernet script (darts_snn_supernet.py), run in-process")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rows", type=str, default=None, help="comma-separated row numbers (1-based) to run")
