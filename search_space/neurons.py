@@ -149,7 +149,22 @@ def _relu(timesteps: int) -> nn.Module:
     return nn.ReLU(inplace=False)
 
 
-NEURON_KINDS: dict[str, Callable[..., nn.Module]] = {"st_bif": _st_bif, "lif": _lif, "relu": _relu}
+def _st_bif_qann(
+    timesteps: int, q_threshold: float = 1.0, level: int = 8, sym: bool = True, learn_threshold: bool = True,
+) -> nn.Module:
+    from search_space.qann import QuantizedActivation  # qann builds on this module
+
+    if timesteps != 1:
+        raise UserInputError(
+            f"neuron st_bif_qann trains at T = 1 (its SNN runs until silent when evaluated), got timesteps={timesteps}; "
+            "set neuron.timesteps=1"
+        )
+    return QuantizedActivation(q_threshold=q_threshold, level=level, sym=sym, learn_threshold=learn_threshold)
+
+
+NEURON_KINDS: dict[str, Callable[..., nn.Module]] = {
+    "st_bif": _st_bif, "lif": _lif, "relu": _relu, "st_bif_qann": _st_bif_qann,
+}
 
 
 def make_neuron(kind: str, *, timesteps: int, **params: Any) -> nn.Module:

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The README's CIFAR-10 spiking search, end to end on one GPU: experiment=cifar10_snn on the whole
+# CIFAR-10 training set (two halves of 25,000), its full schedule, plus any overrides given.
+# Wall time, per-epoch images/s, peak memory, genotype and α entropy go to $OUT.
+#
+#   OUT=/tmp/out bash benchmarks/search_cifar10_full.sh neuron=st_bif_qann batch_size=256
+set -uo pipefail
+OUT=${OUT:?set OUT to a directory for the logs}
+REPO=$PWD
+WORK=$(mktemp -d)
+CIFAR=/tmp/cifar10
+if [ ! -d "$CIFAR/train" ]; then
+  mkdir -p "$CIFAR" && tar -xzf .gpu/cifar10-jpg.tar.gz -C "$CIFAR"
+fi
+export PYTHONUNBUFFERED=1
+source "$REPO/benchmarks/timed.sh"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/summary.txt"
+echo "overrides: $*" | tee -a "$OUT/summary.txt"
+timed cifar10_full_search "${LIMIT_S:-1500}" python3 "$REPO/search.py" experiment=cifar10_snn \
+  data.root="$CIFAR" data.num_workers=12 "$@" hydra.run.dir="$WORK/search"
+cp "$WORK/search/search.log" "$OUT/search.log" 2>/dev/null
+cp "$WORK/search/genotype.json" "$OUT/genotype.json" 2>/dev/null
+grep -E "images_per_second|gpu_memory" "$WORK/search/search.log" | tail -60 > "$OUT/epochs.txt"
+cat "$OUT/summary.txt"
