@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from aso_se.run import app, checkpoint
 from aso_se.train.retrain import Retrainer
+from aso_se.train.snn_eval import is_qann, snn_metrics
 from search_space.genotypes import Genotype, load_genotype
 
 
@@ -54,7 +55,12 @@ def main(cfg: DictConfig) -> None:
             save(is_best=False)
             run.raise_if_stopped()
         if ctx.is_main:
-            checkpoint.save_json({**trainer.metrics(), "wall_time_s": run.wall_time_s,
+            metrics = trainer.metrics()
+            if is_qann(network):  # the full test set on rank 0
+                _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
+                metrics.update(snn_metrics(network, full_test, device=ctx.device,
+                                           max_timesteps=cfg.snn_max_timesteps, board=board))
+            checkpoint.save_json({**metrics, "wall_time_s": run.wall_time_s,
                                   "genotype": genotype.to_json(), "world_size": ctx.world_size,
                                   "device": str(ctx.device), "precision": cfg.trainer.precision,
                                   "cuda_graph": cfg.cuda_graph},

@@ -146,3 +146,20 @@ def test_ddp_retrain_on_two_cpu_processes(tmp_path: Path) -> None:
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and 0.0 <= metrics["test_acc"] <= 1.0
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp"]
+
+
+def test_a_qann_search_and_retrain_report_the_exact_snn(tmp_path: Path) -> None:
+    """neuron=st_bif_qann: the search runs the QANN supernet; the retrain of its genotype reports the
+    SNN built from the trained QANN, whose summed logits equal the QANN's (fp32 rounding)."""
+    search = run_entry("search.py", *SMOKE, "neuron=st_bif_qann", f"hydra.run.dir={tmp_path / 's'}", cwd=tmp_path)
+    assert search.returncode == 0, search.stderr
+    train = run_entry("train.py", *SMOKE, "neuron=st_bif_qann", f"genotype={tmp_path / 's' / 'genotype.json'}",
+                      f"hydra.run.dir={tmp_path / 't'}", cwd=tmp_path)
+    assert train.returncode == 0, train.stderr
+    metrics = json.loads((tmp_path / "t" / "metrics.json").read_text())
+    assert metrics["snn_silent"] and metrics["snn_timesteps"] >= 1
+    assert metrics["snn_test_acc"] == metrics["test_acc"] and metrics["snn_prediction_agreement"] == 1.0
+    assert metrics["snn_logit_max_abs_diff"] < 1e-3
+    assert set(metrics["snn_acc_at_t"]) >= {"1"}
+    events = EventAccumulator(str(tmp_path / "t" / "tb")).Reload()
+    assert [event.step for event in events.Scalars("snn/accuracy")] == [int(t) for t in metrics["snn_acc_at_t"]]

@@ -1,0 +1,35 @@
+"""The exact ST-BIF SNN of a network trained with neuron=st_bif_qann, evaluated after retraining."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+import torch
+from torch import Tensor, nn
+
+from search_space.qann import QuantizedActivation, evaluate_snn
+
+log = logging.getLogger(__name__)
+
+
+def is_qann(network: nn.Module) -> bool:
+    return any(isinstance(module, QuantizedActivation) for module in network.modules())
+
+
+def snn_metrics(network: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, device: torch.device,
+                max_timesteps: int, board: Any = None) -> dict[str, Any]:
+    """metrics.json's SNN keys; the accuracy after t steps goes to TensorBoard as ``snn/accuracy`` at step t."""
+    result = evaluate_snn(network, batches, device=device, max_timesteps=max_timesteps)
+    if board is not None:
+        for steps, accuracy in result.accuracy_at.items():
+            board.scalars("snn", {"accuracy": accuracy}, steps)
+    log.info("SNN: %.4f test accuracy after %d steps to silence (QANN %.4f); max |logit difference| %.3g",
+             result.snn_accuracy, result.snn_timesteps, result.qann_accuracy, result.logit_max_abs_diff)
+    return {
+        "snn_test_acc": result.snn_accuracy,
+        "snn_timesteps": result.snn_timesteps,
+        "snn_silent": result.silent,
+        "snn_logit_max_abs_diff": result.logit_max_abs_diff,
+        "snn_prediction_agreement": result.prediction_agreement,
+        "snn_acc_at_t": {str(steps): accuracy for steps, accuracy in result.accuracy_at.items()},
+    }
