@@ -9,10 +9,11 @@ the pooled running sums). `evaluate_snn` runs the SNN until no neuron fires.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -33,7 +34,9 @@ class QuantizedActivation(nn.Module):
     """θ·clip(floor(x/θ + 0.5), neg_min, pos_max) with a straight-through gradient for x inside the
     clip range and LSQ's gradient (scaled by 1/sqrt(features·pos_max)) for a learnable θ."""
 
-    def __init__(self, q_threshold: float = 1.0, level: int = 8, sym: bool = True, learn_threshold: bool = True) -> None:
+    def __init__(
+        self, q_threshold: float = 1.0, level: int = 8, sym: bool = True, learn_threshold: bool = True
+    ) -> None:
         super().__init__()
         if isinstance(level, bool) or not isinstance(level, int) or level < 2:
             raise UserInputError(f"neuron st_bif_qann: level={level!r} must be an integer >= 2; fix neuron.level")
@@ -60,7 +63,8 @@ class QuantizedActivation(nn.Module):
 
     def extra_repr(self) -> str:
         learn = isinstance(self.q_threshold, nn.Parameter)
-        return f"level={self.level}, sym={self.sym}, pos_max={self.pos_max}, neg_min={self.neg_min}, learn_threshold={learn}"
+        return (f"level={self.level}, sym={self.sym}, pos_max={self.pos_max}, neg_min={self.neg_min}, "
+                f"learn_threshold={learn}")
 
 
 class _ShiftAtFirstStep(nn.Module):
@@ -104,7 +108,7 @@ class _InjectOnceStem(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4:
-            raise UserInputError("an SNN converted from a QANN takes static images [B, C, H, W]; event frames have no QANN")
+            raise UserInputError("an SNN converted from a QANN takes static images [B, C, H, W], not event frames")
         first = nn.Sequential.forward(self.stem, x)
         return torch.cat([first, first.new_zeros((self.timesteps - 1) * first.shape[0], *first.shape[1:])])
 
@@ -198,11 +202,24 @@ def _logits(output: Tensor | tuple[Tensor, ...]) -> Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
+@contextlib.contextmanager
+def _full_fp32() -> Iterator[None]:
+    """TF32 convs/matmuls round to 10 bits and would flip quantization boundaries between QANN and SNN."""
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
+
+
 @torch.no_grad()
+@_full_fp32()
 def evaluate_snn(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, device: torch.device | str = "cpu",
                  max_timesteps: int = 64) -> SNNEvaluation:
     """Runs the QANN and its SNN at T = 1, 2, 4, ... (fresh state each time, the image at t = 0) until a
-    run's last step has no spike anywhere, or T reaches ``max_timesteps`` (a warning then)."""
+    run's last step has no spike anywhere, or T reaches ``max_timesteps`` (a warning then). Both run in
+    full fp32 (no TF32)."""
     qann = qann.eval()
     batches = [(x.to(device), y.to(device)) for x, y in batches]
     qann_logits = [_logits(qann(x)) for x, _ in batches]
