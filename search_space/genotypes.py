@@ -3,14 +3,16 @@
 The format is DARTS's: ``normal``/``reduce`` are flat lists of edges ``(op_name, input_index)``,
 two consecutive edges per intermediate node (node ``i`` of ``steps`` may read states
 ``0 .. i+1``: the two cell inputs and the earlier nodes), and ``*_concat`` lists the states
-concatenated into the cell output.
+concatenated into the cell output. ``random_genotype`` draws a cell under the search's derivation
+rules, and ``POOR_POOL_SKIP`` is a deliberately poor cell: both are baselines for a search.
 """
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from search_space.errors import UserInputError
 from search_space.ops import OPS
@@ -194,6 +196,21 @@ _PDARTS = Genotype(
     reduce_concat=range(2, 6),
 )
 
+# A deliberately poor cell for sanity baselines: only pooling and (at most 2) skip ops, so the cells
+# learn nothing beyond their 1x1 preprocessing; a search worth its cost should beat it clearly.
+POOR_POOL_SKIP = Genotype(
+    normal=[
+        ("max_pool_3x3", 0), ("avg_pool_3x3", 1), ("skip_connect", 0), ("max_pool_3x3", 1),
+        ("avg_pool_3x3", 0), ("max_pool_3x3", 2), ("avg_pool_3x3", 1), ("skip_connect", 3),
+    ],
+    normal_concat=[2, 3, 4, 5],
+    reduce=[
+        ("max_pool_3x3", 0), ("avg_pool_3x3", 1), ("max_pool_3x3", 1), ("skip_connect", 2),
+        ("avg_pool_3x3", 0), ("max_pool_3x3", 3), ("skip_connect", 2), ("avg_pool_3x3", 4),
+    ],
+    reduce_concat=[2, 3, 4, 5],
+)
+
 GENOTYPES: dict[str, Genotype] = {
     "NASNet": _NASNET,
     "AmoebaNet": _AMOEBANET,
@@ -203,7 +220,54 @@ GENOTYPES: dict[str, Genotype] = {
     "PC_DARTS": _PC_DARTS_CIFAR,
     "PC_DARTS_IMAGENET": _PC_DARTS_IMAGENET,
     "PDARTS": _PDARTS,
+    "POOR_POOL_SKIP": POOR_POOL_SKIP,
 }
+
+_NONE_OP = "none"
+_SKIP_OP = "skip_connect"
+
+
+def _random_cell(candidates: Sequence[str], steps: int, rng: random.Random) -> tuple[Edge, ...]:
+    """Per node, two distinct predecessors drawn uniformly, each with an op drawn uniformly."""
+    edges: list[Edge] = []
+    for node in range(steps):
+        edges += [(rng.choice(candidates), index) for index in rng.sample(range(node + 2), 2)]
+    return tuple(edges)
+
+
+def random_genotype(
+    primitives: Sequence[str], steps: int, rng: random.Random, max_skip_connect: int | None,
+    multiplier: int | None = None,
+) -> Genotype:
+    """A genotype drawn uniformly from the cells the search's derivation can produce.
+
+    The derivation's rules hold: each node reads two distinct earlier states, never with ``none``,
+    and each cell has at most ``max_skip_connect`` skip_connect edges (None = no cap; cells over it
+    are redrawn, so the draw stays uniform over the allowed cells). The output concatenates the
+    last ``multiplier`` nodes (None = all ``steps``), as ``derive_genotype`` does.
+    """
+    candidates = [name for name in primitives if name != _NONE_OP]
+    multiplier = steps if multiplier is None else multiplier
+    if steps < 1 or not 1 <= multiplier <= steps:
+        raise UserInputError(f"random_genotype got steps={steps}, multiplier={multiplier}: "
+                             "need steps >= 1 and 1 <= multiplier <= steps")
+    if not candidates:
+        raise UserInputError(f"random_genotype got the primitives {list(primitives)}: add an op other than 'none'")
+    if max_skip_connect is not None and max_skip_connect < 0:
+        raise UserInputError(f"random_genotype got max_skip_connect={max_skip_connect}: pass None or a count >= 0")
+    if max_skip_connect is not None and max_skip_connect < 2 * steps and set(candidates) == {_SKIP_OP}:
+        raise UserInputError(f"random_genotype: only skip_connect is available but at most {max_skip_connect} "
+                             f"of {2 * steps} edges may use it; add ops or raise max_skip_connect")
+
+    def draw() -> tuple[Edge, ...]:
+        while True:
+            edges = _random_cell(candidates, steps, rng)
+            if max_skip_connect is None or sum(op == _SKIP_OP for op, _ in edges) <= max_skip_connect:
+                return edges
+
+    concat = tuple(range(2 + steps - multiplier, 2 + steps))
+    normal = draw()
+    return Genotype(normal=normal, normal_concat=concat, reduce=draw(), reduce_concat=concat)
 
 
 def load_genotype(name_or_path: str | Path) -> Genotype:

@@ -1,11 +1,14 @@
-"""Genotype: JSON round trip, validation with clear messages, bundled cells, load_genotype."""
+"""Genotype: JSON round trip, validation with clear messages, bundled cells, load_genotype, random_genotype."""
+import collections
 import dataclasses
 import json
+import random
 
 import pytest
 
 from search_space.errors import UserInputError
-from search_space.genotypes import GENOTYPES, Genotype, load_genotype
+from search_space.genotypes import GENOTYPES, POOR_POOL_SKIP, Genotype, load_genotype, random_genotype
+from search_space.ops import PRIMITIVE_SETS
 
 DARTS_V2_JSON = {
     "normal": [["sep_conv_3x3", 0], ["sep_conv_3x3", 1], ["sep_conv_3x3", 0], ["sep_conv_3x3", 1],
@@ -96,3 +99,84 @@ def test_load_genotype_errors_name_the_file(tmp_path):
     broken.write_text(edit(reduce=[["max_pool_3x3", 0], ["conv_9x9", 1]]))
     with pytest.raises(UserInputError, match=f"{broken}: genotype reduce uses the unknown op 'conv_9x9'"):
         load_genotype(broken)
+
+
+DARTS = PRIMITIVE_SETS["darts"]
+
+
+def skips(edges) -> int:
+    return sum(op == "skip_connect" for op, _ in edges)
+
+
+def test_poor_pool_skip_has_only_pooling_and_capped_skips_and_reads_both_inputs():
+    assert load_genotype("POOR_POOL_SKIP") is POOR_POOL_SKIP
+    for kind in ("normal", "reduce"):
+        edges, concat = POOR_POOL_SKIP.cell(reduction=kind == "reduce")
+        assert {op for op, _ in edges} <= {"max_pool_3x3", "avg_pool_3x3", "skip_connect"}
+        assert skips(edges) <= 2 and concat == (2, 3, 4, 5)
+        assert {0, 1} <= {index for _, index in edges}  # both cell inputs (and their 1x1 preprocessing) are used
+
+
+def check_derivable(genotype: Genotype, primitives, steps: int, max_skip_connect) -> None:
+    """The derivation's rules: 2 distinct earlier states per node, no none, the skip cap per cell."""
+    for kind in ("normal", "reduce"):
+        edges, concat = genotype.cell(reduction=kind == "reduce")
+        assert len(edges) == 2 * steps
+        for node in range(steps):
+            (op_a, a), (op_b, b) = edges[2 * node: 2 * node + 2]
+            assert a != b and 0 <= a < node + 2 and 0 <= b < node + 2
+            assert op_a in primitives and op_b in primitives and "none" not in (op_a, op_b)
+        if max_skip_connect is not None:
+            assert skips(edges) <= max_skip_connect
+
+
+@pytest.mark.parametrize("max_skip_connect", [2, 0, None])
+def test_random_genotype_follows_the_derivation_rules_over_many_draws(max_skip_connect):
+    rng = random.Random(7)
+    draws = [random_genotype(DARTS, 4, rng, max_skip_connect) for _ in range(300)]
+    for genotype in draws:
+        check_derivable(genotype, DARTS, 4, max_skip_connect)
+        assert genotype.normal_concat == genotype.reduce_concat == (2, 3, 4, 5)
+    ops = collections.Counter(op for genotype in draws for op, _ in genotype.normal + genotype.reduce)
+    expected = set(DARTS) - {"none"} - ({"skip_connect"} if max_skip_connect == 0 else set())
+    assert set(ops) == expected
+    # Uniform over the ops: each convolution and pooling op takes about 1/7 (1/6 without skips) of the edges.
+    share = 1 / len(expected)
+    total = sum(ops.values())
+    assert all(abs(ops[op] / total - share) < 0.03 for op in expected if op != "skip_connect")
+    inputs = collections.Counter(index for genotype in draws for _, index in genotype.normal[6:8])
+    # Node 3 reads 2 distinct states of 0..4: each state feeds about 600 / 5 = 120 of its 600 edges.
+    assert set(inputs) == {0, 1, 2, 3, 4} and min(inputs.values()) > 80
+    if max_skip_connect is None:
+        assert max(skips(g.normal) for g in draws) > 2  # the cap is what keeps the capped draws at 2
+
+
+def test_random_genotype_is_seeded_and_varies():
+    first = [random_genotype(DARTS, 4, random.Random(seed), 2) for seed in range(5)]
+    again = [random_genotype(DARTS, 4, random.Random(seed), 2) for seed in range(5)]
+    assert first == again
+    assert len(set(first)) == 5
+    assert first[0].normal != first[0].reduce  # the two cell types are drawn independently
+
+
+def test_random_genotype_other_spaces_and_multiplier():
+    spiking = PRIMITIVE_SETS["spiking"]
+    genotype = random_genotype(spiking, 3, random.Random(0), 1, multiplier=2)
+    check_derivable(genotype, spiking, 3, 1)
+    assert genotype.normal_concat == (3, 4)
+    assert Genotype.from_json(genotype.to_json()) == genotype
+
+
+@pytest.mark.parametrize(
+    ("primitives", "steps", "cap", "multiplier", "message"),
+    [
+        (["none"], 4, 2, None, "add an op other than 'none'"),
+        (["none", "skip_connect"], 4, 2, None, "only skip_connect is available"),
+        (DARTS, 0, 2, None, "need steps >= 1"),
+        (DARTS, 4, 2, 5, "1 <= multiplier <= steps"),
+        (DARTS, 4, -1, None, "max_skip_connect=-1"),
+    ],
+)
+def test_random_genotype_bad_input(primitives, steps, cap, multiplier, message):
+    with pytest.raises(UserInputError, match=message):
+        random_genotype(primitives, steps, random.Random(0), cap, multiplier=multiplier)
