@@ -1,0 +1,547 @@
+"""Searched vs random cells: does the search find cells better than chance, under one retrain budget?
+
+Runs S searches (search.py), draws R random genotypes under the search's derivation rules, and retrains
+every cell (searched, random, DARTS_V2 as reference, POOR_POOL_SKIP as a floor) with train.py under the
+same overrides and seeds. Writes DIR/summary.json, summary.md and summary.png; prints the table last.
+The CIFAR-10 protocol (search: experiment=cifar10_snn; retrain: experiment=cifar10_snn epochs=30
+model.network.layers=8 model.network.channels=16), e.g. on one GPU:
+
+    python benchmarks/search_vs_random.py --out DIR --searches 3 --randoms 5 --parallel 2 data.root=<cifar10>
+    python benchmarks/search_vs_random.py --out DIR --smoke    # every code path in about a minute on a CPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: the packages live beside benchmarks/
+    sys.path.insert(0, str(REPO))
+
+from aso_se.run.checkpoint import load_checkpoint, save_json  # noqa: E402
+from search_space.errors import UserInputError  # noqa: E402
+from search_space.genotypes import GENOTYPES, Genotype, random_genotype  # noqa: E402
+from search_space.ops import check_primitives  # noqa: E402
+
+ARMS = ("searched", "random", "reference", "poor")
+REFERENCE, POOR = "DARTS_V2", "POOR_POOL_SKIP"
+CELL_TYPES = ("normal", "reduce")
+# Keys the benchmark sets for every run itself.
+RESERVED_KEYS = ("seed", "genotype", "resume", "hydra.run.dir")
+CIFAR10_SEARCH = ("experiment=cifar10_snn",)
+CIFAR10_RETRAIN = ("experiment=cifar10_snn",)
+CIFAR10_RETRAIN_BUDGET = {"epochs": 30, "layers": 8, "channels": 16}
+SMOKE = ("experiment=smoke", "logger=none")
+
+
+class BenchmarkError(RuntimeError):
+    """A run failed or wrote unexpected output; the message is one line naming the run and its log."""
+
+
+# ----------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class Job:
+    """One subprocess: ``script`` (search.py or train.py) with ``overrides``, logging to ``log``."""
+
+    name: str
+    arm: str
+    script: str
+    overrides: tuple[str, ...]
+    run_dir: Path
+    log: Path
+    seed: int
+    source: str  # the cell's origin: search_<s>, random_<i>, DARTS_V2, POOR_POOL_SKIP
+
+
+@dataclass(frozen=True)
+class JobResult:
+    job: Job
+    returncode: int
+    wall_s: float
+    cpu_s: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything every run gets: the overrides of each entry point and the seeds."""
+
+    out: Path
+    search_overrides: tuple[str, ...]
+    train_overrides: tuple[str, ...]
+    search_seeds: tuple[int, ...]
+    random_seeds: tuple[int, ...]
+    retrain_seeds: tuple[int, ...]
+    device: str | None
+
+
+def _quoted(value: str | Path) -> str:
+    """A Hydra override value quoted, so that paths with spaces, '=' or ',' pass through."""
+    text = str(value)
+    if "'" in text:
+        raise UserInputError(f"the path {text!r} contains a single quote, which Hydra overrides cannot carry; "
+                             "choose another --out directory")
+    return f"'{text}'"
+
+
+def check_overrides(overrides: Iterable[str]) -> tuple[str, ...]:
+    """The user's Hydra overrides, refusing the keys the benchmark sets for every run."""
+    checked = []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if "=" not in override and not override.startswith("~"):
+            raise UserInputError(f"{override!r} is not a Hydra override; write key=value (e.g. data=cifar10)")
+        if key in RESERVED_KEYS:
+            raise UserInputError(f"the override {override!r} sets {key}, which the benchmark sets for every run; "
+                                 "drop it (seeds: --searches, --randoms, --retrain-seeds)")
+        checked.append(override)
+    return tuple(checked)
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    common = check_overrides(args.overrides)
+    search_only = check_overrides(args.search_override)
+    train_only = check_overrides(args.train_override)
+    device = (f"trainer.device={args.device}",) if args.device else ()
+    budget = {} if args.smoke else dict(CIFAR10_RETRAIN_BUDGET)
+    flags = {"epochs": args.retrain_epochs, "layers": args.retrain_layers, "channels": args.retrain_channels}
+    budget.update({key: value for key, value in flags.items() if value is not None})
+    retrain_budget = tuple(f"{'epochs' if key == 'epochs' else f'model.network.{key}'}={value}"
+                           for key, value in budget.items())
+    base_search, base_train = (SMOKE, SMOKE) if args.smoke else (CIFAR10_SEARCH, CIFAR10_RETRAIN)
+    return Plan(
+        out=args.out.resolve(),
+        search_overrides=(*base_search, *device, *common, *search_only),
+        train_overrides=(*base_train, *retrain_budget, *device, *common, *train_only),
+        search_seeds=tuple(range(args.searches)),
+        random_seeds=tuple(range(args.randoms)),
+        retrain_seeds=tuple(range(args.retrain_seeds)),
+        device=args.device,
+    )
+
+
+def search_job(plan: Plan, seed: int) -> Job:
+    run_dir = plan.out / f"search_{seed}"
+    return Job(name=f"search_{seed}", arm="searched", script="search.py",
+               overrides=(*plan.search_overrides, f"seed={seed}", f"hydra.run.dir={_quoted(run_dir)}"),
+               run_dir=run_dir, log=plan.out / "logs" / f"search_{seed}.log", seed=seed, source=f"search_{seed}")
+
+
+def retrain_jobs(plan: Plan, arm: str, source: str, genotype_path: Path) -> list[Job]:
+    """One retrain of a cell per retrain seed, all with the plan's train overrides."""
+    jobs = []
+    for seed in plan.retrain_seeds:
+        name = f"train_{source}_seed{seed}"
+        run_dir = plan.out / name
+        jobs.append(Job(name=name, arm=arm, script="train.py", run_dir=run_dir, seed=seed, source=source,
+                        overrides=(*plan.train_overrides, f"genotype={_quoted(genotype_path)}", f"seed={seed}",
+                                   f"hydra.run.dir={_quoted(run_dir)}"),
+                        log=plan.out / "logs" / f"{name}.log"))
+    return jobs
+
+
+# ----------------------------------------------------------------------------- the search space
+@dataclass(frozen=True)
+class SpaceRules:
+    """What the search derives from: its primitives, cell shape and skip_connect cap."""
+
+    primitives: tuple[str, ...]
+    steps: int
+    multiplier: int
+    max_skip_connect: int | None
+    config: dict[str, Any]  # the raw search_space and evolution.max_skip_connect, to compare with each run's
+
+
+def _compose(config_name: str, overrides: Sequence[str]) -> Any:
+    from hydra import compose, initialize_config_dir
+
+    try:
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3", job_name=config_name):
+            return compose(config_name=config_name, overrides=list(overrides))
+    except Exception as error:  # Hydra's and OmegaConf's many error types: all mean bad overrides here
+        message = " ".join(str(error).split())
+        raise UserInputError(f"{config_name}.py rejects the overrides {list(overrides)}: {message}; "
+                             "fix them (--search-override/--train-override for one entry point only)") from None
+
+
+def space_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a search config that the random cells must share."""
+    return {"search_space": dict(cfg["search_space"]),
+            "max_skip_connect": cfg["search"]["evolution"]["max_skip_connect"]}
+
+
+def search_space_rules(plan: Plan) -> SpaceRules:
+    """The searches' search space, composed from the search overrides; also checks the retrain overrides."""
+    from omegaconf import OmegaConf
+
+    composed = _compose("search", plan.search_overrides)
+    search_cfg = OmegaConf.to_container(composed.search_space, resolve=True)
+    evolution = OmegaConf.to_container(composed.search.evolution, resolve=True)
+    _compose("train", (*plan.train_overrides, "genotype=DARTS_V2"))
+    config = space_config({"search_space": search_cfg, "search": {"evolution": evolution}})
+    return SpaceRules(primitives=check_primitives(search_cfg["primitives"]), steps=int(search_cfg["steps"]),
+                      multiplier=int(search_cfg["multiplier"]), max_skip_connect=evolution["max_skip_connect"],
+                      config=config)
+
+
+def fixed_cells(plan: Plan, rules: SpaceRules) -> dict[str, dict[str, Genotype]]:
+    """The cells known before any search: ``{arm: {source: genotype}}``."""
+    randoms = {f"random_{seed}": random_genotype(rules.primitives, rules.steps, random.Random(seed),
+                                                 rules.max_skip_connect, multiplier=rules.multiplier)
+               for seed in plan.random_seeds}
+    return {"random": randoms, "reference": {REFERENCE: GENOTYPES[REFERENCE]}, "poor": {POOR: GENOTYPES[POOR]}}
+
+
+# ----------------------------------------------------------------------------- running
+class Runner:
+    """Runs jobs as subprocesses, ``parallel`` at once; on the first failure stops the others."""
+
+    def __init__(self, parallel: int, env: Mapping[str, str]) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=parallel)
+        self._env = dict(env)
+        self._lock = threading.Lock()
+        self._running: dict[int, subprocess.Popen[bytes]] = {}
+        self._stopping = False
+
+    def _run(self, job: Job) -> JobResult:
+        job.log.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        with self._lock:
+            if self._stopping:
+                return JobResult(job, returncode=-1, wall_s=0.0, cpu_s=0.0)
+            with open(job.log, "wb") as log:
+                process = subprocess.Popen([sys.executable, str(REPO / job.script), *job.overrides],
+                                           stdout=log, stderr=subprocess.STDOUT, env=self._env)
+            self._running[process.pid] = process
+        # wait4, not Popen.wait: it also gives this child's own CPU time, exact with parallel runs.
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        with self._lock:
+            del self._running[process.pid]
+        return JobResult(job, process.returncode, time.perf_counter() - started, usage.ru_utime + usage.ru_stime)
+
+    def _stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            for process in self._running.values():
+                process.terminate()  # the entry points save a checkpoint and exit on SIGTERM
+
+    def run_all(self, jobs: Sequence[Job], follow_up: Callable[[JobResult], list[Job]]) -> list[JobResult]:
+        """Runs ``jobs`` and, as each finishes, the jobs ``follow_up`` returns for it; all results."""
+        results: list[JobResult] = []
+        pending: set[Future[JobResult]] = {self._pool.submit(self._run, job) for job in jobs}
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: f.result().job.name):
+                    result = future.result()
+                    if result.returncode != 0:
+                        raise BenchmarkError(_failure(result))
+                    results.append(result)
+                    pending |= {self._pool.submit(self._run, job) for job in follow_up(result)}
+        except BaseException:
+            self._stop()
+            raise
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        return results
+
+
+def _failure(result: JobResult) -> str:
+    lines = [line.strip() for line in result.job.log.read_text(errors="replace").splitlines() if line.strip()]
+    last = f": {lines[-1]}" if lines else ""
+    return f"run {result.job.name} failed (exit {result.returncode}); its log is {result.job.log}{last}"
+
+
+def child_env(parallel: int) -> dict[str, str]:
+    """The runs' environment: unbuffered logs; with parallel runs, the CPU threads shared out."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if parallel > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // parallel))
+    return env
+
+
+# ----------------------------------------------------------------------------- reading the runs
+def alpha_entropy(supernet_state: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Mean per-edge entropy (nats) of softmax(α) over the unpruned ops: per cell type and over all edges."""
+    per_edge = {}
+    for kind in CELL_TYPES:
+        alpha = _state_entry(supernet_state, f"arch.{kind}.alpha").double()
+        mask = _state_entry(supernet_state, f"arch.{kind}.op_mask").bool()
+        log_probs = torch.log_softmax(alpha.masked_fill(~mask, -math.inf), dim=-1)
+        per_edge[kind] = -(log_probs.exp() * log_probs.masked_fill(~mask, 0.0)).sum(dim=-1)
+    entropy = {kind: float(values.mean()) for kind, values in per_edge.items()}
+    entropy["mean"] = float(torch.cat(list(per_edge.values())).mean())
+    return entropy
+
+
+def _state_entry(state: Mapping[str, torch.Tensor], suffix: str) -> torch.Tensor:
+    matches = [key for key in state if key == suffix or key.endswith(f".{suffix}")]
+    if len(matches) != 1:
+        raise BenchmarkError(f"the search checkpoint has {len(matches)} entries named *{suffix}, expected 1")
+    return state[matches[0]]
+
+
+def _read_json(path: Path, job: Job) -> Any:
+    if not path.is_file():
+        raise BenchmarkError(f"run {job.name} finished without writing {path}; its log is {job.log}")
+    return json.loads(path.read_text())
+
+
+def _run_config(job: Job) -> dict[str, Any]:
+    return yaml.safe_load((job.run_dir / ".hydra" / "config.yaml").read_text())
+
+
+def collect_search(result: JobResult, rules: SpaceRules) -> dict[str, Any]:
+    """A finished search: its genotype, per-cycle genotypes, final α entropy (from checkpoints/last.pt)."""
+    job = result.job
+    genotype = Genotype.from_json(json.dumps(_read_json(job.run_dir / "genotype.json", job)))
+    if space_config(_run_config(job)) != rules.config:
+        raise BenchmarkError(f"run {job.name} searched another space than the random cells are drawn from "
+                             f"({space_config(_run_config(job))} vs {rules.config}); its log is {job.log}")
+    state = load_checkpoint(job.run_dir / "checkpoints" / "last.pt", kind="search")
+    cycles = sorted((job.run_dir / "genotypes").glob("cycle_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    return {"seed": job.seed, "run_dir": str(job.run_dir), "genotype": json.loads(genotype.to_json()),
+            "cycle_genotypes": [json.loads(path.read_text()) for path in cycles],
+            "alpha_entropy": alpha_entropy(state["engine"]["supernet"]),
+            "wall_minutes": result.wall_s / 60, "cpu_minutes": result.cpu_s / 60}
+
+
+def collect_retrain(result: JobResult) -> dict[str, Any]:
+    job = result.job
+    metrics = _read_json(job.run_dir / "metrics.json", job)
+    return {"test_acc": metrics["test_acc"], "best_test_acc": metrics.get("best_test_acc"),
+            "params_m": metrics["params_m"], "firing_rate_mean": metrics.get("firing_rate_mean"),
+            "genotype": json.loads(metrics["genotype"]), "run_dir": str(job.run_dir), "source": job.source,
+            "device": metrics.get("device"),
+            "seed": job.seed, "wall_minutes": result.wall_s / 60, "cpu_minutes": result.cpu_s / 60}
+
+
+def retrain_budget(plan: Plan, results: Sequence[JobResult]) -> dict[str, Any]:
+    """What every retrain got, read back from each run's composed config; they must be identical."""
+    configs = {}
+    for result in results:
+        config = _run_config(result.job)
+        config.pop("genotype"), config.pop("seed")
+        configs[result.job.name] = config
+    first_name, first = next(iter(configs.items()))
+    for name, config in configs.items():
+        if config != first:
+            raise BenchmarkError(f"retrains {first_name} and {name} ran with different configs; "
+                                 f"compare {plan.out / name / '.hydra' / 'config.yaml'} with {first_name}'s")
+    return {"search_overrides": list(plan.search_overrides), "train_overrides": list(plan.train_overrides),
+            "search_seeds": list(plan.search_seeds), "random_seeds": list(plan.random_seeds),
+            "retrain_seeds": list(plan.retrain_seeds), "device": plan.device or "auto (CUDA when present)",
+            "epochs": first["epochs"], "data": first["data"], "neuron": first["neuron"],
+            "network": first["model"]["network"], "batch_size": first["batch_size"], "retrain_config": first}
+
+
+# ----------------------------------------------------------------------------- statistics
+@dataclass(frozen=True)
+class ArmStats:
+    """Test accuracy of an arm's runs: count, mean, sample std (None below 2 runs); params and firing means."""
+
+    n: int
+    mean: float
+    std: float | None
+    params_m: float
+    firing_rate: float | None
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (n - 1; None for fewer than 2 values)."""
+    if not values:
+        raise ValueError("mean_std needs at least one value")
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def arm_stats(runs: Sequence[Mapping[str, Any]]) -> ArmStats:
+    mean, std = mean_std([run["test_acc"] for run in runs])
+    rates = [run["firing_rate_mean"] for run in runs]
+    return ArmStats(n=len(runs), mean=mean, std=std, params_m=statistics.fmean(run["params_m"] for run in runs),
+                    firing_rate=None if None in rates else statistics.fmean(rates))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    searched_beats_random: bool | None  # searched mean >= random mean + 1 random std; None: undecided
+    poor_below_random: bool | None  # poor mean < random mean - 1 random std
+    lines: tuple[str, ...] = field(default=())
+
+
+def verdict(stats: Mapping[str, ArmStats]) -> Verdict:
+    """The two questions, answered against the random arm's spread (undecided below 2 random runs)."""
+    rand = stats["random"]
+    if rand.std is None:
+        note = f"undecided: the random arm has {rand.n} run(s), its std needs 2 or more"
+        return Verdict(None, None, (f"searched >= random + 1 std? {note}", f"poor < random - 1 std? {note}"))
+    beats = stats["searched"].mean >= rand.mean + rand.std
+    below = stats["poor"].mean < rand.mean - rand.std
+    return Verdict(beats, below, (
+        f"searched >= random + 1 std? {'YES' if beats else 'NO'} "
+        f"({stats['searched'].mean:.4f} vs {rand.mean:.4f} + {rand.std:.4f})",
+        f"poor < random - 1 std? {'YES' if below else 'NO'} "
+        f"({stats['poor'].mean:.4f} vs {rand.mean:.4f} - {rand.std:.4f})",
+    ))
+
+
+def table(stats: Mapping[str, ArmStats]) -> str:
+    """The markdown table: arm, n, test accuracy mean ± std, params, firing rate."""
+    rows = ["| arm | n | test acc (mean ± std) | params (M) | firing rate |", "|---|---:|---:|---:|---:|"]
+    for arm, s in stats.items():
+        std = "n/a" if s.std is None else f"{s.std:.4f}"
+        firing = "n/a" if s.firing_rate is None else f"{s.firing_rate:.4f}"
+        rows.append(f"| {arm} | {s.n} | {s.mean:.4f} ± {std} | {s.params_m:.4f} | {firing} |")
+    return "\n".join(rows)
+
+
+def plot(arms: Mapping[str, Sequence[Mapping[str, Any]]], stats: Mapping[str, ArmStats], path: Path) -> None:
+    """Test accuracy per arm: every run as a point, and the arm's mean ± std."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for x, (arm, runs) in enumerate(arms.items()):
+        accuracies = [run["test_acc"] for run in runs]
+        offsets = [0.0] if len(runs) == 1 else [-0.15 + 0.3 * i / (len(runs) - 1) for i in range(len(runs))]
+        axes.scatter([x + 0.2 + offset * 0.5 for offset in offsets], accuracies, s=18, alpha=0.7)
+        axes.errorbar(x - 0.1, stats[arm].mean, yerr=stats[arm].std or 0.0, fmt="o", color="black", capsize=5)
+    axes.set_xticks(range(len(arms)), [f"{arm}\n(n={stats[arm].n})" for arm in arms])
+    axes.set_ylabel("test accuracy")
+    axes.set_title("retrained cells: runs (colour) and mean ± std (black)")
+    axes.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+# ----------------------------------------------------------------------------- the benchmark
+def minutes_per_arm(searches: Sequence[Mapping[str, Any]],
+                    arms: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Wall minutes (device minutes when the runs use a GPU) and process CPU minutes, searches apart."""
+    minutes = {}
+    for arm, runs in arms.items():
+        minutes[arm] = {"retrain_wall": sum(run["wall_minutes"] for run in runs),
+                        "retrain_cpu": sum(run["cpu_minutes"] for run in runs),
+                        "devices": sorted({str(run["device"]) for run in runs})}
+    minutes["searched"].update(search_wall=sum(s["wall_minutes"] for s in searches),
+                               search_cpu=sum(s["cpu_minutes"] for s in searches))
+    return minutes
+
+
+def run_benchmark(plan: Plan, parallel: int) -> dict[str, Any]:
+    """Runs every search and retrain of ``plan`` and returns the summary (also written to plan.out)."""
+    rules = search_space_rules(plan)
+    fixed = fixed_cells(plan, rules)
+    jobs = [search_job(plan, seed) for seed in plan.search_seeds]
+    for arm, cells in fixed.items():
+        for source, genotype in cells.items():
+            path = plan.out / "genotypes" / f"{source}.json"
+            save_json(json.loads(genotype.to_json()), path)
+            jobs += retrain_jobs(plan, arm, source, path)
+    searches: dict[int, dict[str, Any]] = {}
+
+    def follow_up(result: JobResult) -> list[Job]:
+        if result.job.script != "search.py":
+            return []
+        searches[result.job.seed] = collect_search(result, rules)
+        return retrain_jobs(plan, "searched", result.job.source, result.job.run_dir / "genotype.json")
+
+    results = Runner(parallel, child_env(parallel)).run_all(jobs, follow_up)
+    retrains = sorted((r for r in results if r.job.script == "train.py"), key=lambda r: r.job.name)
+    arms = {arm: [collect_retrain(r) for r in retrains if r.job.arm == arm] for arm in ARMS}
+    stats = {arm: arm_stats(runs) for arm, runs in arms.items()}
+    decision = verdict(stats)
+    ordered_searches = [searches[seed] for seed in sorted(searches)]
+    summary = {
+        **arms,
+        "budget": retrain_budget(plan, retrains),
+        "searches": ordered_searches,
+        "search_space": {"primitives": list(rules.primitives), "steps": rules.steps,
+                         "multiplier": rules.multiplier, "max_skip_connect": rules.max_skip_connect},
+        "minutes": minutes_per_arm(ordered_searches, arms),
+        "stats": {arm: vars(s) for arm, s in stats.items()},
+        "verdict": {"searched_beats_random": decision.searched_beats_random,
+                    "poor_below_random": decision.poor_below_random, "lines": list(decision.lines)},
+    }
+    save_json(summary, plan.out / "summary.json")
+    (plan.out / "summary.md").write_text(summary_markdown(summary, stats, decision))
+    plot(arms, stats, plan.out / "summary.png")
+    return summary
+
+
+def summary_markdown(summary: Mapping[str, Any], stats: Mapping[str, ArmStats], decision: Verdict) -> str:
+    budget = summary["budget"]
+    entropies = ", ".join(f"{s['alpha_entropy']['mean']:.3f}" for s in summary["searches"])
+    return "\n".join([
+        "# Searched vs random cells", "",
+        f"Retrain budget (every arm): `{' '.join(budget['train_overrides'])}`, seeds {budget['retrain_seeds']}, "
+        f"{budget['epochs']} epochs, {budget['network']['layers']} cells of {budget['network']['channels']} channels.",
+        f"Searches: `{' '.join(budget['search_overrides'])}`, seeds {budget['search_seeds']}; "
+        f"final α mean edge entropy (nats): {entropies}.", "",
+        table(stats), "", *[f"- {line}" for line in decision.lines], "",
+    ])
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="a new or empty directory: every run and the summary")
+    parser.add_argument("--smoke", action="store_true", help="experiment=smoke for every run: seconds each on a CPU")
+    parser.add_argument("--searches", type=int, default=None, help="searches (seeds 0..S-1); default 3, smoke 2")
+    parser.add_argument("--randoms", type=int, default=None, help="random cells (seeds 0..R-1); default 5, smoke 2")
+    parser.add_argument("--retrain-seeds", type=int, default=1, help="retrains of every cell (seeds 0..N-1)")
+    parser.add_argument("--retrain-epochs", type=int, default=None, help="default 30 (smoke: experiment=smoke's)")
+    parser.add_argument("--retrain-layers", type=int, default=None, help="cells of the retrained network; default 8")
+    parser.add_argument("--retrain-channels", type=int, default=None, help="its base channels; default 16")
+    parser.add_argument("--device", default=None, help="trainer.device of every run (cpu, cuda, cuda:1); default: auto")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once (e.g. several on one GPU)")
+    parser.add_argument("--search-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Hydra override for the searches only (repeatable)")
+    parser.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Hydra override for the retrains only (repeatable)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. data.root=... neuron=lif")
+    args = parser.parse_args(argv)
+    args.searches = (2 if args.smoke else 3) if args.searches is None else args.searches
+    args.randoms = (2 if args.smoke else 5) if args.randoms is None else args.randoms
+    for name in ("searches", "randoms", "retrain_seeds", "parallel"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        plan = make_plan(args)
+        if plan.out.exists() and any(plan.out.iterdir()):
+            raise UserInputError(f"--out {plan.out} is not empty; pass a new directory (runs are never overwritten)")
+        summary = run_benchmark(plan, args.parallel)
+    except (UserInputError, BenchmarkError) as error:
+        print(f"search_vs_random: {error}", file=sys.stderr)
+        return 2 if isinstance(error, UserInputError) else 1
+    stats = {arm: ArmStats(**values) for arm, values in summary["stats"].items()}
+    print(f"summary: {plan.out / 'summary.json'}, {plan.out / 'summary.md'}, {plan.out / 'summary.png'}")
+    print("\n".join(summary["verdict"]["lines"]))
+    print(table(stats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""benchmarks/search_vs_random.py: the --smoke benchmark end to end, its statistics and α entropy, its plan,
+and that the random cells are ones the search's derivation could have produced."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aso_se.search.evolution import derive_genotype
+from benchmarks import search_vs_random as bench
+from benchmarks.search_vs_random import ArmStats
+from search_space.errors import UserInputError
+from search_space.genotypes import GENOTYPES, Genotype, random_genotype
+from search_space.ops import PRIMITIVE_SETS
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "search_vs_random.py"
+DARTS = PRIMITIVE_SETS["darts"]
+
+
+def run_benchmark(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("bench") / "out dir"  # a space: the run paths must reach Hydra quoted
+    result = run_benchmark("--out", str(out), "--smoke", "--parallel", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, result
+
+
+def _genotype(value: object) -> Genotype:
+    return Genotype.from_json(json.dumps(value))
+
+
+def test_smoke_summary_has_every_arm_and_its_runs(smoke):
+    out, _ = smoke
+    summary = json.loads((out / "summary.json").read_text())
+    assert {*bench.ARMS, "budget", "searches", "minutes", "stats", "verdict"} <= set(summary)
+    assert [len(summary[arm]) for arm in bench.ARMS] == [2, 2, 1, 1]
+    for arm in bench.ARMS:
+        for run in summary[arm]:
+            metrics = json.loads((Path(run["run_dir"]) / "metrics.json").read_text())
+            assert run["test_acc"] == metrics["test_acc"] and 0.0 <= run["test_acc"] <= 1.0
+            assert run["params_m"] == metrics["params_m"] > 0 and 0.0 < run["firing_rate_mean"] < 1.0
+            assert _genotype(run["genotype"]) == Genotype.from_json(metrics["genotype"])
+            assert run["seed"] == 0 and run["wall_minutes"] > 0 and run["cpu_minutes"] > 0
+    assert _genotype(summary["reference"][0]["genotype"]) == GENOTYPES["DARTS_V2"]
+    assert _genotype(summary["poor"][0]["genotype"]) == GENOTYPES["POOR_POOL_SKIP"]
+    # The random cells are the seeded draws from the search's space (DARTS's ops, 4 nodes, at most 2 skips).
+    expected = [random_genotype(DARTS, 4, random.Random(seed), 2) for seed in (0, 1)]
+    assert [_genotype(run["genotype"]) for run in summary["random"]] == expected
+    for search, run in zip(summary["searches"], summary["searched"]):
+        found = Genotype.from_json((Path(search["run_dir"]) / "genotype.json").read_text())
+        assert _genotype(search["genotype"]) == _genotype(run["genotype"]) == found
+        assert _genotype(search["cycle_genotypes"][-1]) == found and len(search["cycle_genotypes"]) == 2
+
+
+def test_smoke_entropy_matches_the_search_log(smoke):
+    out, _ = smoke
+    summary = json.loads((out / "summary.json").read_text())
+    assert [search["seed"] for search in summary["searches"]] == [0, 1]
+    for search in summary["searches"]:
+        log = (Path(search["run_dir"]) / "search.log").read_text()
+        logged = float(re.findall(r"\bentropy ([0-9.]+)", log)[-1])  # the last epoch's, 4 significant digits
+        entropy = search["alpha_entropy"]
+        assert entropy["mean"] == pytest.approx(logged, abs=6e-4)
+        assert entropy["mean"] == pytest.approx((entropy["normal"] + entropy["reduce"]) / 2)
+        assert 0 < entropy["mean"] <= math.log(len(DARTS)) + 1e-9
+
+
+def test_smoke_budget_stats_and_outputs(smoke):
+    out, result = smoke
+    summary = json.loads((out / "summary.json").read_text())
+    budget = summary["budget"]
+    assert budget["train_overrides"] == ["experiment=smoke", "logger=none"] == budget["search_overrides"]
+    assert budget["epochs"] == 1 and budget["retrain_seeds"] == [0] and budget["search_seeds"] == [0, 1]
+    assert (budget["network"]["layers"], budget["network"]["channels"]) == (3, 4)
+    for arm in bench.ARMS:
+        accuracies = [run["test_acc"] for run in summary[arm]]
+        assert summary["stats"][arm]["mean"] == pytest.approx(statistics.fmean(accuracies))
+        assert summary["stats"][arm]["n"] == len(accuracies)
+        assert summary["minutes"][arm]["retrain_wall"] > 0 and summary["minutes"][arm]["devices"] == ["cpu"]
+    assert summary["minutes"]["searched"]["search_wall"] > 0
+    assert summary["verdict"]["searched_beats_random"] in (True, False)
+    markdown = (out / "summary.md").read_text()
+    assert "| searched | 2 |" in markdown and "| poor | 1 |" in markdown
+    assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1].startswith("| poor | 1 |") and lines[-6].startswith("| arm | n |")
+    assert lines[-8].startswith("searched >= random + 1 std?") and lines[-7].startswith("poor < random - 1 std?")
+
+
+def test_a_failed_run_stops_the_benchmark_with_one_line(tmp_path):
+    result = run_benchmark("--out", str(tmp_path / "out"), "--smoke", "--search-override", "search.schedule.cycles=0")
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    log = tmp_path / "out" / "logs" / "search_0.log"
+    assert line.startswith(f"search_vs_random: run search_0 failed (exit 2); its log is {log}: ")
+    assert "need cycles >= 1" in line
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["seed=3"], "sets seed, which the benchmark sets for every run"),
+        (["hydra.run.dir=/tmp/x"], "sets hydra.run.dir"),
+        (["data"], "is not a Hydra override"),
+        (["--train-override", "+genotype=DARTS_V1"], "sets genotype"),
+    ],
+)
+def test_bad_input_is_refused(tmp_path, args, message, capsys):
+    assert bench.main(["--out", str(tmp_path / "out"), "--smoke", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_non_empty_out_dir_is_refused(tmp_path, capsys):
+    (tmp_path / "old.txt").write_text("keep me")
+    assert bench.main(["--out", str(tmp_path), "--smoke"]) == 2
+    assert "is not empty" in capsys.readouterr().err and (tmp_path / "old.txt").read_text() == "keep me"
+
+
+def test_overrides_that_do_not_compose_are_refused_before_any_run(tmp_path, capsys):
+    assert bench.main(["--out", str(tmp_path / "out"), "--smoke", "search.schedule.cycles=1"]) == 2
+    err = capsys.readouterr().err
+    assert "train.py rejects the overrides" in err and "--search-override" in err
+    assert not (tmp_path / "out" / "logs").exists()
+
+
+# ----------------------------------------------------------------------------- the plan
+def test_the_cifar10_plan_and_its_flags(tmp_path):
+    plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "data.root=/d", "--retrain-epochs", "7",
+                                             "--device", "cuda", "--train-override", "batch_size=32"]))
+    assert plan.search_overrides == ("experiment=cifar10_snn", "trainer.device=cuda", "data.root=/d")
+    assert plan.train_overrides == ("experiment=cifar10_snn", "epochs=7", "model.network.layers=8",
+                                    "model.network.channels=16", "trainer.device=cuda", "data.root=/d",
+                                    "batch_size=32")
+    assert (plan.search_seeds, plan.random_seeds, plan.retrain_seeds) == ((0, 1, 2), (0, 1, 2, 3, 4), (0,))
+    job = bench.retrain_jobs(plan, "random", "random_3", tmp_path / "g s.json")[0]
+    assert job.overrides[-3:] == (f"genotype='{tmp_path / 'g s.json'}'", "seed=0",
+                                  f"hydra.run.dir='{tmp_path / 'train_random_3_seed0'}'")
+
+
+def test_the_smoke_plan_keeps_the_experiments_network_unless_told(tmp_path):
+    plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--smoke", "--retrain-layers", "5"]))
+    assert plan.train_overrides == ("experiment=smoke", "logger=none", "model.network.layers=5")
+    assert plan.search_overrides == ("experiment=smoke", "logger=none") and plan.search_seeds == (0, 1)
+
+
+def test_search_space_rules_follow_the_overrides(tmp_path):
+    plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--smoke", "--search-override",
+                                             "search_space=spiking", "--search-override",
+                                             "search.evolution.max_skip_connect=1"]))
+    rules = bench.search_space_rules(plan)
+    assert rules.primitives == PRIMITIVE_SETS["spiking"] and (rules.steps, rules.multiplier) == (4, 4)
+    assert rules.max_skip_connect == 1
+    cells = bench.fixed_cells(plan, rules)["random"]
+    assert all({op for op, _ in g.normal + g.reduce} <= set(PRIMITIVE_SETS["spiking"]) for g in cells.values())
+
+
+# ----------------------------------------------------------------------------- statistics and entropy
+def test_mean_std_is_the_sample_std():
+    assert bench.mean_std([0.5, 0.7, 0.9]) == (pytest.approx(0.7), pytest.approx(0.2))
+    assert bench.mean_std([0.25]) == (0.25, None)
+    with pytest.raises(ValueError):
+        bench.mean_std([])
+
+
+def test_arm_stats_means_and_missing_firing_rates():
+    runs = [{"test_acc": 0.6, "params_m": 1.0, "firing_rate_mean": 0.1},
+            {"test_acc": 0.8, "params_m": 3.0, "firing_rate_mean": 0.3}]
+    stats = bench.arm_stats(runs)
+    assert (stats.n, stats.mean, stats.params_m, stats.firing_rate) == (2, pytest.approx(0.7), 2.0, pytest.approx(0.2))
+    assert stats.std == pytest.approx(math.sqrt(0.02))
+    assert bench.arm_stats([{**runs[0], "firing_rate_mean": None}, runs[1]]).firing_rate is None
+
+
+def stats_of(searched: float, random_mean: float, random_std: float | None, poor: float) -> dict[str, ArmStats]:
+    return {"searched": ArmStats(3, searched, 0.01, 1.0, 0.1), "random": ArmStats(5, random_mean, random_std, 1.0, 0.1),
+            "reference": ArmStats(1, 0.9, None, 1.0, 0.1), "poor": ArmStats(1, poor, None, 0.5, 0.2)}
+
+
+@pytest.mark.parametrize(
+    ("searched", "poor", "beats", "below"),
+    # random: 0.75 ± 0.125 (exact in binary, so the bounds 0.875 and 0.625 are hit exactly)
+    [(0.875, 0.5, True, True), (0.87, 0.625, False, False), (0.95, 0.7, True, False), (0.8, 0.62, False, True)],
+)
+def test_verdict_against_one_random_std(searched, poor, beats, below):
+    decision = bench.verdict(stats_of(searched, 0.75, 0.125, poor))
+    assert (decision.searched_beats_random, decision.poor_below_random) == (beats, below)
+    assert decision.lines[0].startswith(f"searched >= random + 1 std? {'YES' if beats else 'NO'} ({searched:.4f}")
+    assert decision.lines[1].startswith(f"poor < random - 1 std? {'YES' if below else 'NO'} ({poor:.4f}")
+
+
+def test_verdict_is_undecided_without_a_random_spread():
+    decision = bench.verdict(stats_of(0.9, 0.8, None, 0.1))
+    assert decision.searched_beats_random is None and decision.poor_below_random is None
+    assert all("undecided" in line for line in decision.lines)
+
+
+def test_table_rows():
+    text = bench.table({"random": ArmStats(5, 0.81234, 0.0123, 0.25, None), "poor": ArmStats(1, 0.5, None, 0.1, 0.3)})
+    assert text.splitlines()[2:] == ["| random | 5 | 0.8123 ± 0.0123 | 0.2500 | n/a |",
+                                     "| poor | 1 | 0.5000 ± n/a | 0.1000 | 0.3000 |"]
+
+
+def test_alpha_entropy_by_hand():
+    torch.manual_seed(0)
+    alpha = torch.randn(3, 4)
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    mask[1, 2] = False  # pruned: it takes no probability
+    state = {"arch.normal.alpha": alpha, "arch.normal.op_mask": mask,
+             "cells.0.weight": torch.randn(2), "arch.reduce.alpha": torch.zeros(3, 4),
+             "arch.reduce.op_mask": torch.ones(3, 4, dtype=torch.bool)}
+
+    def by_hand(row: list[float]) -> float:
+        total = sum(math.exp(value) for value in row)
+        return -sum(math.exp(value) / total * math.log(math.exp(value) / total) for value in row)
+
+    rows = [[v for v, keep in zip(alpha[e].tolist(), mask[e].tolist()) if keep] for e in range(3)]
+    normal = [by_hand(row) for row in rows]
+    entropy = bench.alpha_entropy(state)
+    assert entropy["normal"] == pytest.approx(statistics.fmean(normal))
+    assert entropy["reduce"] == pytest.approx(math.log(4))
+    assert entropy["mean"] == pytest.approx(statistics.fmean(normal + [math.log(4)] * 3))
+
+
+# ----------------------------------------------------------------------------- random cells are derivable
+def _probabilities_choosing(edges: tuple[tuple[str, int], ...], steps: int) -> torch.Tensor:
+    """α probabilities under which DARTS's derivation picks exactly ``edges`` (first of a node strongest)."""
+    offsets = [sum(node + 2 for node in range(n)) for n in range(steps)]
+    probs = torch.full((offsets[-1] + steps + 1, len(DARTS)), 0.01)
+    probs[:, DARTS.index("none")] = 0.5  # none is the strongest op everywhere, and must never be chosen
+    for position, (op, index) in enumerate(edges):
+        probs[offsets[position // 2] + index, DARTS.index(op)] = 0.3 - 0.1 * (position % 2)
+    return probs
+
+
+def test_random_cells_are_what_the_search_derivation_can_produce():
+    rng = random.Random(11)
+    for _ in range(50):
+        genotype = random_genotype(DARTS, 4, rng, 2)
+        derived = derive_genotype(_probabilities_choosing(genotype.normal, 4),
+                                  _probabilities_choosing(genotype.reduce, 4), DARTS, steps=4, multiplier=4,
+                                  max_skip_connect=2)
+        assert derived == genotype
+
+
+def test_user_input_errors_are_one_line():
+    with pytest.raises(UserInputError, match="single quote"):
+        bench._quoted("/tmp/it's")
