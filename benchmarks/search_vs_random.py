@@ -455,23 +455,26 @@ def run_benchmark(plan: Plan, parallel: int) -> dict[str, Any]:
             path = plan.out / "genotypes" / f"{source}.json"
             save_json(json.loads(genotype.to_json()), path)
             jobs += retrain_jobs(plan, arm, source, path)
-    searches: dict[int, dict[str, Any]] = {}
+    searches: dict[str, dict[str, Any]] = {}
 
     def follow_up(result: JobResult) -> list[Job]:
         if result.job.script != "search.py":
             return []
-        searches[result.job.seed] = collect_search(result, rules)
+        searches[result.job.source] = collect_search(result, rules)
         return retrain_jobs(plan, "searched", result.job.source, result.job.run_dir / "genotype.json")
 
-    results = Runner(parallel, child_env(parallel)).run_all(jobs, follow_up)
+    env = child_env(parallel)
+    results = Runner(parallel, env).run_all(jobs, follow_up)
     retrains = sorted((r for r in results if r.job.script == "train.py"), key=lambda r: r.job.name)
     arms = {arm: [collect_retrain(r) for r in retrains if r.job.arm == arm] for arm in ARMS}
     stats = {arm: arm_stats(runs) for arm, runs in arms.items()}
     decision = verdict(stats)
-    ordered_searches = [searches[seed] for seed in sorted(searches)]
+    ordered_searches = [searches[f"search_{seed}"] for seed in plan.search_seeds]
+    for run in arms["searched"]:
+        run["alpha_entropy"] = searches[run["source"]]["alpha_entropy"]["mean"]
     summary = {
         **arms,
-        "budget": retrain_budget(plan, retrains),
+        "budget": {**retrain_budget(plan, retrains), "omp_num_threads": env.get("OMP_NUM_THREADS")},
         "searches": ordered_searches,
         "search_space": {"primitives": list(rules.primitives), "steps": rules.steps,
                          "multiplier": rules.multiplier, "max_skip_connect": rules.max_skip_connect},
@@ -496,6 +499,10 @@ def summary_markdown(summary: Mapping[str, Any], stats: Mapping[str, ArmStats], 
         f"Searches: `{' '.join(budget['search_overrides'])}`, seeds {budget['search_seeds']}; "
         f"final α mean edge entropy (nats): {entropies}.", "",
         table(stats), "", *[f"- {line}" for line in decision.lines], "",
+        "Minutes per arm (wall, i.e. device time on a GPU / process CPU):",
+        *[f"- {arm}: retrain {m['retrain_wall']:.1f} / {m['retrain_cpu']:.1f}"
+          + (f", search {m['search_wall']:.1f} / {m['search_cpu']:.1f}" if "search_wall" in m else "")
+          for arm, m in summary["minutes"].items()], "",
     ])
 
 
@@ -536,6 +543,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UserInputError, BenchmarkError) as error:
         print(f"search_vs_random: {error}", file=sys.stderr)
         return 2 if isinstance(error, UserInputError) else 1
+    except KeyboardInterrupt:
+        print(f"search_vs_random: interrupted; the runs were stopped, their logs are in {args.out / 'logs'}",
+              file=sys.stderr)
+        return 130
     stats = {arm: ArmStats(**values) for arm, values in summary["stats"].items()}
     print(f"summary: {plan.out / 'summary.json'}, {plan.out / 'summary.md'}, {plan.out / 'summary.png'}")
     print("\n".join(summary["verdict"]["lines"]))

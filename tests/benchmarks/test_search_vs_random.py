@@ -66,6 +66,7 @@ def test_smoke_summary_has_every_arm_and_its_runs(smoke):
         found = Genotype.from_json((Path(search["run_dir"]) / "genotype.json").read_text())
         assert _genotype(search["genotype"]) == _genotype(run["genotype"]) == found
         assert _genotype(search["cycle_genotypes"][-1]) == found and len(search["cycle_genotypes"]) == 2
+        assert run["source"] == f"search_{search['seed']}" and run["alpha_entropy"] == search["alpha_entropy"]["mean"]
 
 
 def test_smoke_entropy_matches_the_search_log(smoke):
@@ -97,6 +98,9 @@ def test_smoke_budget_stats_and_outputs(smoke):
     assert summary["verdict"]["searched_beats_random"] in (True, False)
     markdown = (out / "summary.md").read_text()
     assert "| searched | 2 |" in markdown and "| poor | 1 |" in markdown
+    assert "- searched: retrain " in markdown and ", search " in markdown
+    # --parallel 2 shares the cores out between the two runs at a time, unless the caller fixed the threads.
+    assert budget["omp_num_threads"] == os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 2)))
     assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lines = result.stdout.strip().splitlines()
     assert lines[-1].startswith("| poor | 1 |") and lines[-6].startswith("| arm | n |")
