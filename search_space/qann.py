@@ -30,6 +30,30 @@ def _round_half_up(v: Tensor) -> Tensor:
     return torch.floor(v + 0.5)
 
 
+class _Quantize(torch.autograd.Function):
+    """One node for the quantizer: saves x only and recomputes the rest in backward (fewer kernels and
+    bytes than autograd through the straight-through expression)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, theta: Tensor, neg_min: int, pos_max: int, scale: float) -> Tensor:
+        ctx.save_for_backward(x, theta)
+        ctx.bounds, ctx.scale = (neg_min, pos_max), scale
+        return torch.clamp(_round_half_up(x / theta), neg_min, pos_max) * theta
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+        x, theta = ctx.saved_tensors
+        neg_min, pos_max = ctx.bounds
+        v = x / theta
+        inside = (v >= neg_min - 0.5) & (v < pos_max + 0.5)
+        grad_x = grad * inside if ctx.needs_input_grad[0] else None
+        grad_theta = None
+        if ctx.needs_input_grad[1]:  # LSQ: round(v) - v inside the range, the clipped level outside
+            q = torch.clamp(_round_half_up(v), neg_min, pos_max)
+            grad_theta = (grad * torch.where(inside, q - v, q)).sum().mul(ctx.scale).reshape(theta.shape)
+        return grad_x, grad_theta, None, None, None
+
+
 class QuantizedActivation(nn.Module):
     """θ·clip(floor(x/θ + 0.5), neg_min, pos_max) with a straight-through gradient for x inside the
     clip range and LSQ's gradient (scaled by 1/sqrt(features·pos_max)) for a learnable θ."""
@@ -52,14 +76,8 @@ class QuantizedActivation(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         theta = self.q_threshold.to(x.dtype)
-        if theta.requires_grad:  # LSQ: θ's gradient scaled so its step matches the weights'
-            scale = (x[0].numel() * max(self.pos_max, 1)) ** -0.5
-            theta = (theta - theta * scale).detach() + theta * scale
-        v = x / theta
-        q = torch.clamp(_round_half_up(v), self.neg_min, self.pos_max)
-        inside = (v >= self.neg_min - 0.5) & (v < self.pos_max + 0.5)
-        v_ste = torch.where(inside, v, q)  # the gradient reaches x only inside the clip range
-        return theta * (v_ste + (q - v_ste).detach())
+        scale = (x[0].numel() * max(self.pos_max, 1)) ** -0.5 if theta.requires_grad else 0.0
+        return _Quantize.apply(x, theta, self.neg_min, self.pos_max, scale)
 
     def extra_repr(self) -> str:
         learn = isinstance(self.q_threshold, nn.Parameter)
