@@ -234,12 +234,20 @@ def _full_fp32() -> Iterator[None]:
 @torch.no_grad()
 @_full_fp32()
 def evaluate_snn(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, device: torch.device | str = "cpu",
-                 max_timesteps: int = 64) -> SNNEvaluation:
+                 max_timesteps: int = 64, dtype: torch.dtype | None = None) -> SNNEvaluation:
     """Runs the QANN and its SNN at T = 1, 2, 4, ... (fresh state each time, the image at t = 0) until a
-    run's last step has no spike anywhere, or T reaches ``max_timesteps`` (a warning then). Both run in
-    full fp32 (no TF32)."""
+    run's last step has no spike anywhere, or T reaches ``max_timesteps`` (a warning then).
+
+    Both run without TF32, in the network's dtype or ``dtype``: float64 (the torch reference neuron)
+    makes them equal to rounding; in float32 (the Triton neuron on CUDA) the convs' rounding differs
+    between the summed and the per-step inputs, and a neuron whose input sits on a rounding boundary
+    can flip a level, so a few predictions of a large network may differ.
+    """
+    if dtype is not None:
+        qann = copy.deepcopy(qann).to(dtype)
     qann = qann.eval()
-    batches = [(x.to(device), y.to(device)) for x, y in batches]
+    data_dtype = next(qann.parameters()).dtype
+    batches = [(x.to(device, data_dtype), y.to(device)) for x, y in batches]
     qann_logits = [_logits(qann(x)) for x, _ in batches]
     labels = torch.cat([y for _, y in batches])
     total = len(labels)
