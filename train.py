@@ -59,7 +59,8 @@ def main(cfg: DictConfig) -> None:
             if is_qann(network):  # the full test set on rank 0
                 _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
                 metrics.update(snn_metrics(network, full_test, device=ctx.device,
-                                           max_timesteps=cfg.snn_max_timesteps, board=board))
+                                           max_timesteps=cfg.snn_max_timesteps, dtype=cfg.snn_eval_dtype,
+                                           board=board))
             checkpoint.save_json({**metrics, "wall_time_s": run.wall_time_s,
                                   "genotype": genotype.to_json(), "world_size": ctx.world_size,
                                   "device": str(ctx.device), "precision": cfg.trainer.precision,

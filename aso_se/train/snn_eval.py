@@ -7,6 +7,7 @@ from typing import Any, Iterable
 import torch
 from torch import Tensor, nn
 
+from search_space.errors import UserInputError
 from search_space.qann import QuantizedActivation, evaluate_snn
 
 log = logging.getLogger(__name__)
@@ -17,9 +18,12 @@ def is_qann(network: nn.Module) -> bool:
 
 
 def snn_metrics(network: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, device: torch.device,
-                max_timesteps: int, board: Any = None) -> dict[str, Any]:
+                max_timesteps: int, dtype: str = "float32", board: Any = None) -> dict[str, Any]:
     """metrics.json's SNN keys; the accuracy after t steps goes to TensorBoard as ``snn/accuracy`` at step t."""
-    result = evaluate_snn(network, batches, device=device, max_timesteps=max_timesteps)
+    if dtype not in ("float32", "float64"):
+        raise UserInputError(f"snn_eval_dtype={dtype!r}: use float32 (Triton neuron) or float64 (exact)")
+    result = evaluate_snn(network, batches, device=device, max_timesteps=max_timesteps,
+                          dtype=getattr(torch, dtype))
     if board is not None:
         for steps, accuracy in result.accuracy_at.items():
             board.scalars("snn", {"accuracy": accuracy}, steps)
@@ -31,5 +35,6 @@ def snn_metrics(network: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *,
         "snn_silent": result.silent,
         "snn_logit_max_abs_diff": result.logit_max_abs_diff,
         "snn_prediction_agreement": result.prediction_agreement,
+        "snn_eval_dtype": dtype,
         "snn_acc_at_t": {str(steps): accuracy for steps, accuracy in result.accuracy_at.items()},
     }
