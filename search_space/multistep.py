@@ -1,4 +1,4 @@
-"""The multi-step layout (design §2): how inputs enter it, what respects it, how logits leave it.
+"""The multi-step layout: how inputs enter it, what respects it, how logits leave it.
 
 Inside the network every tensor is time-first and flattened, ``[T*B, C, H, W]``, so that
 stateless layers run once over all steps and spiking neurons view it as ``[T, B, ...]``.

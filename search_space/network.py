@@ -1,8 +1,8 @@
 """The retrain network: DARTS's NetworkCIFAR built from a genotype, with the configured neuron.
 
-With ``neuron="relu"`` (T = 1) it is DARTS's network layer for layer, with DARTS's module
+With the ``relu`` neuron (T = 1) it is DARTS's network layer for layer, with DARTS's module
 order and state_dict keys (so DARTS's checkpoints load). With a spiking neuron every tensor
-is ``[T*B, C, H, W]`` inside (design §2): the stem encodes the input over T, and the
+is ``[T*B, C, H, W]`` inside: the stem encodes the input over T, and the
 classifier reads the T-averaged pooled features (= the T-averaged logits, the head being linear).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from search_space.cell import Cell, cell_layouts, reduction_indices
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype, load_genotype
 from search_space.multistep import Stem, mean_over_time
-from search_space.neurons import NeuronFactory, NeuronFactoryFn
+from search_space.neurons import NeuronFactoryFn
 
 STEM_MULTIPLIER = 3  # DARTS: the stem has 3 * channels channels
 
@@ -124,7 +124,7 @@ def _positive_int(name: str, value: Any) -> int:
 def build_network(
     genotype: Genotype | str | Path,
     *,
-    neuron: str | NeuronFactoryFn,
+    neuron: NeuronFactoryFn,
     channels: int,
     layers: int,
     num_classes: int,
@@ -132,15 +132,13 @@ def build_network(
     auxiliary: bool = False,
     timesteps: int | None = None,
     image_size: int = 32,
-    **neuron_params: Any,
 ) -> RetrainNetwork:
     """The retrain network of ``genotype`` (a Genotype, a bundled name or a genotype JSON path).
 
-    ``neuron`` is a kind (``"st_bif"``, ``"lif"``, ``"relu"``; ``neuron_params`` go to it) or a
-    neuron factory. ``timesteps`` defaults to the factory's, else 1 for ``"relu"`` (stateless:
-    more steps would repeat identical work) and 4 for spiking kinds; a value that contradicts
-    the factory's is an error. ``image_size`` (the input's height = width) sizes the auxiliary
-    head's pooling and must be a multiple of 4 (two reductions through DARTS's FactorizedReduce).
+    ``neuron`` is a neuron factory, e.g. ``NeuronFactory("st_bif", timesteps=4)`` (what
+    ``conf/neuron/<kind>.yaml`` instantiates). ``timesteps`` defaults to the factory's; a value that
+    contradicts the factory's is an error. ``image_size`` (the input's height = width) sizes the
+    auxiliary head's pooling and must be a multiple of 4 (two reductions through DARTS's FactorizedReduce).
     """
     if not isinstance(genotype, Genotype):
         genotype = load_genotype(genotype)
@@ -148,16 +146,16 @@ def build_network(
                         ("in_channels", in_channels), ("image_size", image_size)):
         _positive_int(name, value)
     if channels % 2:
-        raise UserInputError(f"channels={channels} must be even (FactorizedReduce splits them in halves); fix model.channels")
+        raise UserInputError(f"channels={channels} must be even (FactorizedReduce splits them in halves); "
+                             "fix model.channels")
     if image_size % 4:
         raise UserInputError(
             f"image_size={image_size} must be a multiple of 4 (two stride-2 reductions of even sizes); resize the input"
         )
-    if isinstance(neuron, str):
-        steps = timesteps if timesteps is not None else (1 if neuron == "relu" else 4)
-        neuron = NeuronFactory(neuron, timesteps=steps, **neuron_params)
-    elif neuron_params:
-        raise UserInputError(f"neuron parameters {sorted(neuron_params)} given with a neuron factory: put them in the factory")
+    if isinstance(neuron, str) or not callable(neuron):
+        raise UserInputError(
+            f"neuron={neuron!r} is not a neuron factory: pass one, e.g. neuron=NeuronFactory('st_bif', timesteps=4)"
+        )
     factory_steps = getattr(neuron, "timesteps", None)
     if timesteps is None:
         timesteps = factory_steps

@@ -18,71 +18,20 @@ from typing import Iterable, Iterator
 import torch
 from torch import Tensor, nn
 
-from kernels.st_bif import STBIFNeuron, level_bounds
+from kernels.st_bif import STBIFNeuron
 from search_space.errors import UserInputError
 from search_space.multistep import Stem
-from search_space.neurons import SpikingNeuron
+from search_space.neurons import QuantizedActivation, SpikingNeuron
+from search_space.ops import Zero
 
 log = logging.getLogger(__name__)
 
 
-def _round_half_up(v: Tensor) -> Tensor:
-    return torch.floor(v + 0.5)
-
-
-class _Quantize(torch.autograd.Function):
-    """One node for the quantizer: saves x only and recomputes the rest in backward (fewer kernels and
-    bytes than autograd through the straight-through expression)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, theta: Tensor, neg_min: int, pos_max: int, scale: float) -> Tensor:
-        ctx.save_for_backward(x, theta)
-        ctx.bounds, ctx.scale = (neg_min, pos_max), scale
-        return torch.clamp(_round_half_up(x / theta), neg_min, pos_max) * theta
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:
-        x, theta = ctx.saved_tensors
-        neg_min, pos_max = ctx.bounds
-        v = x / theta
-        inside = (v >= neg_min - 0.5) & (v < pos_max + 0.5)
-        grad_x = grad * inside if ctx.needs_input_grad[0] else None
-        grad_theta = None
-        if ctx.needs_input_grad[1]:  # LSQ: round(v) - v inside the range, the clipped level outside
-            q = torch.clamp(_round_half_up(v), neg_min, pos_max)
-            grad_theta = (grad * torch.where(inside, q - v, q)).sum().mul(ctx.scale).reshape(theta.shape)
-        return grad_x, grad_theta, None, None, None
-
-
-class QuantizedActivation(nn.Module):
-    """θ·clip(floor(x/θ + 0.5), neg_min, pos_max) with a straight-through gradient for x inside the
-    clip range and LSQ's gradient (scaled by 1/sqrt(features·pos_max)) for a learnable θ."""
-
-    def __init__(
-        self, q_threshold: float = 1.0, level: int = 8, sym: bool = True, learn_threshold: bool = True
-    ) -> None:
-        super().__init__()
-        if isinstance(level, bool) or not isinstance(level, int) or level < 2:
-            raise UserInputError(f"neuron st_bif_qann: level={level!r} must be an integer >= 2; fix neuron.level")
-        if not q_threshold > 0:
-            raise UserInputError(f"neuron st_bif_qann: q_threshold={q_threshold} must be > 0; fix neuron.q_threshold")
-        self.pos_max, self.neg_min = level_bounds(level, sym)
-        self.level, self.sym = level, sym
-        threshold = torch.tensor(float(q_threshold))
-        if learn_threshold:
-            self.q_threshold = nn.Parameter(threshold)
-        else:
-            self.register_buffer("q_threshold", threshold)
-
-    def forward(self, x: Tensor) -> Tensor:
-        theta = self.q_threshold.to(x.dtype)
-        scale = (x[0].numel() * max(self.pos_max, 1)) ** -0.5 if theta.requires_grad else 0.0
-        return _Quantize.apply(x, theta, self.neg_min, self.pos_max, scale)
-
-    def extra_repr(self) -> str:
-        learn = isinstance(self.q_threshold, nn.Parameter)
-        return (f"level={self.level}, sym={self.sym}, pos_max={self.pos_max}, neg_min={self.neg_min}, "
-                f"learn_threshold={learn}")
+def _add_at_first_step(y: Tensor, shift: Tensor, timesteps: int) -> Tensor:
+    """``y`` (``[T*B, C, ...]``) plus the per-channel ``shift`` at t = 0 only."""
+    steps = y.unflatten(0, (timesteps, -1))
+    first = steps[:1] + shift.view((1, 1, -1) + (1,) * (y.dim() - 2))
+    return torch.cat([first, steps[1:]]).flatten(0, 1)
 
 
 class _ShiftAtFirstStep(nn.Module):
@@ -98,10 +47,21 @@ class _ShiftAtFirstStep(nn.Module):
         self.timesteps = timesteps
 
     def forward(self, x: Tensor) -> Tensor:
-        shape = (1, -1) + (1,) * (x.dim() - 2)
-        y = (x * self.scale.view(shape)).unflatten(0, (self.timesteps, -1))
-        first = y[:1] + self.shift.view(shape)
-        return torch.cat([first, y[1:]]).flatten(0, 1)
+        scaled = x * self.scale.view((1, -1) + (1,) * (x.dim() - 2))
+        return _add_at_first_step(scaled, self.shift, self.timesteps)
+
+
+class _BiasAtFirstStep(nn.Module):
+    """A conv or linear layer whose bias enters at t = 0 only: its bias-free map, then the bias once."""
+
+    def __init__(self, layer: nn.Conv2d | nn.Linear, timesteps: int) -> None:
+        super().__init__()
+        self.register_buffer("bias", layer.bias.detach().clone())
+        layer.bias = None  # the layer is the SNN's own copy
+        self.layer, self.timesteps = layer, timesteps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _add_at_first_step(self.layer(x), self.bias, self.timesteps)
 
 
 class _SpikingMaxPool(nn.Module):
@@ -142,32 +102,44 @@ class _SummedReadout(nn.Module):
         return self.linear(features * self.timesteps)
 
 
-def _qann_activations(model: nn.Module) -> list[QuantizedActivation]:
-    return [m for m in model.modules() if isinstance(m, QuantizedActivation)]
+# Leaf modules that commute with the sum over time once converted (BN, biases, max pooling and the
+# quantizer are converted; the rest are linear maps of each step).
+_CONVERTIBLE_LEAVES = (
+    QuantizedActivation, nn.Conv2d, nn.Linear, nn.modules.batchnorm._BatchNorm, nn.MaxPool2d, nn.AvgPool2d,
+    nn.AdaptiveAvgPool2d, nn.Identity, nn.Flatten, nn.Dropout, Zero,
+)
+# The registered neuron kinds by the module they build, for error messages.
+_KIND_OF_MODULE = {"STBIFNeuron": "st_bif", "LIFNode": "lif", "ReLU": "relu"}
 
 
-def _other_neurons(model: nn.Module) -> Iterable[str]:
-    for m in model.modules():
-        if isinstance(m, SpikingNeuron):
-            yield type(m.neuron).__name__
-        elif isinstance(m, (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU)):
-            yield type(m).__name__
+def _unconvertible(model: nn.Module) -> list[str]:
+    """The kinds of the activations (or the types of other leaves) that have no exact spiking form."""
+    if isinstance(model, SpikingNeuron):  # a neuron's own submodules (surrogates) are not layers
+        name = type(model.neuron).__name__
+        return [_KIND_OF_MODULE.get(name, name)]
+    children = list(model.children())
+    if not children:
+        name = type(model).__name__
+        return [] if isinstance(model, _CONVERTIBLE_LEAVES) else [_KIND_OF_MODULE.get(name, name)]
+    return sorted({found for child in children for found in _unconvertible(child)})
 
 
 def convert_to_snn(qann: nn.Module, timesteps: int) -> nn.Module:
     """A new ST-BIF SNN with the QANN's weights, running ``timesteps`` steps (the QANN is untouched).
 
-    Every QuantizedActivation becomes an ST-BIF neuron with its θ and bounds; eval-mode BatchNorm adds
-    its shift at t = 0 only; max pooling runs on running sums; the stem injects the image at t = 0;
-    the linear head reads the features summed over time. Convs with a bias are refused.
+    Every QuantizedActivation becomes an ST-BIF neuron with its θ and bounds (the Triton kernel on CUDA,
+    the torch reference on CPU); eval-mode BatchNorm and conv/linear biases add their shift at t = 0
+    only; max pooling runs on running sums; the stem injects the image at t = 0; a linear head named
+    ``classifier`` (fed features averaged over T) reads them summed over time instead.
     """
-    if not isinstance(timesteps, int) or timesteps < 1:
+    if isinstance(timesteps, bool) or not isinstance(timesteps, int) or timesteps < 1:
         raise UserInputError(f"timesteps={timesteps!r} must be a positive integer")
-    if not _qann_activations(qann):
-        found = sorted(set(_other_neurons(qann))) or ["none"]
+    has_qann = any(isinstance(module, QuantizedActivation) for module in qann.modules())
+    others = _unconvertible(qann)
+    if not has_qann or others:
         raise UserInputError(
-            f"only a network built with neuron=st_bif_qann converts to an exact SNN; this one has {found} "
-            "activations: retrain it with neuron=st_bif_qann"
+            f"only a network built with neuron=st_bif_qann converts to an exact SNN; this one has {others or 'no'} "
+            "activations or layers without an exact spiking form: build and train it with neuron=st_bif_qann"
         )
     snn = copy.deepcopy(qann).eval()
     _convert_children(snn, timesteps)
@@ -188,15 +160,12 @@ def _convert_children(module: nn.Module, timesteps: int) -> None:
             replacement = _ShiftAtFirstStep(child, timesteps)
         elif isinstance(child, nn.MaxPool2d):
             replacement = _SpikingMaxPool(child, timesteps)
-        elif isinstance(child, Stem):
-            for sub in child:
-                if isinstance(sub, nn.Conv2d) and sub.bias is not None:
-                    raise UserInputError("the stem conv has a bias: the converter needs bias-free convs")
+        elif isinstance(child, Stem):  # conv bias and BN shift included: the stem's output enters once
             replacement = _InjectOnceStem(child, timesteps)
         elif isinstance(child, nn.Linear) and name == "classifier":
             replacement = _SummedReadout(child, timesteps)
-        elif isinstance(child, nn.Conv2d) and child.bias is not None:
-            raise UserInputError(f"conv {name!r} has a bias; only bias-free convs (followed by BatchNorm) convert")
+        elif isinstance(child, (nn.Conv2d, nn.Linear)) and child.bias is not None:
+            replacement = _BiasAtFirstStep(child, timesteps)
         if replacement is None:
             _convert_children(child, timesteps)
         else:
@@ -216,6 +185,10 @@ class SNNEvaluation:
     accuracy_at: dict[int, float] = field(default_factory=dict)  # accuracy after t = 1, 2, 4, ... steps
 
 
+def _fraction(hits: Tensor) -> float:
+    return hits.sum().item() / hits.numel()
+
+
 def _logits(output: Tensor | tuple[Tensor, ...]) -> Tensor:
     return output[0] if isinstance(output, tuple) else output
 
@@ -231,6 +204,25 @@ def _full_fp32() -> Iterator[None]:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
 
 
+def _run_snn(snn: nn.Module, batches: list[tuple[Tensor, Tensor]], timesteps: int) -> tuple[list[Tensor], int]:
+    """The SNN's summed logits per batch, and the last step (1-based, 0 if none) at which any neuron fired."""
+    last_active = torch.zeros((), dtype=torch.long)
+
+    def record(module: nn.Module, inputs: tuple[Tensor], out: Tensor) -> None:
+        nonlocal last_active
+        active = out.unflatten(0, (timesteps, -1)).flatten(1).ne(0).any(1)
+        steps = torch.arange(1, timesteps + 1, device=out.device)
+        last_active = torch.maximum(last_active.to(out.device), (steps * active).max())
+
+    handles = [m.register_forward_hook(record) for m in snn.modules() if isinstance(m, SpikingNeuron)]
+    try:
+        logits = [_logits(snn(x)) for x, _ in batches]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return logits, int(last_active.item())
+
+
 @torch.no_grad()
 @_full_fp32()
 def evaluate_snn(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, device: torch.device | str = "cpu",
@@ -241,50 +233,46 @@ def evaluate_snn(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, d
     Both run without TF32, in the network's dtype or ``dtype``: float64 (the torch reference neuron)
     makes them equal to rounding; in float32 (the Triton neuron on CUDA) the convs' rounding differs
     between the summed and the per-step inputs, and a neuron whose input sits on a rounding boundary
-    can flip a level, so a few predictions of a large network may differ.
+    can flip a level, so a few predictions of a large network may differ. The QANN is left as it was.
     """
+    if isinstance(max_timesteps, bool) or not isinstance(max_timesteps, int) or max_timesteps < 1:
+        raise UserInputError(f"max_timesteps={max_timesteps!r} must be a positive integer, e.g. 64")
     if dtype is not None:
         qann = copy.deepcopy(qann).to(dtype)
-    qann = qann.eval()
+    was_training = qann.training
+    qann.eval()
+    try:
+        return _evaluate(qann, batches, torch.device(device), max_timesteps)
+    finally:
+        qann.train(was_training)
+
+
+def _evaluate(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], device: torch.device,
+              max_timesteps: int) -> SNNEvaluation:
     data_dtype = next(qann.parameters()).dtype
     batches = [(x.to(device, data_dtype), y.to(device)) for x, y in batches]
     qann_logits = [_logits(qann(x)) for x, _ in batches]
     labels = torch.cat([y for _, y in batches])
-    total = len(labels)
     qann_predictions = torch.cat(qann_logits).argmax(1)
-    qann_accuracy = (qann_predictions == labels).sum().item() / total
     accuracy_at: dict[int, float] = {}
-    timesteps, result = 1, None
+    timesteps = 1
     while True:
-        snn = convert_to_snn(qann, timesteps).to(device)
-        last_active = torch.zeros((), dtype=torch.long, device=device)
-        neurons = [m for m in snn.modules() if isinstance(m, SpikingNeuron)]
-
-        def record(module: nn.Module, inputs: tuple[Tensor], out: Tensor) -> None:
-            nonlocal last_active
-            active_steps = out.unflatten(0, (module.timesteps, -1)).flatten(1).ne(0).any(1)
-            steps = torch.arange(1, module.timesteps + 1, device=out.device)
-            last_active = torch.maximum(last_active, (steps * active_steps).max())
-
-        handles = [neuron.register_forward_hook(record) for neuron in neurons]
-        try:
-            snn_logits = [_logits(snn(x)) for x, _ in batches]
-        finally:
-            for handle in handles:
-                handle.remove()
+        snn_logits, last = _run_snn(convert_to_snn(qann, timesteps).to(device), batches, timesteps)
         snn_predictions = torch.cat(snn_logits).argmax(1)
-        correct = (snn_predictions == labels).sum().item()
-        accuracy_at[timesteps] = correct / total
-        last = int(last_active.item())
-        silent = last < timesteps
+        accuracy_at[timesteps] = _fraction(snn_predictions == labels)
+        silent = last < timesteps  # no spike in the last step: nothing can change afterwards
         if silent or timesteps >= max_timesteps:
-            diff = max((q - s).abs().max().item() for q, s in zip(qann_logits, snn_logits))
-            agree = (snn_predictions == qann_predictions).sum().item() / total
-            result = SNNEvaluation(qann_accuracy, correct / total, last if silent else timesteps, diff, agree, silent,
-                                   accuracy_at)
             break
         timesteps = min(2 * timesteps, max_timesteps)
-    if not result.silent:
-        log.warning("the SNN still fired at step %d (snn.max_timesteps): its logits are not final; raise the cap",
+    if not silent:
+        log.warning("the SNN still fired at step %d (max_timesteps): its logits are not final; raise the cap",
                     max_timesteps)
-    return result
+    return SNNEvaluation(
+        qann_accuracy=_fraction(qann_predictions == labels),
+        snn_accuracy=accuracy_at[timesteps],
+        snn_timesteps=last if silent else timesteps,
+        logit_max_abs_diff=max((q - s).abs().max().item() for q, s in zip(qann_logits, snn_logits)),
+        prediction_agreement=_fraction(snn_predictions == qann_predictions),
+        silent=silent,
+        accuracy_at=accuracy_at,
+    )

@@ -51,7 +51,8 @@ def sha256(lines: list[str]) -> str:
 
 
 def darts_cifar(name: str) -> nn.Module:
-    return build_network(name, neuron="relu", channels=36, layers=20, num_classes=10, auxiliary=True)
+    return build_network(name, neuron=NeuronFactory("relu", timesteps=1), channels=36, layers=20, num_classes=10,
+                         auxiliary=True)
 
 
 def test_relu_darts_v2_is_darts_network_layer_for_layer():
@@ -71,11 +72,13 @@ def test_relu_parameter_counts_equal_darts(name):
     assert (total, without_auxiliary) == DARTS_PARAMETERS[name]
 
 
-def tiny(name: str, kind: str, timesteps: int, **overrides) -> nn.Module:
+def tiny(name: str, kind: str, timesteps: int, *, neuron_params: dict | None = None, **overrides) -> nn.Module:
     if kind == "st_bif_qann":  # the QANN trains at T = 1 only
         timesteps = 1
-    options = dict(neuron=kind, channels=4, layers=3, num_classes=5, in_channels=3, auxiliary=True,
-                   timesteps=timesteps, image_size=8)
+    options = dict(channels=4, layers=3, num_classes=5, in_channels=3, auxiliary=True, timesteps=timesteps,
+                   image_size=8)
+    if "neuron" not in overrides:
+        options["neuron"] = NeuronFactory(kind, timesteps=timesteps, **(neuron_params or {}))
     return build_network(name, **{**options, **overrides})
 
 
@@ -122,8 +125,8 @@ def test_dvs_frames_run_time_first(kind):
 
 def test_mnist_digits_through_a_spiking_network_with_auxiliary_head(mnist_digits):
     images, labels = mnist_digits
-    net = build_network("PC_DARTS", neuron="st_bif", channels=8, layers=5, num_classes=10, in_channels=1,
-                        auxiliary=True, timesteps=2, image_size=28)
+    net = build_network("PC_DARTS", neuron=NeuronFactory("st_bif", timesteps=2), channels=8, layers=5, num_classes=10,
+                        in_channels=1, auxiliary=True, image_size=28)
     pool = net.auxiliary_head.features[1]  # 28 -> 14 -> 7: DARTS's ImageNet head pool, 7x7 -> 2x2
     assert (type(pool), pool.kernel_size, pool.stride) == (nn.AvgPool2d, 5, 2)
     logits, logits_aux = net(images)
@@ -137,8 +140,8 @@ def test_mnist_digits_through_a_spiking_network_with_auxiliary_head(mnist_digits
 def test_spiking_network_learns_real_digits(mnist_batch):
     images, labels = mnist_batch
     torch.manual_seed(0)
-    net = build_network("DARTS_V2", neuron="st_bif", channels=8, layers=3, num_classes=10, in_channels=1,
-                        timesteps=2, image_size=28)
+    net = build_network("DARTS_V2", neuron=NeuronFactory("st_bif", timesteps=2), channels=8, layers=3, num_classes=10,
+                        in_channels=1, image_size=28)
     optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
     losses = []
     for _ in range(20):
@@ -214,15 +217,25 @@ def test_drop_path_only_in_training_and_not_on_identity():
         ({"channels": 0}, "channels=0 must be a positive integer"),
         ({"layers": 2.0}, "layers=2.0 must be a positive integer"),
         ({"image_size": 30}, "image_size=30 must be a multiple of 4"),
-        ({"neuron": "gelu"}, "unknown neuron kind 'gelu'"),
-        ({"tau": 3.0}, r"neuron 'st_bif' has no parameter\(s\) \['tau'\]"),
+        ({"neuron": "st_bif"}, "neuron='st_bif' is not a neuron factory: pass one"),
         ({"neuron": NeuronFactory("lif", timesteps=2)}, "timesteps=3 contradicts the neuron factory's 2"),
-        ({"neuron": NeuronFactory("lif", timesteps=3), "tau": 3.0}, "put them in the factory"),
     ],
 )
 def test_bad_network_config(overrides, message):
     with pytest.raises(UserInputError, match=message):
         tiny("DARTS_V2", "st_bif", 3, **overrides)
+
+
+@pytest.mark.parametrize(
+    ("kind", "params", "message"),
+    [
+        ("gelu", {}, "unknown neuron kind 'gelu'"),
+        ("st_bif", {"tau": 3.0}, r"neuron 'st_bif' has no parameter\(s\) \['tau'\]"),
+    ],
+)
+def test_bad_neuron_config_stops_before_the_network(kind, params, message):
+    with pytest.raises(UserInputError, match=message):
+        tiny("DARTS_V2", kind, 3, neuron_params=params)
 
 
 def test_genotype_by_name_path_or_object(tmp_path):
@@ -235,16 +248,25 @@ def test_genotype_by_name_path_or_object(tmp_path):
         tiny("NO_SUCH_CELL", "relu", 1)
 
 
-def test_timesteps_default_to_the_factory_then_the_kind():
-    assert build_network("DARTS_V2", neuron=NeuronFactory("lif", timesteps=2), channels=4, layers=3,
-                         num_classes=5, image_size=8).timesteps == 2
-    assert build_network("DARTS_V2", neuron="st_bif", channels=4, layers=3, num_classes=5).timesteps == 4
-    assert build_network("DARTS_V2", neuron="relu", channels=4, layers=3, num_classes=5).timesteps == 1
+@pytest.mark.parametrize(("kind", "timesteps"), [("lif", 2), ("st_bif", 4), ("relu", 1), ("st_bif_qann", 1)])
+def test_timesteps_default_to_the_factory(kind, timesteps):
+    net = build_network("DARTS_V2", neuron=NeuronFactory(kind, timesteps=timesteps), channels=4, layers=3,
+                        num_classes=5, image_size=8)
+    assert net.timesteps == timesteps and all(cell.timesteps == timesteps for cell in net.cells)
+
+
+def test_a_plain_callable_neuron_needs_timesteps():
+    net = build_network("DARTS_V2", neuron=lambda: nn.ReLU(), timesteps=2, channels=4, layers=3, num_classes=5,
+                        image_size=8, auxiliary=False)
+    assert net.timesteps == 2 and net(torch.randn(3, 3, 8, 8))[0].shape == (3, 5)
+    with pytest.raises(UserInputError, match="the neuron factory has no `timesteps`: pass timesteps="):
+        build_network("DARTS_V2", neuron=lambda: nn.ReLU(), channels=4, layers=3, num_classes=5, image_size=8)
 
 
 @pytest.mark.parametrize("name", ["darts", "small", "tiny"])
 def test_model_configs_build_networks(name):
     config = OmegaConf.load(CONF / "model" / f"{name}.yaml")
-    net = instantiate(config.network)(genotype="DARTS_V2", neuron="relu", num_classes=10, in_channels=1, image_size=28)
+    net = instantiate(config.network)(genotype="DARTS_V2", neuron=NeuronFactory("relu", timesteps=1), num_classes=10,
+                                      in_channels=1, image_size=28)
     assert (len(net.cells), net.auxiliary_head is not None) == (config.network.layers, config.network.auxiliary)
     assert 0 <= config.drop_path_prob < 1 and config.auxiliary_weight >= 0

@@ -1,4 +1,5 @@
-"""The neuron factory: flattened multi-step layout, fresh state per forward, firing rates, bad input."""
+"""The neuron registry and factory: flattened multi-step layout, fresh state per forward, firing rates,
+the YAML defaults equal to the builders', bad input."""
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,12 @@ from search_space.errors import UserInputError
 from search_space.neurons import (
     NEURON_KINDS,
     NeuronFactory,
+    QuantizedActivation,
     SpikingNeuron,
     firing_rates,
     make_neuron,
+    neuron_parameters,
+    register_neuron,
     set_firing_rate_recording,
 )
 
@@ -22,9 +26,9 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 T, B = 3, 2
 
 
-def drive(*shape: int) -> torch.Tensor:
+def drive(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A random drive strong enough to make every kind spike."""
-    return 2.0 * torch.randn(*shape)
+    return 2.0 * torch.randn(*shape, dtype=dtype)
 
 
 def test_st_bif_runs_time_first_over_the_flattened_batch():
@@ -108,11 +112,13 @@ def test_factory_makes_fresh_neurons():
         ("lif", {"tau": 0.5}, "tau=0.5 must be greater than 1"),
         ("st_bif", {"level": 1}, "neuron st_bif: level=1"),
         ("st_bif", {"q_threshold": -1.0}, "neuron st_bif"),
+        ("st_bif_qann", {"level": 1}, "neuron st_bif_qann: level=1 must be an integer >= 2"),
+        ("st_bif_qann", {"q_threshold": 0.0}, "neuron st_bif_qann: q_threshold=0.0 must be > 0"),
     ],
 )
 def test_bad_neuron_config_names_the_problem(kind, params, message):
     with pytest.raises(UserInputError, match=message):
-        NeuronFactory(kind, timesteps=T, **params)
+        NeuronFactory(kind, timesteps=1 if kind == "st_bif_qann" else T, **params)
 
 
 @pytest.mark.parametrize("timesteps", [0, -2, 2.5, True])
@@ -127,3 +133,44 @@ def test_every_neuron_config_instantiates(kind):
     assert isinstance(factory, NeuronFactory) and factory.kind == kind
     x = drive(factory.timesteps * B, 4)
     assert factory()(x).shape == x.shape
+
+
+@pytest.mark.parametrize("kind", sorted(NEURON_KINDS))
+def test_every_kind_has_a_config_whose_values_are_the_python_defaults(kind):
+    """One source per value: a builder called without parameters behaves like conf/neuron/<kind>.yaml."""
+    config = OmegaConf.to_container(OmegaConf.load(CONF / "neuron" / f"{kind}.yaml"))
+    params = {key: value for key, value in config.items() if key not in ("_target_", "kind", "timesteps")}
+    assert params == neuron_parameters(kind)
+
+
+def test_every_config_is_a_registered_kind():
+    assert {path.stem for path in (CONF / "neuron").glob("*.yaml")} == set(NEURON_KINDS)
+
+
+def test_st_bif_learns_its_threshold_by_default():
+    neuron = make_neuron("st_bif", timesteps=T)
+    assert isinstance(neuron.neuron.q_threshold, nn.Parameter)
+    assert not isinstance(make_neuron("st_bif", timesteps=T, learn_threshold=False).neuron.q_threshold, nn.Parameter)
+
+
+def test_a_registered_kind_is_built_by_the_factory():
+    @register_neuron("scaled_test")
+    def scaled(timesteps: int, gain: float = 2.0) -> nn.Module:
+        return nn.Hardtanh(-gain, gain)
+
+    try:
+        assert NEURON_KINDS["scaled_test"] is scaled and neuron_parameters("scaled_test") == {"gain": 2.0}
+        x = drive(T * B, 5)
+        torch.testing.assert_close(NeuronFactory("scaled_test", timesteps=T, gain=0.5)()(x), x.clamp(-0.5, 0.5))
+        with pytest.raises(ValueError, match="'scaled_test' is already registered"):
+            register_neuron("scaled_test")(scaled)
+    finally:
+        del NEURON_KINDS["scaled_test"]
+
+
+def test_st_bif_qann_is_the_quantizer_at_one_step():
+    neuron = NeuronFactory("st_bif_qann", timesteps=1, q_threshold=0.5, level=4, sym=False)()
+    assert isinstance(neuron, QuantizedActivation) and (neuron.neg_min, neuron.pos_max) == level_bounds(4, False)[::-1]
+    x = drive(B, 6, dtype=torch.float64)
+    expected = 0.5 * torch.clamp(torch.floor(x / 0.5 + 0.5), 0, 3)
+    torch.testing.assert_close(neuron.double()(x), expected, rtol=0, atol=0)

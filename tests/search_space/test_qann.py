@@ -10,17 +10,31 @@ from search_space.errors import UserInputError
 from search_space.genotypes import GENOTYPES, Genotype
 from search_space.network import build_network
 from search_space.neurons import NeuronFactory
-from search_space.ops import DARTS_PRIMITIVES
+from search_space.ops import OPS
 from search_space.qann import QuantizedActivation, convert_to_snn, evaluate_snn
 
-# Every op of the space on some edge of the normal and of the reduction cell.
-_OPS = [op for op in DARTS_PRIMITIVES if op != "none"]
-ALL_OPS = Genotype(
-    normal=tuple((_OPS[i % len(_OPS)], i % 2 if i < 2 else i // 2) for i in range(8)),
-    normal_concat=(2, 3, 4, 5),
-    reduce=tuple((_OPS[(i + 3) % len(_OPS)], i % 2 if i < 2 else i // 2) for i in range(8)),
-    reduce_concat=(2, 3, 4, 5),
-)
+# Every registered op on an edge that reads a cell input (stride 2 in a reduction cell) and elsewhere:
+# edges 0, 1, 2, 4, 6 read the cell's inputs, edges 3, 5, 7 earlier nodes.
+_INPUTS = (0, 1, 0, 2, 0, 3, 1, 4)
+_INPUT_EDGES, _NODE_EDGES = (0, 1, 2, 4, 6), (3, 5, 7)
+
+
+def _all_ops_genotype(start: int) -> Genotype:
+    ops = sorted(OPS)
+    edge_ops = {}
+    for k, edge in enumerate(_INPUT_EDGES + _NODE_EDGES):
+        edge_ops[edge] = ops[(start + k) % len(ops)]
+    cell = tuple((edge_ops[edge], _INPUTS[edge]) for edge in range(8))
+    return Genotype(normal=cell, normal_concat=(2, 3, 4, 5), reduce=cell, reduce_concat=(2, 3, 4, 5))
+
+
+ALL_OPS_GENOTYPES = [_all_ops_genotype(start) for start in range(0, len(OPS), len(_INPUT_EDGES))]
+ALL_OPS = ALL_OPS_GENOTYPES[0]
+
+
+def test_the_all_ops_genotypes_cover_every_op_at_both_strides() -> None:
+    on_input_edges = {g.normal[edge][0] for g in ALL_OPS_GENOTYPES for edge in _INPUT_EDGES}
+    assert on_input_edges == set(OPS)
 
 
 def qann_network(genotype: Genotype, *, seed: int, level: int = 8, sym: bool = True, layers: int = 3) -> nn.Module:
@@ -40,7 +54,10 @@ def qann_network(genotype: Genotype, *, seed: int, level: int = 8, sym: bool = T
     return network.eval()
 
 
-@pytest.mark.parametrize("genotype", [ALL_OPS, GENOTYPES["DARTS_V2"]], ids=["all_ops", "darts_v2"])
+@pytest.mark.parametrize(
+    "genotype", [*ALL_OPS_GENOTYPES, GENOTYPES["DARTS_V2"]],
+    ids=[f"all_ops{i}" for i in range(len(ALL_OPS_GENOTYPES))] + ["darts_v2"],
+)
 def test_snn_summed_logits_equal_the_qann_logits_in_fp64(genotype: Genotype) -> None:
     network = qann_network(genotype, seed=1).double()
     x = torch.randn(6, 2, 12, 12, dtype=torch.float64)
@@ -48,6 +65,15 @@ def test_snn_summed_logits_equal_the_qann_logits_in_fp64(genotype: Genotype) -> 
     assert result.silent and result.snn_timesteps > 1  # it takes several steps, and ends
     assert result.logit_max_abs_diff <= 1e-9
     assert result.snn_accuracy == result.qann_accuracy and result.prediction_agreement == 1.0
+    doublings = [2**k for k in range(len(result.accuracy_at))]
+    assert list(result.accuracy_at) == doublings and doublings[-1] // 2 <= result.snn_timesteps < doublings[-1]
+    # snn_timesteps is the last step with a spike: the logits are final after it, and the step after is silent
+    batches = [(x, torch.arange(6) % 5)]
+    last = evaluate_snn(network, batches, max_timesteps=result.snn_timesteps)
+    after = evaluate_snn(network, batches, max_timesteps=result.snn_timesteps + 1)
+    assert not last.silent and last.logit_max_abs_diff <= 1e-9
+    assert after.silent and after.snn_timesteps == result.snn_timesteps
+    assert network(x)[0].std() > 1e-3  # logits that differ, so equal predictions mean something
 
 
 def test_snn_equals_qann_in_fp32_with_unsigned_levels() -> None:
@@ -69,19 +95,27 @@ def test_the_cap_stops_a_network_that_still_fires(caplog: pytest.LogCaptureFixtu
     assert "still fired" in caplog.text
 
 
-@pytest.mark.parametrize("level,sym", [(8, True), (4, False), (3, True)])
+@pytest.mark.parametrize("level,sym", [(8, True), (4, False), (3, True), (2, True)])
 def test_one_neuron_sums_to_the_quantized_total(level: int, sym: bool) -> None:
-    """Any input split over steps, then zeros until silent: θ·clip(floor(X/θ + 0.5))."""
+    """Any input split over steps, then zeros until silent: θ·clip(floor(X/θ + 0.5)), in the kernel and in
+    the converted module."""
     torch.manual_seed(level)
-    theta = 0.37
+    theta = 0.375  # binary-exact: the steps below are quarters of θ, so x_t/θ and the totals are exact halves
     quantizer = QuantizedActivation(theta, level=level, sym=sym, learn_threshold=False).double()
     steps = torch.randn(5, 3000, dtype=torch.float64) * 0.6
-    steps[:, :6] = torch.tensor([0.5, -0.5, 1.5, -2.5, 3.5, 0.0], dtype=torch.float64) * theta / 5  # exact halves
+    halves = torch.tensor([0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 3.5, -4.5, 0.0, 10.0, -10.0], dtype=torch.float64) * theta
+    steps[:, :11] = 0.0
+    steps[0, :11], steps[1, :11], steps[3, :11] = halves + theta, -1.25 * theta, 0.25 * theta
     total = steps.sum(0)
+    assert torch.equal(total[:11], halves)
     drive = torch.cat([steps, torch.zeros(40, 3000, dtype=torch.float64)])
+    expected = quantizer(total)
+    assert (expected == theta * quantizer.pos_max).any() and (expected == 0).any()  # clipped and rounded to 0
     out = st_bif_multistep(drive, theta, quantizer.pos_max, quantizer.neg_min, backend="torch")
     assert out[-10:].abs().sum() == 0  # silent long before the end
-    assert torch.allclose(out.sum(0), quantizer(total), atol=1e-12, rtol=0)
+    assert torch.allclose(out.sum(0), expected, atol=1e-12, rtol=0)
+    snn = convert_to_snn(nn.Sequential(quantizer), drive.shape[0])
+    torch.testing.assert_close(snn(drive), out, rtol=0, atol=0)
 
 
 def test_the_quantizer_gradients_are_straight_through_inside_and_lsq_for_theta() -> None:
@@ -112,7 +146,64 @@ def test_bad_input_is_refused_with_one_line() -> None:
         NeuronFactory("st_bif_qann", timesteps=1, level=1)
     with pytest.raises(UserInputError, match="set neuron.timesteps=1"):
         NeuronFactory("st_bif_qann", timesteps=4)
-    relu_network = build_network(GENOTYPES["DARTS_V2"], neuron=NeuronFactory("relu", timesteps=1), channels=4,
-                                 layers=3, num_classes=5, in_channels=2, image_size=12)
-    with pytest.raises(UserInputError, match=r"only a network built with neuron=st_bif_qann.*ReLU"):
-        convert_to_snn(relu_network, 4)
+    network = qann_network(ALL_OPS, seed=0)
+    with pytest.raises(UserInputError, match="timesteps=0 must be a positive integer"):
+        convert_to_snn(network, 0)
+    with pytest.raises(UserInputError, match="max_timesteps=0 must be a positive integer"):
+        evaluate_snn(network, [(torch.randn(1, 2, 12, 12), torch.zeros(1, dtype=torch.long))], max_timesteps=0)
+
+
+@pytest.mark.parametrize("kind,timesteps", [("relu", 1), ("st_bif", 2), ("lif", 2)])
+def test_a_network_of_another_neuron_kind_is_refused_by_name(kind: str, timesteps: int) -> None:
+    network = build_network(GENOTYPES["DARTS_V2"], neuron=NeuronFactory(kind, timesteps=timesteps), channels=4,
+                            layers=3, num_classes=5, in_channels=2, image_size=12)
+    with pytest.raises(UserInputError, match=rf"only a network built with neuron=st_bif_qann .*\['{kind}'\]"):
+        convert_to_snn(network, 4)
+
+
+def test_a_qann_with_a_layer_without_spiking_form_is_refused() -> None:
+    network = nn.Sequential(nn.Conv2d(2, 3, 3), QuantizedActivation(0.5), nn.ReLU(), nn.Softmax(1))
+    with pytest.raises(UserInputError, match=r"this one has \['Softmax', 'relu'\]"):
+        convert_to_snn(network, 4)
+
+
+def test_conversion_and_evaluation_leave_the_qann_untouched() -> None:
+    network = qann_network(ALL_OPS, seed=7).train()
+    before = {key: value.clone() for key, value in network.state_dict().items()}
+    x, y = torch.randn(3, 2, 12, 12), torch.zeros(3, dtype=torch.long)
+    snn = convert_to_snn(network, 8)
+    result = evaluate_snn(network, [(x, y)], max_timesteps=256, dtype=torch.float64)
+    assert result.silent and result.logit_max_abs_diff <= 1e-9
+    assert network.training and next(network.parameters()).dtype == torch.float32
+    assert all(torch.equal(before[key], value) for key, value in network.state_dict().items())
+    assert any(isinstance(m, QuantizedActivation) for m in network.modules())
+    assert not any(isinstance(m, QuantizedActivation) for m in snn.modules())
+    snn_weights = dict(snn.named_parameters())  # the SNN holds copies of the same conv weights, under the same names
+    conv_weights = {name: p for name, p in network.named_parameters() if p.dim() == 4}
+    assert len(conv_weights) > 20
+    for name, weight in conv_weights.items():
+        copy = snn_weights["stem." + name if name.startswith("stem.") else name]  # the stem is wrapped
+        assert torch.equal(copy, weight) and copy is not weight
+
+
+def test_a_plain_module_tree_with_biases_converts_exactly() -> None:
+    """Biased convs and linears, BN, max/average pooling on odd sizes: any tree of these pieces, fed its
+    input at t = 0 and zeros afterwards, sums over time to the QANN's output."""
+    torch.manual_seed(8)
+    qann = nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), QuantizedActivation(0.3, level=8),
+        nn.MaxPool2d(3, stride=2, padding=1), nn.Conv2d(4, 6, 3), QuantizedActivation(0.25, level=4, sym=False),
+        nn.AvgPool2d(2, ceil_mode=True, count_include_pad=False), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(6, 7), QuantizedActivation(0.2, level=16), nn.Linear(7, 3),
+    ).double().eval()
+    qann[1].running_mean.uniform_(-0.5, 0.5)
+    qann[1].running_var.uniform_(0.5, 2.0)
+    x = torch.randn(5, 2, 11, 11, dtype=torch.float64)
+    timesteps = 64
+    snn = convert_to_snn(qann, timesteps)
+    drive = torch.cat([x, torch.zeros((timesteps - 1) * 5, 2, 11, 11, dtype=torch.float64)])
+    with torch.no_grad():
+        out = snn(drive).unflatten(0, (timesteps, -1))
+        expected = qann(x)
+    assert out[-1].abs().sum() == 0 and expected.abs().max() > 0.1
+    torch.testing.assert_close(out.sum(0), expected, rtol=0, atol=1e-9)

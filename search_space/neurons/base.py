@@ -1,15 +1,10 @@
-"""The neuron factory: every activation the search space can use, behind one call.
+"""The neuron registry, the factory every op calls, and the wrapper that runs a multi-step neuron.
 
-Tensors flow through the network FLATTENED over time, ``[T*B, ...]`` (design §2), so that
-conv/BN/pooling run once on ``[T*B, C, H, W]``. A spiking neuron views its input as
-``[T, B, ...]``, runs the whole sequence from its initial state, and flattens it back.
-
-Kinds:
-- ``st_bif``: our fused ST-BIF neuron (``kernels.st_bif.STBIFNeuron``).
-- ``lif``: spikingjelly 2.0's ``LIFNode`` in multi-step mode. spikingjelly 2.0 has no
-  ``backend`` argument: ``lif_multi_step`` runs its Triton/CUDA kernels for CUDA tensors and its
-  torch reference for CPU tensors, so the backend follows the device with no choice to make here.
-- ``relu``: the ANN mode, a plain ``nn.ReLU`` (stateless, so it works for any T; use T = 1).
+Tensors flow through the network FLATTENED over time, ``[T*B, ...]``, so that conv/BN/pooling
+run once on ``[T*B, C, H, W]``. A spiking neuron views its input as ``[T, B, ...]``, runs the
+whole sequence from its initial state, and flattens it back. A kind is one builder
+``builder(timesteps, **params) -> nn.Module`` registered with :func:`register_neuron`; its
+keyword defaults are those of ``conf/neuron/<kind>.yaml``.
 """
 from __future__ import annotations
 
@@ -18,22 +13,37 @@ from typing import Any, Callable
 
 import torch
 from spikingjelly.activation_based import base as sj_base
-from spikingjelly.activation_based import neuron as sj_neuron
-from spikingjelly.activation_based import surrogate as sj_surrogate
 from torch import nn
 
 from kernels.block_map import BlockMap
-from kernels.st_bif import STBIFNeuron
 from search_space.errors import UserInputError
 
 NeuronFactoryFn = Callable[[], nn.Module]
+NeuronBuilder = Callable[..., nn.Module]
 
-# Surrogate names shared with kernels.st_bif, mapped to spikingjelly's objects for LIF.
-_LIF_SURROGATES: dict[str, Callable[[], sj_surrogate.SurrogateFunctionBase]] = {
-    "sigmoid": sj_surrogate.Sigmoid,
-    "atan": sj_surrogate.ATan,
-    "rectangular": sj_surrogate.Rect,
-}
+NEURON_KINDS: dict[str, NeuronBuilder] = {}
+
+
+def register_neuron(kind: str) -> Callable[[NeuronBuilder], NeuronBuilder]:
+    """Decorator adding ``builder(timesteps, **params) -> nn.Module`` to ``NEURON_KINDS`` under ``kind``.
+
+    The module maps ``[timesteps*B, ...]`` to the same shape; ``params`` are keyword arguments with
+    defaults (``conf/neuron/<kind>.yaml`` sets them all). Raises ValueError on a repeated kind.
+    """
+
+    def add(builder: NeuronBuilder) -> NeuronBuilder:
+        if kind in NEURON_KINDS:
+            raise ValueError(f"neuron kind {kind!r} is already registered")
+        NEURON_KINDS[kind] = builder
+        return builder
+
+    return add
+
+
+def neuron_parameters(kind: str) -> dict[str, Any]:
+    """The parameters of a registered kind (all but ``timesteps``) and their Python defaults."""
+    parameters = inspect.signature(NEURON_KINDS[kind]).parameters
+    return {name: p.default for name, p in parameters.items() if name != "timesteps"}
 
 
 class SpikingNeuron(nn.Module):
@@ -97,90 +107,20 @@ class SpikingNeuron(nn.Module):
         return f"timesteps={self.timesteps}"
 
 
-def _st_bif(
-    timesteps: int,
-    q_threshold: float = 1.0,
-    level: int = 8,
-    sym: bool = True,
-    learn_threshold: bool = False,
-    surrogate: str = "sigmoid",
-    backend: str = "auto",
-) -> nn.Module:
-    try:
-        neuron = STBIFNeuron(
-            q_threshold=q_threshold, level=level, sym=sym, learn_threshold=learn_threshold,
-            surrogate=surrogate, backend=backend,
-        )
-    except ValueError as error:  # kernels raise plain ValueError (they may not import search_space)
-        raise UserInputError(f"neuron st_bif: {error}; fix it in conf/neuron/st_bif.yaml") from None
-    return SpikingNeuron(neuron, timesteps)
-
-
-def _lif(
-    timesteps: int,
-    tau: float = 2.0,
-    v_threshold: float = 1.0,
-    v_reset: float | None = 0.0,
-    decay_input: bool = True,
-    detach_reset: bool = False,
-    surrogate: str = "sigmoid",
-) -> nn.Module:
-    if surrogate not in _LIF_SURROGATES:
-        raise UserInputError(
-            f"unknown LIF surrogate {surrogate!r}: expected one of {sorted(_LIF_SURROGATES)}; "
-            "set neuron.surrogate to one of them"
-        )
-    if not tau > 1.0:
-        raise UserInputError(f"LIF tau={tau} must be greater than 1; set neuron.tau, e.g. 2.0")
-    neuron = sj_neuron.LIFNode(
-        tau=float(tau),  # spikingjelly asserts a float
-        decay_input=decay_input,
-        v_threshold=v_threshold,
-        v_reset=v_reset,
-        surrogate_function=_LIF_SURROGATES[surrogate](),
-        detach_reset=detach_reset,
-        step_mode="m",
-    )
-    return SpikingNeuron(neuron, timesteps)
-
-
-def _relu(timesteps: int) -> nn.Module:
-    del timesteps  # stateless: every step is independent
-    return nn.ReLU(inplace=False)
-
-
-def _st_bif_qann(
-    timesteps: int, q_threshold: float = 1.0, level: int = 8, sym: bool = True, learn_threshold: bool = True,
-) -> nn.Module:
-    from search_space.qann import QuantizedActivation  # qann builds on this module
-
-    if timesteps != 1:
-        raise UserInputError(
-            f"neuron st_bif_qann trains at T = 1 (its SNN runs until silent when evaluated), got timesteps={timesteps}; "
-            "set neuron.timesteps=1"
-        )
-    return QuantizedActivation(q_threshold=q_threshold, level=level, sym=sym, learn_threshold=learn_threshold)
-
-
-NEURON_KINDS: dict[str, Callable[..., nn.Module]] = {
-    "st_bif": _st_bif, "lif": _lif, "relu": _relu, "st_bif_qann": _st_bif_qann,
-}
-
-
 def make_neuron(kind: str, *, timesteps: int, **params: Any) -> nn.Module:
     """A fresh neuron of ``kind`` mapping ``[timesteps*B, ...]`` to the same shape."""
     if kind not in NEURON_KINDS:
         raise UserInputError(f"unknown neuron kind {kind!r}: expected one of {sorted(NEURON_KINDS)}; set neuron=<kind>")
     if isinstance(timesteps, bool) or not isinstance(timesteps, int) or timesteps < 1:
         raise UserInputError(f"timesteps={timesteps!r} must be a positive integer; set neuron.timesteps, e.g. 4")
-    builder = NEURON_KINDS[kind]
-    accepted = [name for name in inspect.signature(builder).parameters if name != "timesteps"]
+    accepted = list(neuron_parameters(kind))
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise UserInputError(
-            f"neuron {kind!r} has no parameter(s) {unknown}: it accepts {accepted}; remove or rename them in conf/neuron"
+            f"neuron {kind!r} has no parameter(s) {unknown}: it accepts {accepted}; "
+            "remove or rename them in conf/neuron"
         )
-    return builder(timesteps, **params)
+    return NEURON_KINDS[kind](timesteps, **params)
 
 
 class NeuronFactory:
