@@ -1,5 +1,13 @@
-"""DataLoaders whose batches are a pure function of (seed, epoch), for any number of workers."""
-from collections.abc import Callable, Iterator
+"""DataLoaders whose batches are a pure function of (seed, epoch), for any number of workers.
+
+Workers ignore the main process's stop signals (`ignore_in_workers`): a signal to the whole process
+group must reach the main process alone, which finishes its step, saves and shuts the workers down.
+"""
+import contextlib
+import functools
+import signal
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -43,6 +51,50 @@ def collate_time_first(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Ten
     return torch.stack(frames, dim=1), torch.tensor(labels)
 
 
+# Signals that workers forked from now on ignore; the run sets its stop signals (aso_se.run.app.Run).
+_IGNORED_IN_WORKERS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
+_LOADERS: "weakref.WeakSet[EpochLoader]" = weakref.WeakSet()
+
+
+def ignore_in_workers(signums: Iterable[int]) -> tuple[int, ...]:
+    """Workers of loaders built from now on ignore ``signums``; returns the previous set."""
+    global _IGNORED_IN_WORKERS
+    previous, _IGNORED_IN_WORKERS = _IGNORED_IN_WORKERS, tuple(signums)
+    return previous
+
+
+def _ignore_signals(signums: tuple[int, ...], worker_id: int) -> None:
+    """worker_init_fn: ignore the stop signals, then unblock them (blocked since the fork)."""
+    for signum in signums:
+        signal.signal(signum, signal.SIG_IGN)  # replaces torch's SIGTERM handler, which kills the worker
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signums)  # a signal pending since the fork is now dropped
+
+
+@contextlib.contextmanager
+def _blocked(signums: tuple[int, ...]) -> Iterator[None]:
+    """Block ``signums`` in this thread while workers fork: until their init function ignores
+    them, a signal to the group would hit torch's worker handler and kill them."""
+    if not signums:
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def shutdown_workers() -> None:
+    """Stop the workers of every live EpochLoader now (before the process exits on a stop or an
+    error: at interpreter exit torch skips the shutdown, and the pin-memory and feeder threads
+    can print tracebacks after the one-line error)."""
+    for loader in list(_LOADERS):
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None:
+            _stop_workers(iterator)
+            loader._iterator = None
+
+
 def _stop_workers(iterator: Any) -> None:
     """Stops a failed pass's workers now and joins its queues' feeder threads.
 
@@ -66,6 +118,7 @@ class EpochLoader(DataLoader):
     available. A private generator feeds DataLoader's per-iteration worker base seed, which
     would otherwise be drawn from the global RNG at every ``iter()``: a resumed run would then
     see the model's RNG stream shifted. Workers' own RNG is unused (see SeededTransformDataset).
+    Workers ignore the stop signals set by `ignore_in_workers` when the loader was built.
     """
 
     def __init__(
@@ -86,10 +139,14 @@ class EpochLoader(DataLoader):
             pin_memory=torch.cuda.is_available(),
             persistent_workers=num_workers > 0,
             generator=torch.Generator(),
+            worker_init_fn=functools.partial(_ignore_signals, _IGNORED_IN_WORKERS),
         )
+        self._ignored_signals = _IGNORED_IN_WORKERS if num_workers > 0 else ()
+        _LOADERS.add(self)
 
     def __iter__(self) -> Iterator[Any]:
-        iterator = super().__iter__()
+        with _blocked(self._ignored_signals):  # the workers (if any start now) inherit the mask
+            iterator = super().__iter__()
         try:
             yield from iterator
         except Exception:

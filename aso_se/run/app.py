@@ -7,8 +7,10 @@ Exit codes (documented in the README):
 2     bad input: a config override, genotype file, data set or checkpoint (one line)
 3     the loss became NaN/Inf; the last good checkpoint is kept (one line)
 4     out of GPU memory; the line names the knobs to lower
+5     a checkpoint or result file could not be written (disk full, read-only run dir); the
+      previous checkpoint is intact
 130   stopped by SIGINT (Ctrl-C) after saving a checkpoint; ``resume=<run_dir>`` goes on
-143   the same for SIGTERM
+143   the same for SIGTERM, 138 for SIGUSR1 (``trainer.stop_signals``: 128 + the signal)
 ====  ===============================================================================
 
 An interrupted run exits with 128 + signal, as shells do, so ``search.py && train.py`` does not
@@ -35,15 +37,21 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from aso_se.run import checkpoint
-from aso_se.parallel.distributed import (DistributedContext, any_rank, broadcast_from_main,
-                                init_distributed, shutdown_distributed)
-from aso_se.monitor.tensorboard import TensorBoardLogger
+from aso_se.data import loaders
 from aso_se.errors import TrainingDiverged, UserInputError
+from aso_se.monitor.tensorboard import TensorBoardLogger
+from aso_se.parallel.distributed import (
+    DistributedContext,
+    any_rank,
+    broadcast_from_main,
+    init_distributed,
+    shutdown_distributed,
+)
+from aso_se.run import checkpoint
 
 log = logging.getLogger(__name__)
 
-EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_OUT_OF_MEMORY = 2, 3, 4
+EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_OUT_OF_MEMORY, EXIT_WRITE_FAILED = 2, 3, 4, 5
 CHECKPOINT = Path("checkpoints") / "last.pt"
 # Knobs that shrink activation memory, named in the out-of-memory line per entry point.
 _MEMORY_KNOBS = {
@@ -61,14 +69,31 @@ class OutOfMemory(RuntimeError):
     """The GPU ran out of memory; the message names the knobs to lower."""
 
 
+class WriteFailed(RuntimeError):
+    """A checkpoint or result file could not be written; the message says what is kept."""
+
+
+# A repeat of the stop signal within this many seconds is the same stop: `timeout` signals its
+# child and then the child's whole group, so the main process can see SIGTERM twice.
+_REPEAT_WINDOW_S = 0.5
+
+
 class Interrupted(Exception):
-    """SIGINT/SIGTERM stopped the run after its state was saved."""
+    """A stop signal (SIGINT, SIGTERM, ...) stopped the run after its state was saved."""
 
     def __init__(self, signum: int, run_dir: Path, entry_point: str) -> None:
         self.signum = signum
         super().__init__(f"stopped by {signal.Signals(signum).name}; state saved in "
                          f"{run_dir / CHECKPOINT}; continue with: "
                          f"python {entry_point}.py resume={run_dir}")
+
+
+class QuitAtOnce(KeyboardInterrupt):
+    """A second stop signal: the run quits where it is, without saving."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        self.signum = signum
+        super().__init__(message)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,11 +121,13 @@ def main_guard(hydra_main: Callable[[], Any]) -> None:
 
 def exit_on_expected_failure(err: BaseException) -> None:
     """Write one ``error:`` line and exit with the failure's code; return for a bug."""
-    if isinstance(err, Interrupted):
+    if isinstance(err, (Interrupted, QuitAtOnce)):
         message, code = str(err), 128 + err.signum
-    elif isinstance(err, KeyboardInterrupt):  # a second Ctrl-C, or one before the run started
-        message = "interrupted before the state was saved; the last epoch-end checkpoint is kept"
+    elif isinstance(err, KeyboardInterrupt):  # Ctrl-C before the run installed its handlers
+        message = "interrupted before the state was saved; the last saved checkpoint is kept"
         code = 128 + signal.SIGINT
+    elif isinstance(err, (checkpoint.CheckpointWriteError, WriteFailed)):
+        message, code = str(err), EXIT_WRITE_FAILED
     elif isinstance(err, (UserInputError, hydra.errors.HydraException, OmegaConfBaseException)):
         if _USER_WANTS_TRACEBACKS:
             return
@@ -181,10 +208,13 @@ class Run:
     """Context of one search or retrain run, entered by the entry point around its work.
 
     On entry: the config to use (the saved one when resuming), the run directory, the process
-    group, seeds, and SIGINT/SIGTERM handlers that only raise a stop flag (the training loop
-    polls `should_stop` after each step, then the entry point saves and raises `Interrupted`;
-    a second signal quits at once). On exit: the process group is shut down and an expected
-    failure (bad input, NaN/Inf, out of memory, the stop) exits with its one line.
+    group, seeds, and handlers for ``trainer.stop_signals`` that only raise a stop flag (the
+    training loop polls `should_stop` after each step, then the entry point saves and raises
+    `Interrupted`; a second signal quits at once). Loader workers ignore those signals, so a
+    signal to the whole process group stops the run the same way. `checkpoint_due` tells the
+    loops when ``trainer.checkpoint_every_min`` has passed since the last save. On exit: loader
+    workers and the process group are shut down and an expected failure (bad input, NaN/Inf,
+    out of memory, a failed write, the stop) exits with its one line.
     """
 
     def __init__(self, cfg: DictConfig, *, entry_point: str) -> None:
@@ -194,9 +224,13 @@ class Run:
         self.ctx: DistributedContext | None = None
         self.run_dir = Path(HydraConfig.get().runtime.output_dir)
         self._signum: int | None = None
+        self._signalled_at = 0.0
         self._pid = os.getpid()
         self._previous_handlers: dict[int, Any] = {}
+        self._previous_worker_signals: tuple[int, ...] | None = None
         self._started = time.perf_counter()
+        self._saved_at = time.monotonic()
+        self._checkpoint_every_s: float | None = None
 
     @property
     def checkpoint_path(self) -> Path:
@@ -207,9 +241,8 @@ class Run:
         return self.state is not None
 
     def __enter__(self) -> Run:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
         try:
+            self._handle_stop_signals(self.cfg.trainer)
             self._start()
         except BaseException as err:
             self.__exit__(type(err), err, err.__traceback__)
@@ -219,10 +252,12 @@ class Run:
     def _start(self) -> None:
         if self.cfg.get("resume"):
             self._load_resumed_state()
+            self._handle_stop_signals(self.cfg.trainer)  # the resumed run's own setting
         trainer = self.cfg.trainer
         if trainer.precision not in ("fp32", "bf16"):
             raise UserInputError(f"trainer.precision={trainer.precision} is not supported; "
                                  f"use fp32 or bf16")
+        self._checkpoint_every_s = _checkpoint_interval_s(trainer.get("checkpoint_every_min"))
         self.ctx = init_distributed(ddp=trainer.ddp, device=trainer.device)
         self.run_dir = broadcast_from_main(self.run_dir, self.ctx)
         seed_everything(self.cfg.seed)
@@ -240,9 +275,8 @@ class Run:
         Expected failures exit here, inside the task, with one line: Hydra would print a line
         of its own for an exception leaving the task. Bugs propagate with their traceback.
         """
-        for signum, handler in self._previous_handlers.items():
-            signal.signal(signum, handler)
-        self._previous_handlers.clear()
+        loaders.shutdown_workers()  # now, while torch still shuts them down cleanly
+        self._restore_signal_handlers()
         if self.ctx is not None:
             shutdown_distributed(self.ctx)
         if exc is None:
@@ -254,22 +288,66 @@ class Run:
             kept = (f"last good checkpoint kept: {self.checkpoint_path}"
                     if self.checkpoint_path.is_file() else "no checkpoint was saved yet")
             exc = TrainingDiverged(f"{exc}; {kept}")
+        elif isinstance(exc, checkpoint.CheckpointWriteError):
+            exc = WriteFailed(f"{exc}; {self._what_is_kept()}")
         exit_on_expected_failure(exc)
+
+    def _what_is_kept(self) -> str:
+        if not self.checkpoint_path.is_file():
+            return "no checkpoint was saved yet"
+        return (f"the previous checkpoint {self.checkpoint_path} is intact; continue with: "
+                f"python {self.entry_point}.py resume={self.run_dir}")
+
+    # ------------------------------------------------------------------------- stop signals
+    def _handle_stop_signals(self, trainer: DictConfig) -> None:
+        """Install the stop handler for ``trainer.stop_signals``; workers will ignore them."""
+        signums = _stop_signals(trainer.get("stop_signals", ["SIGINT", "SIGTERM"]))
+        for signum in signums:  # a resumed run may change the set: keep the original handlers
+            self._previous_handlers.setdefault(signum, signal.signal(signum, self._on_signal))
+        for signum in set(self._previous_handlers) - set(signums):
+            signal.signal(signum, self._previous_handlers.pop(signum))
+        previous = loaders.ignore_in_workers(signums)
+        if self._previous_worker_signals is None:
+            self._previous_worker_signals = previous
+
+    def _restore_signal_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+        if self._previous_worker_signals is not None:
+            loaders.ignore_in_workers(self._previous_worker_signals)
+            self._previous_worker_signals = None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self._pid:
-            # A DataLoader worker forked after the handler was installed (Ctrl-C reaches the
-            # whole process group): it keeps working until the main process shuts it down.
+            # A DataLoader worker between its fork and its init function: the main process
+            # stops the run and shuts the worker down.
             return
-        if self._signum is not None:  # a second Ctrl-C quits at once
-            signal.default_int_handler(signum, frame)
-        self._signum = signum
+        now = time.monotonic()
+        if self._signum is not None:
+            if now - self._signalled_at < _REPEAT_WINDOW_S:
+                return
+            raise QuitAtOnce(signum, self._quit_message(signum))
+        self._signum, self._signalled_at = signum, now
         log.warning("%s received: saving a checkpoint after this step (again to quit at once)",
                     signal.Signals(signum).name)
+
+    def _quit_message(self, signum: int) -> str:
+        kept = (f"{self.checkpoint_path} holds the last saved state; continue with: "
+                f"python {self.entry_point}.py resume={self.run_dir}"
+                if self.checkpoint_path.is_file() else "no checkpoint was saved yet")
+        return f"stopped at once by a second {signal.Signals(signum).name}; {kept}"
 
     def should_stop(self) -> bool:
         """Polled after every step; all ranks agree so they stop at the same step."""
         return any_rank(self._signum is not None, self.ctx)
+
+    def checkpoint_due(self) -> bool:
+        """True (on rank 0) once ``trainer.checkpoint_every_min`` has passed since the last save
+        of ``checkpoints/last.pt``: the loops then save their state as at a stop (mid-epoch)."""
+        if self._checkpoint_every_s is None or (self.ctx is not None and not self.ctx.is_main):
+            return False
+        return time.monotonic() - self._saved_at >= self._checkpoint_every_s
 
     def raise_if_stopped(self) -> None:
         """After the final save: report the stop (exit 128 + signal)."""
@@ -291,6 +369,8 @@ class Run:
         config = OmegaConf.to_container(self.cfg, resolve=True)
         checkpoint.save_checkpoint({"config": config, "wall_time_s": self.wall_time_s, **state},
                                    path or self.checkpoint_path, kind=self.entry_point)
+        if path is None:
+            self._saved_at = time.monotonic()
 
     @property
     def wall_time_s(self) -> float:
@@ -307,6 +387,32 @@ class Run:
         if logger is None or not self.ctx.is_main:
             return None
         return instantiate(logger)(log_dir=self.run_dir / "tb", purge_step=step or None)
+
+
+def _stop_signals(names: Any) -> tuple[int, ...]:
+    """``trainer.stop_signals`` (e.g. [SIGTERM, SIGINT, USR1]) as signal numbers."""
+    if isinstance(names, str) or not all(isinstance(name, str) for name in names or []):
+        raise UserInputError(f"trainer.stop_signals={names} is not a list of signal names; "
+                             f"write e.g. trainer.stop_signals=[SIGTERM,SIGINT,SIGUSR1]")
+    signums = []
+    for name in names:
+        full = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
+        signum = getattr(signal.Signals, full, None)
+        if signum is None or signum in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            raise UserInputError(f"trainer.stop_signals: {name} is not a signal a run can stop on; "
+                                 f"use e.g. SIGTERM, SIGINT, SIGUSR1, SIGUSR2 or SIGHUP")
+        signums.append(int(signum))
+    return tuple(dict.fromkeys(signums))
+
+
+def _checkpoint_interval_s(minutes: Any) -> float | None:
+    """``trainer.checkpoint_every_min`` in seconds (None: checkpoints at epoch ends only)."""
+    if minutes is None:
+        return None
+    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or minutes <= 0:
+        raise UserInputError(f"trainer.checkpoint_every_min={minutes} must be a positive number of "
+                             f"minutes; or null to save at epoch ends only")
+    return float(minutes) * 60.0
 
 
 def find_genotype(name_or_path: str | None, search_root: Path = Path("outputs/search")) -> str:

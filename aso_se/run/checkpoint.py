@@ -3,7 +3,8 @@
 `save_checkpoint` writes to a temporary file beside the target, fsyncs it, renames it over the
 target (atomic on POSIX: a reader sees the old file or the new one, never a mix) and fsyncs the
 directory so that the rename itself is durable. A process killed mid-write leaves at most a
-stale ``.<name>.tmp`` that the next save overwrites.
+stale ``.<name>.tmp`` that the next save overwrites; a write that fails (disk full, read-only
+directory) removes it and raises `CheckpointWriteError`, the previous file untouched.
 
 `load_checkpoint` turns every way a file can be unusable (missing, truncated, not ours, written
 by the other entry point or an older format) into one `CheckpointError` line naming the file
@@ -33,10 +34,19 @@ class CheckpointError(UserInputError):
     """A checkpoint file or resume directory that cannot be used."""
 
 
+class CheckpointWriteError(Exception):
+    """A checkpoint or result file could not be written (disk full, read-only or missing directory)."""
+
+    def __init__(self, path: Path, what: str, err: OSError) -> None:
+        self.path = path
+        super().__init__(f"could not write {what}{path}: {_one_line(err)}; free space or make "
+                         f"{path.parent} writable")
+
+
 def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str], *, kind: str) -> None:
     """Atomically write ``state`` (plus a header naming ``kind`` and the format) to ``path``."""
     payload = {_HEADER_KEY: {"kind": kind, "version": FORMAT_VERSION}, **state}
-    _write_atomically(Path(path), lambda f: torch.save(payload, f))
+    _write_atomically(Path(path), lambda f: torch.save(payload, f), what="checkpoint ")
 
 
 def save_json(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -44,20 +54,31 @@ def save_json(obj: Any, path: str | os.PathLike[str]) -> None:
     _write_atomically(Path(path), lambda f: f.write(json.dumps(obj, indent=2).encode() + b"\n"))
 
 
-def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Temp file beside ``path``, fsync, rename over ``path``, fsync the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write_atomically(path: Path, write: Callable[[BinaryIO], object], what: str = "") -> None:
+    """Temp file beside ``path``, fsync, rename over ``path``, fsync the directory.
+
+    Any failure (an OSError becomes `CheckpointWriteError`; a second Ctrl-C propagates) removes
+    the temporary file, so a full disk is not left fuller and ``path`` keeps its previous content.
+    """
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise CheckpointWriteError(path, what, err) from err
+        raise
 
 
 def load_checkpoint(path: str | os.PathLike[str], *, kind: str) -> dict[str, Any]:

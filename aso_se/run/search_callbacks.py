@@ -3,8 +3,9 @@
 The engine (``aso_se.search.engine.ASOSEEngine``) calls ``on_step`` after every step with host-side
 scalars, ``on_epoch_end`` once an epoch's state is final and ``on_cycle_end`` when a cycle's
 genotype is derived. Here they become a progress bar and an epoch log line, TensorBoard
-scalars and images, ``checkpoints/last.pt`` at every epoch end, and
-``genotypes/cycle_<k>.json``. Only rank 0 writes; every rank keeps the same bookkeeping.
+scalars and images, ``checkpoints/last.pt`` at every epoch end (and mid-epoch when
+``trainer.checkpoint_every_min`` has passed), and ``genotypes/cycle_<k>.json``. Only rank 0
+writes; every rank keeps the same bookkeeping.
 """
 from __future__ import annotations
 
@@ -31,12 +32,19 @@ _EPOCH_SUMMARY = ("loss", "accuracy", "arch_loss", "arch_accuracy", "images_per_
 
 
 class SearchCallbacks:
-    """The engine's callbacks for one search run (see the module docstring)."""
+    """The engine's callbacks for one search run (see the module docstring).
+
+    ``engine``: the engine whose state a timed checkpoint saves; None: the one handed to the
+    first ``on_epoch_end`` (no timed checkpoint before it). A timed checkpoint is taken in
+    ``on_step``: its training state is exact, but on a GPU its epoch totals lack the step or two
+    whose scalars are still on their way to the host (only that epoch's logged means).
+    """
 
     def __init__(self, run: Run, board: TensorBoardLogger | None, *, steps_per_epoch: int,
-                 log_every_n_steps: int) -> None:
+                 log_every_n_steps: int, engine: ASOSEEngine | None = None) -> None:
         self.run = run
         self.board = board
+        self.engine = engine
         self.steps_per_epoch = steps_per_epoch
         self.log_every = max(1, log_every_n_steps)
         self.progress = EpochProgress(enabled=run.ctx.is_main)
@@ -52,8 +60,12 @@ class SearchCallbacks:
         self.progress.advance(1, {k: scalars[k] for k in ("loss", "accuracy") if k in scalars})
         if self.board is not None and (metrics["global_step"] + 1) % self.log_every == 0:
             self.board.scalars("search", scalars, metrics["global_step"])
+        if self.engine is not None and self.run.checkpoint_due():
+            self.save(self.engine)  # the state a stop after this step saves: resumes at the next step
 
     def on_epoch_end(self, engine: ASOSEEngine, info: dict[str, Any]) -> None:
+        if self.engine is None:
+            self.engine = engine
         self._epoch_key = None
         summary = {k: info[k] for k in _EPOCH_SUMMARY if k in info}
         if engine.device.type == "cuda":

@@ -92,15 +92,19 @@ class Retrainer:
                    if "auxiliary" not in name) / 1e6
 
     def fit(self, train_loader: Any, test_loader: Any, *, board: TensorBoardLogger | None,
-            should_stop: Callable[[], bool], on_epoch_end: Callable[[bool], None]) -> bool:
+            should_stop: Callable[[], bool], on_epoch_end: Callable[[bool], None],
+            checkpoint_due: Callable[[], bool] = lambda: False,
+            save_checkpoint: Callable[[], None] = lambda: None) -> bool:
         """Train the remaining epochs; ``on_epoch_end(is_best)`` after each one (save there).
 
         Returns False when ``should_stop`` interrupted an epoch (the caller saves and exits).
+        ``save_checkpoint()`` runs after a step when ``checkpoint_due()`` (a timed checkpoint:
+        the state a stop there saves).
         """
         self.board = board
         while self.epoch < self.epochs:
             self.network.drop_path_prob = self.drop_path_prob * self.epoch / self.epochs
-            train = self._train_epoch(train_loader, should_stop)
+            train = self._train_epoch(train_loader, should_stop, checkpoint_due, save_checkpoint)
             if train is None:
                 return False
             test = self.last_test = self.evaluate(test_loader)
@@ -123,8 +127,9 @@ class Retrainer:
             on_epoch_end(is_best)
         return True
 
-    def _train_epoch(self, loader: Any,
-                     should_stop: Callable[[], bool]) -> dict[str, float] | None:
+    def _train_epoch(self, loader: Any, should_stop: Callable[[], bool],
+                     checkpoint_due: Callable[[], bool],
+                     save_checkpoint: Callable[[], None]) -> dict[str, float] | None:
         self.model.train()
         done, images = self.step_in_epoch, 0
         loader.set_epoch(self.epoch, start_batch=done)  # a stopped epoch goes on where it was
@@ -154,6 +159,9 @@ class Retrainer:
                     self.board.scalars("train", shown, self.global_step)
             if should_stop():
                 return None
+            if self.step_in_epoch < steps and checkpoint_due():  # the epoch's end saves anyway
+                self._read_running(sums, first_bad_step, images)  # a NaN/Inf step is not saved
+                save_checkpoint()
         shown = self._read_running(sums, first_bad_step, images)  # also waits for the GPU
         seconds = time.perf_counter() - started
         self.train_images += images * self.ctx.world_size

@@ -1,0 +1,214 @@
+"""Stop signals as clusters deliver them: to the whole process group, loader workers included
+(Slurm, ``timeout``, systemd, a shell's Ctrl-C), and SIGKILL after a timed mid-epoch checkpoint.
+
+The entry points run as real subprocesses in their own session with two loader workers per loader;
+the signal goes to the group once the workers run. Every stop must end like a signal to the main
+process alone: the step finished, a loadable checkpoint, one ``error:`` line with the resume
+command, exit 128 + signal, and a resumed search ends with the uninterrupted run's genotype.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aso_se.run.checkpoint import load_checkpoint
+from tests.aso_se.run.helpers import REPO, SMOKE, RunApp
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc (Linux)")
+
+WORKERS = "data.num_workers=2"
+
+
+def _env() -> dict[str, str]:
+    # One thread per process: the tests run several processes on two cores.
+    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _start(script: str, *overrides: str, cwd: Path) -> subprocess.Popen[bytes]:
+    """``python <script> ...`` in a new session (its pid is the group id); output to files, so
+    a full pipe never blocks it."""
+    with open(cwd / f"{script}.out", "wb") as out, open(cwd / f"{script}.err", "wb") as err:
+        return subprocess.Popen([sys.executable, str(REPO / script), *overrides], cwd=cwd, env=_env(),
+                                stdout=out, stderr=err, start_new_session=True)
+
+
+def _finish(process: subprocess.Popen[bytes], script: str, cwd: Path) -> tuple[int, str]:
+    code = process.wait(timeout=180)
+    return code, (cwd / f"{script}.err").read_text()
+
+
+def _run(script: str, *overrides: str, cwd: Path) -> None:
+    code, stderr = _finish(_start(script, *overrides, cwd=cwd), script, cwd)
+    assert code == 0, stderr[-3000:]
+
+
+def _children(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (zombies excluded)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, parent = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(parent) == pid and state != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for(condition, what: str, process: subprocess.Popen[bytes], timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the run ended (exit {process.returncode}) before {what}"
+        if found := condition():
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _assert_stopped(code: int, stderr: str, signum: int, script: str, run_dir: Path) -> None:
+    assert code == 128 + signum, stderr[-3000:]
+    assert stderr.count("\n") == 1 and stderr.startswith(f"error: stopped by {signal.Signals(signum).name}; ")
+    assert stderr.rstrip().endswith(f"continue with: python {script} resume={run_dir}")
+    assert "Traceback" not in stderr
+
+
+def _genotype(run_dir: Path) -> dict:
+    return json.loads((run_dir / "genotype.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted smoke search, without workers (the data order depends on (seed, epoch) only)."""
+    cwd = tmp_path_factory.mktemp("straight")
+    _run("search.py", *SMOKE, "data.num_workers=0", f"hydra.run.dir={cwd / 'run'}", cwd=cwd)
+    return cwd / "run"
+
+
+def test_sigterm_to_the_group_stops_the_search_and_it_resumes_to_the_same_genotype(
+        tmp_path: Path, straight: Path) -> None:
+    run_dir = tmp_path / "run"
+    search = _start("search.py", *SMOKE, WORKERS, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    workers = _wait_for(lambda: kids if len(kids := _children(search.pid)) >= 4 else None, "4 workers", search)
+    os.killpg(search.pid, signal.SIGTERM)
+    code, stderr = _finish(search, "search.py", tmp_path)
+    _assert_stopped(code, stderr, signal.SIGTERM, "search.py", run_dir)
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt", kind="search")
+    assert state["engine"]["global_step"] >= 1 and not (run_dir / "genotype.json").exists()
+    assert not any(_alive(pid) for pid in workers)  # the main process shut its workers down
+    log = (run_dir / "search.log").read_text()
+    assert log.count("SIGTERM received") == 1  # the workers ignored it
+
+    _run("search.py", f"resume={run_dir}", cwd=tmp_path)
+    assert _genotype(run_dir) == _genotype(straight)
+
+
+def test_sigusr1_to_the_group_stops_the_retrain_and_it_resumes(tmp_path: Path) -> None:
+    """Slurm's ``--signal=USR1@90`` early warning: one of the default trainer.stop_signals."""
+    run_dir = tmp_path / "run"
+    train = _start("train.py", *SMOKE, WORKERS, "genotype=DARTS_V2", "epochs=4", f"hydra.run.dir={run_dir}",
+                   cwd=tmp_path)
+    _wait_for(lambda: len(_children(train.pid)) >= 2, "2 workers", train)
+    os.killpg(train.pid, signal.SIGUSR1)
+    code, stderr = _finish(train, "train.py", tmp_path)
+    _assert_stopped(code, stderr, signal.SIGUSR1, "train.py", run_dir)
+    assert code == 138
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt", kind="train")["trainer"]
+    assert state["global_step"] >= 1 and state["epoch"] < 4
+
+    _run("train.py", f"resume={run_dir}", cwd=tmp_path)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert [record["epoch"] for record in metrics["history"]] == [0, 1, 2, 3]
+
+
+def test_sigkill_after_a_timed_checkpoint_loses_at_most_the_interval(tmp_path: Path, straight: Path) -> None:
+    """trainer.checkpoint_every_min tiny: a checkpoint after every step. SIGKILL (to the main process
+    alone, as when the node's OOM killer picks it) after a mid-epoch one: the workers die with it
+    (torch's watchdog), and the resumed run ends with the uninterrupted genotype."""
+    run_dir = tmp_path / "run"
+    path = run_dir / "checkpoints" / "last.pt"
+    search = _start("search.py", *SMOKE, WORKERS, "trainer.checkpoint_every_min=1e-6",
+                    f"hydra.run.dir={run_dir}", cwd=tmp_path)
+
+    def mid_epoch_checkpoint() -> bool:
+        try:
+            return path.is_file() and load_checkpoint(path, kind="search")["engine"]["step"] > 0
+        except Exception:  # replaced while being read: look again
+            return False
+
+    _wait_for(mid_epoch_checkpoint, "a mid-epoch checkpoint", search)
+    workers = _children(search.pid)
+    search.send_signal(signal.SIGKILL)
+    assert search.wait(timeout=30) == -signal.SIGKILL
+    assert workers and load_checkpoint(path, kind="search")["engine"]["step"] > 0
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in workers)  # they ignore SIGTERM but not their parent's death
+
+    _run("search.py", f"resume={run_dir}", cwd=tmp_path)
+    assert _genotype(run_dir) == _genotype(straight)
+
+
+# ------------------------------------------------------------------ in-process: config, repeats
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("trainer.stop_signals=[SIGTERM,SIGNOPE]", "trainer.stop_signals: SIGNOPE is not a signal"),
+    ("trainer.stop_signals=[SIGKILL]", "trainer.stop_signals: SIGKILL is not a signal a run can stop on"),
+    ("trainer.stop_signals=SIGTERM", "is not a list of signal names"),
+    ("trainer.checkpoint_every_min=0", "trainer.checkpoint_every_min=0 must be a positive number"),
+    ("trainer.checkpoint_every_min=soon", "trainer.checkpoint_every_min=soon must be a positive number"),
+])
+def test_bad_stop_settings_are_one_line(run_app: RunApp, override: str, message: str) -> None:
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", override)
+    assert code == 2 and stderr.count("\n") == 1 and message in stderr, stderr
+
+
+def _signal_during_step(step: int, signums: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Send this process ``signums`` back to back during the ``step``-th training step."""
+    from aso_se.train.retrain import Retrainer
+    real_step, steps = Retrainer._train_step, 0
+
+    def train_step(self, inputs, labels):
+        nonlocal steps
+        steps += 1
+        if steps == step:
+            for signum in signums:
+                os.kill(os.getpid(), signum)
+                time.sleep(0.01)  # each is handled before the next arrives
+        return real_step(self, inputs, labels)
+
+    monkeypatch.setattr(Retrainer, "_train_step", train_step)
+
+
+def test_a_repeated_signal_is_one_stop(run_app: RunApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``timeout`` sends SIGTERM to its child and then to the child's group: the main process sees
+    it twice within microseconds, which must not count as a second signal that quits at once."""
+    _signal_during_step(2, [signal.SIGTERM, signal.SIGTERM], monkeypatch)
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run")
+    _assert_stopped(code, stderr, signal.SIGTERM, "train.py", tmp_path / "run")
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", kind="train")["trainer"]
+    assert (state["epoch"], state["step_in_epoch"]) == (0, 2)
+
+
+def test_a_second_signal_later_quits_at_once(run_app: RunApp, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("aso_se.run.app._REPEAT_WINDOW_S", 0.0)
+    _signal_during_step(2, [signal.SIGUSR1, signal.SIGTERM], monkeypatch)
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run")
+    assert code == 128 + signal.SIGTERM and stderr.count("\n") == 1, stderr
+    assert stderr == "error: stopped at once by a second SIGTERM; no checkpoint was saved yet\n"
+    assert not (tmp_path / "run" / "checkpoints" / "last.pt").exists()
