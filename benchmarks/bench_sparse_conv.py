@@ -8,24 +8,20 @@ fed the activations they really receive (batch 64, T = 4: [256, C, H, W]).
 Columns (median µs of triton.testing.do_bench, which clears L2 before every call); every row
 feeds the same fp16 spikes to all columns:
   cuDNN fp16 CL   F.conv2d, fp16, channels_last input and weight (the fastest cuDNN set-up)
+  cuDNN fp16      F.conv2d, fp16 NCHW (the layout our networks run in)
   cuDNN fp32      F.conv2d, fp32 NCHW (TF32 tensor cores, torch's default)
-  ours CL         sparse_conv2d(backend="triton") on the fp16 channels_last input, no autograd:
-                  prescan, packing of the active planes and host work included
-  ours NCHW       the same on the fp16 NCHW input (the layout our networks run in)
-  ours graph      "ours NCHW" captured in a CUDA graph and replayed: GPU time only, no host work
-  CL stage 2      the stage-2 work alone on the channels_last input (packing + forward kernel;
-                  the block map given, as if the neuron made it)
-  dispatcher      SparseConv2d(backend="auto") in steady state (calibrated, tracker warmed up),
-                  on the channels_last input
-  ×CL, ×NCHW      speedup of ours CL / ours NCHW over the best cuDNN column
-  ×disp           speedup of the dispatcher over cuDNN on the same input (fp16 channels_last):
-                  the dispatcher cannot change the caller's dtype or layout. Both timed in
-                  three interleaved rounds, medians (the cuDNN column is a separate timing)
-  disp path       the path most of the dispatcher's timed calls took (`path_counts`): "sparse",
-                  or the cuDNN route and why ("dense:never_wins", "dense:too_dense", ...)
-  cuDNN graph     cuDNN fp16 CL captured in a CUDA graph (GPU time)
-  disp graph      the warmed-up dispatcher (SparseConv2d) captured in a CUDA graph: the path it
-                  picks for captured calls (graph crossover, measured density), GPU time
+  ours            sparse_conv2d(backend="triton") on the fp16 NCHW input, no autograd: prescan,
+                  packing and host work included
+  ours graph      "ours" captured in a CUDA graph and replayed: GPU time only, no host work
+  stage 2         the stage-2 work alone (packing + forward kernel; the block map given, as if
+                  the neuron made it)
+  ×ours           speedup of ours over the best cuDNN column
+  dispatcher      SparseConv2d(backend="auto") called eagerly (it runs cuDNN: its overhead)
+  ×disp           cuDNN fp16 on the same input / dispatcher, three interleaved rounds, medians
+  disp path       the path most of the dispatcher's timed calls took (`path_counts`)
+  cuDNN graph     cuDNN fp16 captured in a CUDA graph (GPU time)
+  disp graph      the dispatcher captured after a `capture_warmup()` (calibration, density
+                  measurement): the path it picks for a captured call, GPU time
   ×disp graph     cuDNN graph / disp graph, interleaved three rounds, medians
   graph paths     the paths of the capture's warm-up call and of the captured call
   wgrad cuDNN / wgrad ours   weight gradient alone: aten.convolution_backward vs our sparse kernel
@@ -54,15 +50,21 @@ import torch.nn.functional as F
 import triton
 import triton.testing
 
-from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts, sparse_conv2d
+from kernels.sparse_conv import SparseConv2d, capture_warmup, path_counts, reset_path_counts, sparse_conv2d
 from kernels.sparse_conv.function import conv_geometry
 from kernels.sparse_conv.geometry import ConvGeometry
-from kernels.sparse_conv.prescan import block_activity, plane_lists, tile_activity
-from kernels.sparse_conv.triton import (
-    DEFAULT_CONFIG, KernelConfig, depthwise_activity, forward_lists, pack_active_planes, sparse_conv_fwd, sparse_conv_wgrad,
-    sparse_depthwise_fwd, sparse_depthwise_wgrad,
-)
 from kernels.sparse_conv.packed import pack_active_channels
+from kernels.sparse_conv.prescan import block_activity, tile_activity
+from kernels.sparse_conv.triton import (
+    DEFAULT_CONFIG,
+    KernelConfig,
+    depthwise_activity,
+    forward_lists,
+    sparse_conv_fwd,
+    sparse_conv_wgrad,
+    sparse_depthwise_fwd,
+    sparse_depthwise_wgrad,
+)
 
 log = logging.getLogger("bench_sparse_conv")
 BATCH, CHANNELS, SIZE = 256, 128, 32
@@ -101,7 +103,7 @@ def guarded(name: str, measure_fn: Callable[[], float]) -> float:
     """measure_fn(), or nan (the error logged) if it fails: one broken cell must not end the run."""
     try:
         return measure_fn()
-    except Exception as error:  # noqa: BLE001 -- reported, and the run goes on
+    except Exception as error:  # reported, and the run goes on
         log.error("%s failed: %s: %s", name, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
         return math.nan
 
@@ -139,9 +141,7 @@ def copy_bandwidth_gbs() -> float:
 
 def stage2(x: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry,
            config: KernelConfig = DEFAULT_CONFIG) -> Callable[[], torch.Tensor]:
-    """The stage-2 work on x (packing included), with the block map made beforehand; the pointer
-    forward's channels_last per-sample lists too (on NCHW it compacts its own lists, and the
-    packed forward's packing makes them: included)."""
+    """The stage-2 work on x (packing included), with the block map made beforehand."""
     blocks = block_activity(x)
     if geometry.is_depthwise:
         tiled, active = depthwise_activity(x, blocks, geometry, config)
@@ -155,54 +155,57 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def measure(layer: Layer, x: torch.Tensor, generator: torch.Generator) -> dict[str, float]:
-    """All columns for one layer on one input (x: fp16 channels_last)."""
+    """All columns for one layer on one input (x: fp16 NCHW)."""
     c_in = x.shape[1]
     conv = (layer.stride, layer.padding, layer.dilation, layer.groups)
     pairs = [layer.stride] * 2, [layer.padding] * 2, [layer.dilation] * 2
     weight = torch.randn((layer.out_channels, c_in // layer.groups, layer.kernel, layer.kernel),
                          generator=generator, device="cuda") / (c_in // layer.groups * layer.kernel**2) ** 0.5
-    w16 = weight.half().to(memory_format=torch.channels_last)
-    x32, x_nchw = x.float().contiguous(), x.contiguous()
+    w16 = weight.half()
+    x32, x_cl, w16_cl = x.float(), x.to(memory_format=torch.channels_last), w16.to(memory_format=torch.channels_last)
     geometry = conv_geometry(x, w16, *pairs, layer.groups)
     module = SparseConv2d(c_in, layer.out_channels, layer.kernel, stride=layer.stride, padding=layer.padding,
                           dilation=layer.dilation, groups=layer.groups, bias=False)
-    module = module.cuda().half().to(memory_format=torch.channels_last).requires_grad_(False)
+    module = module.cuda().half().requires_grad_(False)
     row: dict[str, float | str] = {}
     with torch.no_grad():
         module.weight.copy_(w16)
         reference = F.conv2d(x32, weight, None, *conv)
-        row["rel_error"] = guarded("rel err", lambda: max(
-            relative_error(sparse_conv2d(x_, w16, None, *conv, backend="triton"), reference) for x_ in (x, x_nchw)))
+        row["rel_error"] = guarded("rel err", lambda: relative_error(
+            sparse_conv2d(x, w16, None, *conv, backend="triton"), reference))
         row["zero_blocks"] = 1.0 - block_activity(x).float().mean().item()
-        row["cudnn_fp16_cl"] = guarded("cuDNN fp16 CL", lambda: median_us(lambda: F.conv2d(x, w16, None, *conv)))
+        row["cudnn_fp16_cl"] = guarded("cuDNN fp16 CL", lambda: median_us(lambda: F.conv2d(x_cl, w16_cl, None, *conv)))
+        row["cudnn_fp16"] = guarded("cuDNN fp16", lambda: median_us(lambda: F.conv2d(x, w16, None, *conv)))
         row["cudnn_fp32"] = guarded("cuDNN fp32", lambda: median_us(lambda: F.conv2d(x32, weight, None, *conv)))
-        for key, x_ in (("ours_cl", x), ("ours_nchw", x_nchw)):
-            row[key] = guarded(key, lambda: median_us(lambda: sparse_conv2d(x_, w16, None, *conv, backend="triton")))
+        row["ours"] = guarded("ours", lambda: median_us(lambda: sparse_conv2d(x, w16, None, *conv, backend="triton")))
         row["ours_graph"] = guarded("ours graph", lambda: graph_us(
-            lambda: sparse_conv2d(x_nchw, w16, None, *conv, backend="triton")))
-        row["cl_stage2"] = guarded("CL stage 2", lambda: median_us(stage2(x, w16, geometry)))
+            lambda: sparse_conv2d(x, w16, None, *conv, backend="triton")))
+        row["stage2"] = guarded("stage 2", lambda: median_us(stage2(x, w16, geometry)))
 
         def dispatcher() -> float:
-            for _ in range(40):  # calibrate and let the call site's density measurement come back
-                module(x)
+            module(x)  # routes the layer
             torch.cuda.synchronize()
             reset_path_counts()
             # Interleaved with cuDNN, three rounds each: on small layers two timings of the very
-            # same F.conv2d call differed by up to 2.7x when taken minutes apart (RESULTS.md).
+            # same F.conv2d call can differ by a lot when taken minutes apart.
             cudnn, ours = [], []
             for _ in range(3):
                 cudnn.append(median_us(lambda: F.conv2d(x, w16, None, *conv)))
                 ours.append(median_us(lambda: module(x)))
             taken = {path: n for path, n in path_counts().items() if path not in ("probe", "sparse_wgrad")}
             row["dispatcher_path"] = max(taken, key=taken.get) if taken else "?"
-            row["cudnn_fp16_cl_paired"] = statistics.median(cudnn)
+            row["cudnn_fp16_paired"] = statistics.median(cudnn)
             return statistics.median(ours)
 
         row["dispatcher"] = guarded("dispatcher", dispatcher)
 
         def dispatcher_graph() -> float:
-            """The warmed-up module captured in a CUDA graph: the path the dispatcher picks for a
-            captured call (from the graph crossover and the measured density), GPU time."""
+            """The module warmed up for a capture, then captured in a CUDA graph: the path the
+            dispatcher picks for a captured call (graph crossover, measured density), GPU time."""
+            with capture_warmup():
+                for _ in range(3):  # calibrates, measures the density (read back by the next call)
+                    module(x)
+                    torch.cuda.synchronize()
             reset_path_counts()
             graph = capture(lambda: module(x))
             taken = {path: n for path, n in path_counts().items() if path not in ("probe", "sparse_wgrad")}
@@ -223,10 +226,9 @@ def measure(layer: Layer, x: torch.Tensor, generator: torch.Generator) -> dict[s
         active = tile_activity(block_activity(x), geometry)[0]
         row["wgrad_ours"] = guarded("wgrad ours", lambda: median_us(
             lambda: wgrad(x, grad_y, geometry, active, w16.dtype)))
-    best = min(row["cudnn_fp16_cl"], row["cudnn_fp32"])
-    row["speedup_cl"] = best / row["ours_cl"]
-    row["speedup_nchw"] = best / row["ours_nchw"]
-    row["speedup_dispatcher"] = row.get("cudnn_fp16_cl_paired", math.nan) / row["dispatcher"]
+    best = min(row["cudnn_fp16_cl"], row["cudnn_fp16"], row["cudnn_fp32"])
+    row["speedup"] = best / row["ours"]
+    row["speedup_dispatcher"] = row.get("cudnn_fp16_paired", math.nan) / row["dispatcher"]
     row["speedup_dispatcher_graph"] = row.get("cudnn_graph", math.nan) / row["dispatcher_graph"]
     return row
 
@@ -282,7 +284,7 @@ def trained_layer_inputs(train_seconds: float) -> list[tuple[Layer, torch.Tensor
     log.info("trained %d steps (%.0f s): test accuracy %.1f%% on %d MNIST-5k digits; dispatcher paths: %s",
              steps, time.time() - start, 100 * correct / total, total, path_counts())
     full_batch = [(layer, x) for layer, x in captured.values() if x.shape[0] == 64 * 4]
-    return [(layer, x.half().to(memory_format=torch.channels_last)) for layer, x in full_batch]
+    return [(layer, x.half().contiguous()) for layer, x in full_batch]
 
 
 def host_us_per_call(fn, calls: int = 200) -> float:
@@ -307,9 +309,7 @@ PACKED_SWEEP = [(128, 128, 4, 4)] + [
     and config[0] * config[1] <= 128 * 128 * config[2] // 4]
 ACTIVE_PACK_SWEEP = [(512, 2)] + [c for c in itertools.product((256, 512, 1024), (2, 4, 8)) if c != (512, 2)]
 PRESCAN_SWEEP = list(itertools.product((4096, 8192, 16384, 32768), (4, 8)))  # (elements per program, warps)
-PACK_SWEEP = [(128, 32), (256, 16), (64, 64), (512, 8)]  # (pack_pixels, pack_slots); the first is the default
-# (block_c, pixels) channels_last, (block_c, pixels) NCHW; the first is the default
-DEPTHWISE_SWEEP = [(32, 128, 1, 1024), (16, 256, 2, 1024), (32, 128, 4, 128), (64, 128, 1, 512)]  # NCHW block_c: the fewest
+DEPTHWISE_SWEEP = [(1, 1024), (2, 1024), (4, 128), (1, 512)]  # (fewest channels, pixels per program); first: default
 
 
 def sweep(generator: torch.Generator) -> None:
@@ -317,32 +317,30 @@ def sweep(generator: torch.Generator) -> None:
     and the host time per call. Prints one line per config."""
     silent = spikes((BATCH, CHANNELS, SIZE, SIZE), 0.5, 0.9, generator).half()
     dense = spikes(silent.shape, 0.5, 0.0, generator).half()
-    inputs = {"90% silent planes, NCHW": silent, "90% silent planes, CL": silent.to(memory_format=torch.channels_last),
-              "dense NCHW": dense}
+    inputs = {"90% silent planes": silent, "dense": dense}
     weight = torch.randn((CHANNELS, CHANNELS, 3, 3), device="cuda").half()
     geometry = conv_geometry(silent, weight, [1, 1], [1, 1], [1, 1], 1)
-    print("\nsweep: fp16 [256,128,32,32], stage 2 alone (CL: packing included), µs", flush=True)
-    silent_nchw = inputs["90% silent planes, NCHW"]
+    print("\nsweep: fp16 [256,128,32,32] NCHW, stage 2 alone (packing included), µs", flush=True)
     forward_times = {}
-    weight_cl = weight.to(memory_format=torch.channels_last)
-    print(f"cuDNN fp16 CL conv3x3 {median_us(lambda: F.conv2d(inputs['90% silent planes, CL'], weight_cl, None, 1, 1)):.1f}",
-          flush=True)
-    blocks = block_activity(silent_nchw)
+    x_cl, weight_cl = silent.to(memory_format=torch.channels_last), weight.to(memory_format=torch.channels_last)
+    print(f"cuDNN fp16 CL conv3x3 {median_us(lambda: F.conv2d(x_cl, weight_cl, None, 1, 1)):.1f}", flush=True)
+    blocks = block_activity(silent)
     for pixels, warps in ACTIVE_PACK_SWEEP:
-        us = guarded("active-channel packing", lambda: graph_us(lambda: pack_active_channels(silent_nchw, blocks, weight, pixels, warps)))
-        print(f"active-channel packing (graph) pixels={pixels} warps={warps}: 90% silent NCHW {us:.1f}", flush=True)
+        us = guarded("active-channel packing",
+                     lambda: graph_us(lambda: pack_active_channels(silent, blocks, weight, pixels, warps)))
+        print(f"active-channel packing (graph) pixels={pixels} warps={warps}: 90% silent {us:.1f}", flush=True)
     for pixels, block_n, warps, stages in PACKED_SWEEP:
         config = replace(DEFAULT_CONFIG, forward_pixels=pixels, forward_block_n=block_n, forward_num_warps=warps,
                          packed_num_stages=stages)
-        forward_times[config] = guarded("forward", lambda: graph_us(stage2(silent_nchw, weight, geometry, config)))
-        print(f"packed forward (packing included, graph) pixels={pixels} block_n={block_n} warps={warps} stages={stages}: "
-              f"90% silent NCHW {forward_times[config]:.1f}", flush=True)
+        forward_times[config] = guarded("forward", lambda: graph_us(stage2(silent, weight, geometry, config)))
+        print(f"packed forward (packing included, graph) pixels={pixels} block_n={block_n} warps={warps} "
+              f"stages={stages}: 90% silent {forward_times[config]:.1f}", flush=True)
     for pixels, block_n, warps, stages in FORWARD_SWEEP:
         config = replace(DEFAULT_CONFIG, forward_pixels=pixels, forward_block_n=block_n, forward_num_warps=warps,
                          forward_num_stages=stages, packed=False)
-        forward_times[config] = guarded("forward", lambda: graph_us(stage2(silent_nchw, weight, geometry, config)))
+        forward_times[config] = guarded("forward", lambda: graph_us(stage2(silent, weight, geometry, config)))
         print(f"pointer forward (graph) pixels={pixels} block_n={block_n} warps={warps} stages={stages}: "
-              f"90% silent NCHW {forward_times[config]:.1f}", flush=True)
+              f"90% silent {forward_times[config]:.1f}", flush=True)
     for config in sorted(forward_times, key=forward_times.get)[:3]:
         times = ", ".join(f"{name} {guarded(name, lambda: graph_us(stage2(x_, weight, geometry, config))):.1f}"
                           for name, x_ in inputs.items())
@@ -351,39 +349,28 @@ def sweep(generator: torch.Generator) -> None:
               f"{config.forward_block_n}/{config.forward_num_warps}/{stages}: {times}", flush=True)
     depthwise_w = torch.randn((CHANNELS, 1, 3, 3), device="cuda").half()
     depthwise_geometry = conv_geometry(silent, depthwise_w, [1, 1], [1, 1], [1, 1], CHANNELS)
-    for block_c, pixels, planar_block_c, planar_pixels in DEPTHWISE_SWEEP:
-        config = replace(DEFAULT_CONFIG, depthwise_block_c=block_c, depthwise_pixels=pixels,
-                         depthwise_planar_block_c=planar_block_c, depthwise_planar_pixels=planar_pixels)
+    for block_c, pixels in DEPTHWISE_SWEEP:
+        config = replace(DEFAULT_CONFIG, depthwise_block_c=block_c, depthwise_pixels=pixels)
         times = ", ".join(
             f"{name} {guarded(name, lambda: graph_us(stage2(x_, depthwise_w, depthwise_geometry, config))):.1f}"
             for name, x_ in inputs.items())
-        print(f"dw3x3 (graph) CL block_c={block_c} pixels={pixels}, NCHW block_c={planar_block_c} "
-              f"pixels={planar_pixels}: {times}", flush=True)
-    x_cl = inputs["90% silent planes, CL"]
-    # the channels_last planes that the forward reading x in place packs (the packed forward has its own)
-    lists = forward_lists(x_cl, block_activity(x_cl), geometry, replace(DEFAULT_CONFIG, packed=False))
-    for pixels, slots in PACK_SWEEP:
-        config = replace(DEFAULT_CONFIG, pack_pixels=pixels, pack_slots=slots)
-        us = guarded("pack", lambda: median_us(lambda: pack_active_planes(x_cl, lists, config)))
-        print(f"pack pixels={pixels} slots={slots}: {us:.1f}", flush=True)
-    for name, x_ in list(inputs.items())[:2]:
-        blocks = block_activity(x_)
+        print(f"dw3x3 (graph) block_c={block_c} pixels={pixels}: {times}", flush=True)
+    for name, x_ in inputs.items():
         times = ", ".join(f"{elements}/{warps} {median_us(lambda: block_activity(x_, elements, warps)):.1f}"
                           for elements, warps in PRESCAN_SWEEP)
-        print(f"prescan {name}: block map (elements per program/warps) {times}; "
-              f"plane lists {median_us(lambda: plane_lists(blocks)):.1f}", flush=True)
+        print(f"prescan {name}: block map (elements per program/warps) {times}", flush=True)
     module = SparseConv2d(CHANNELS, CHANNELS, 3, padding=1, bias=False).cuda().half().requires_grad_(False)
     lists = forward_lists(silent, block_activity(silent), geometry)
     with torch.no_grad():
+        triton_call = lambda: sparse_conv2d(silent, weight, None, 1, 1, backend="triton")  # noqa: E731
         print(f"host µs per call: F.conv2d {host_us_per_call(lambda: F.conv2d(silent, weight, None, 1, 1)):.1f}, "
-              f"sparse_conv2d(triton) {host_us_per_call(lambda: sparse_conv2d(silent, weight, None, 1, 1, backend='triton')):.1f}, "
+              f"sparse_conv2d(triton) {host_us_per_call(triton_call):.1f}, "
               f"of which block map {host_us_per_call(lambda: block_activity(silent)):.1f} and "
               f"stage 2 {host_us_per_call(lambda: sparse_conv_fwd(silent, weight, None, lists)):.1f}; "
               f"SparseConv2d(auto) {host_us_per_call(lambda: module(silent)):.1f}", flush=True)
         print(f"back to back, µs per call (100 calls, no L2 flush): "
               f"F.conv2d fp16 CL {back_to_back_us(lambda: F.conv2d(x_cl, weight_cl, None, 1, 1)):.1f}, "
-              f"sparse_conv2d(triton) NCHW {back_to_back_us(lambda: sparse_conv2d(silent, weight, None, 1, 1, backend='triton')):.1f}",
-              flush=True)
+              f"sparse_conv2d(triton) {back_to_back_us(triton_call):.1f}", flush=True)
 
 
 def back_to_back_us(fn, calls: int = 100) -> float:
@@ -401,10 +388,9 @@ def back_to_back_us(fn, calls: int = 100) -> float:
 
 
 COLUMNS = [("zero blocks", "zero_blocks", "{:.3f}"), ("cuDNN fp16 CL", "cudnn_fp16_cl", "{:.1f}"),
-           ("cuDNN fp32", "cudnn_fp32", "{:.1f}"), ("ours CL", "ours_cl", "{:.1f}"),
-           ("ours NCHW", "ours_nchw", "{:.1f}"), ("ours graph", "ours_graph", "{:.1f}"),
-           ("CL stage 2", "cl_stage2", "{:.1f}"), ("dispatcher", "dispatcher", "{:.1f}"),
-           ("×CL", "speedup_cl", "{:.2f}"), ("×NCHW", "speedup_nchw", "{:.2f}"),
+           ("cuDNN fp16", "cudnn_fp16", "{:.1f}"), ("cuDNN fp32", "cudnn_fp32", "{:.1f}"),
+           ("ours", "ours", "{:.1f}"), ("ours graph", "ours_graph", "{:.1f}"), ("stage 2", "stage2", "{:.1f}"),
+           ("×ours", "speedup", "{:.2f}"), ("dispatcher", "dispatcher", "{:.1f}"),
            ("×disp", "speedup_dispatcher", "{:.2f}"), ("disp path", "dispatcher_path", "{}"),
            ("cuDNN graph", "cudnn_graph", "{:.1f}"), ("disp graph", "dispatcher_graph", "{:.1f}"),
            ("×disp graph", "speedup_dispatcher_graph", "{:.2f}"), ("graph paths", "dispatcher_graph_path", "{}"),
@@ -425,7 +411,7 @@ def add_row(rows: list, name: str, inputs: str, measure_fn: Callable[[], dict[st
     """Measures one row and prints it at once; a row that fails is reported and left empty."""
     try:
         row = measure_fn()
-    except Exception as error:  # noqa: BLE001 -- reported, and the run goes on
+    except Exception as error:  # reported, and the run goes on
         log.error("row %s / %s failed: %s: %s", name, inputs, type(error).__name__, error)
         row = {}
     rows.append((name, inputs, row))
@@ -454,11 +440,11 @@ def main() -> None:
     for layer, (inputs, (density, silence)) in itertools.product(SYNTHETIC_LAYERS, SYNTHETIC_INPUTS.items()):
         x = spikes((BATCH, CHANNELS, SIZE, SIZE), density, silence, generator).half()
         add_row(rows, f"{layer.name} [{BATCH},{CHANNELS},{SIZE},{SIZE}]", inputs,
-                lambda: measure(layer, x.to(memory_format=torch.channels_last), generator))
+                lambda: measure(layer, x, generator))
     reset_path_counts()
     try:
         real = trained_layer_inputs(args.train_seconds)
-    except Exception as error:  # noqa: BLE001 -- the synthetic rows still get printed
+    except Exception as error:  # reported, and the run goes on
         log.error("training for real activations failed: %s: %s", type(error).__name__, error)
         real = []
     for layer, x in real:

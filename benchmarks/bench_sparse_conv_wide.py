@@ -1,4 +1,4 @@
-"""Spike-sparse convolution on wide layers (claim: issue 4, RESULTS.md "Wide layers"). Needs a CUDA GPU.
+"""Spike-sparse convolution on wide layers. Needs a CUDA GPU.
 
     PYTHONPATH=. python benchmarks/bench_sparse_conv_wide.py
 
@@ -9,7 +9,7 @@ this exercises. Per C_in and dtype (fp16, bf16, fp32): the error of
 `sparse_conv2d(backend="triton")` against an fp32 conv, its first call (compile included), and
 its median time next to `F.conv2d` on the same tensors (triton.testing.do_bench, which flushes
 L2 before every call; both eager). Then, in fp16, the dispatcher (`SparseConv2d`, backend
-"auto", after 40 warm-up calls) against `F.conv2d`, with the paths it took.
+"auto", called eagerly: it runs cuDNN) against `F.conv2d`, with the paths it took.
 """
 import datetime
 import time
@@ -36,7 +36,8 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | "
           f"{datetime.date.today()} | conv3x3 -> {OUT_CHANNELS} on [{BATCH}, C_in, {SIZE}, {SIZE}], "
           f"{SILENT_PLANES:.0%} silent planes, NCHW\n")
-    print("| C_in | dtype | rel err | first call (s) | ours µs | cuDNN µs | ×cuDNN |\n|---:|---|---:|---:|---:|---:|---:|")
+    print("| C_in | dtype | rel err | first call (s) | ours µs | cuDNN µs | ×cuDNN |\n"
+          "|---:|---|---:|---:|---:|---:|---:|")
     inputs = {}
     for channels in WIDTHS:
         x = spikes((BATCH, channels, SIZE, SIZE), 0.5, SILENT_PLANES, generator)
@@ -57,8 +58,7 @@ def main() -> None:
     for channels, x in inputs.items():
         module = SparseConv2d(channels, OUT_CHANNELS, 3, padding=1, bias=False).cuda().half().requires_grad_(False)
         with torch.no_grad():
-            for _ in range(40):  # calibrate, and let the call site's density measurement come back
-                module(x)
+            module(x)  # routes the layer
             torch.cuda.synchronize()
             reset_path_counts()
             dispatcher = median_us(lambda: module(x))

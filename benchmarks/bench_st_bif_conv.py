@@ -4,7 +4,7 @@ neuron kernel writes (no prescan) against cuDNN, and the whole neuron + conv pai
 The neuron makes the spikes: a drive [T=4, B=64, 128, 32, 32] (fp16) whose silent planes (a
 fraction of the (sample, channel) pairs, for all steps) are 0, so those neurons never fire;
 the others get N(0, 2²) and fire at most steps. The conv is 3x3, 128 -> 128, padding 1 (dense,
-and depthwise: groups=128), on the spikes flattened to [256, 128, 32, 32] (issue 4's shape).
+and depthwise: groups=128), on the spikes flattened to [256, 128, 32, 32].
 
 Columns, µs, median of triton.testing.do_bench (L2 cleared before every call). "graph" is GPU
 time: the calls captured in one CUDA graph and replayed, so host work is not counted.
@@ -23,9 +23,9 @@ time: the calls captured in one CUDA graph and replayed, so host work is not cou
                         to its pair's GPU time, the map's cost charged to ours
   pair ×                pair cuDNN CL / pair ours
   ours+map eager        ours+map called eagerly, host work included (host-bound on a slow CPU)
-  auto graph / path     sparse_conv2d(backend="auto", block_map=map) after three eager warm-up
-                        calls (calibration, density measurement), captured in a CUDA graph: GPU
-                        time, and the path the dispatcher picked for the captured call
+  auto graph / path     sparse_conv2d(backend="auto", block_map=map) after three eager calls in
+                        `capture_warmup()` (calibration, density measurement), captured in a CUDA
+                        graph: GPU time, and the paths of capture()'s eager call and the captured one
   cuDNN NCHW            F.conv2d fp16 on the NCHW spikes (what "auto" falls back to), graph
   ×auto graph           cuDNN CL / auto graph: against the best cuDNN set-up, not the fallback
   zero blocks           fraction of the spikes' 8x8 blocks that are all zero
@@ -45,7 +45,7 @@ import triton
 
 from benchmarks.bench_sparse_conv import capture, copy_bandwidth_gbs, graph_us, median_us, relative_error
 from kernels import dependent_launch
-from kernels.sparse_conv import DensityTracker, path_counts, reset_path_counts, sparse_conv2d
+from kernels.sparse_conv import DensityTracker, capture_warmup, path_counts, reset_path_counts, sparse_conv2d
 from kernels.st_bif import level_bounds, st_bif_multistep, st_bif_multistep_with_block_map
 
 STEPS, BATCH, CHANNELS, SIZE = 4, 64, 128, 32
@@ -72,13 +72,15 @@ def measure(silent: float, generator: torch.Generator, groups: int = 1) -> dict[
     drive = drive.half()
     drive_hwc = drive.permute(0, 1, 3, 4, 2).contiguous()  # same neurons; the spikes come out channels_last
     fan_in = CHANNELS // groups * 9
-    weight = (torch.randn((CHANNELS, CHANNELS // groups, 3, 3), generator=generator, device="cuda") / fan_in**0.5).half()
+    weight = torch.randn((CHANNELS, CHANNELS // groups, 3, 3), generator=generator, device="cuda") / fan_in**0.5
+    weight = weight.half()
     weight_cl = weight.to(memory_format=torch.channels_last)
     with torch.no_grad():
         spikes_seq, block_map = st_bif_multistep_with_block_map(drive, 1.0, POS_MAX, NEG_MIN)
         x = spikes_seq.flatten(0, 1)
         x_cl = x.to(memory_format=torch.channels_last)
-        ours_map = lambda: sparse_conv2d(x, weight, None, 1, 1, 1, groups, backend="triton", block_map=block_map)
+        def ours_map() -> torch.Tensor:
+            return sparse_conv2d(x, weight, None, 1, 1, 1, groups, backend="triton", block_map=block_map)
 
         def pair_cudnn() -> torch.Tensor:
             spikes_cl = st_bif_multistep(drive_hwc, 1.0, POS_MAX, NEG_MIN).flatten(0, 1).permute(0, 3, 1, 2)
@@ -105,9 +107,13 @@ def measure(silent: float, generator: torch.Generator, groups: int = 1) -> dict[
             "rel_error": max(relative_error(ours_map(), reference), relative_error(pair_ours(), reference)),
         }
         tracker = DensityTracker()
-        auto = lambda: sparse_conv2d(x, weight, None, 1, 1, 1, groups, tracker=tracker, block_map=block_map)
-        for _ in range(3):  # calibrates this call shape, measures the density
-            auto()
+
+        def auto() -> torch.Tensor:
+            return sparse_conv2d(x, weight, None, 1, 1, 1, groups, tracker=tracker, block_map=block_map)
+
+        with capture_warmup():
+            for _ in range(3):  # calibrates this call shape, measures the density
+                auto()
         torch.cuda.synchronize()
         auto()  # reads the measurement back
         reset_path_counts()
@@ -142,7 +148,8 @@ def dependent_launch_ab(generator: torch.Generator, repeats: int = 3) -> list[st
             for _ in range(repeats):
                 for enabled in (False, True):
                     dependent_launch.set_enabled(enabled)
-                    cells = [graph_us(lambda: sparse_conv2d(x, weight, None, 1, 1, backend="triton", block_map=block_map)),
+                    cells = [graph_us(lambda: sparse_conv2d(x, weight, None, 1, 1, backend="triton",
+                                                            block_map=block_map)),
                              graph_us(lambda: sparse_conv2d(x, weight, None, 1, 1, backend="triton")),
                              graph_us(pair_ours)]
                     lines.append(f"| {'on' if enabled else 'off'} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
@@ -169,7 +176,8 @@ def main() -> None:
         groups = CONVS[conv]
         for silent in SILENT_PLANES:
             row = measure(silent, generator, groups)
-            lines.append(f"| {conv} | {silent:.0%} | " + " | ".join(fmt.format(row[key]) for _, key, fmt in COLUMNS) + " |")
+            cells = " | ".join(fmt.format(row[key]) for _, key, fmt in COLUMNS)
+            lines.append(f"| {conv} | {silent:.0%} | {cells} |")
             print(lines[-1], flush=True)
     if args.pdl_ab:
         lines += dependent_launch_ab(generator)

@@ -1,14 +1,11 @@
 """Programmatic dependent launch (PDL, Hopper and later) for kernels that run back to back.
 
-A kernel launched with `launch_pdl=True` may start while the kernel before it in the stream is
-still finishing: its programs become resident and run up to `gdc_wait()`, which returns once the
-earlier kernel has completed and its writes are visible. So such a kernel must call `gdc_wait()`
-before it touches global memory at all, reads or writes (a fresh buffer may reuse memory the
-earlier kernel still uses). A kernel calls `gdc_launch_dependents()` to let the next one start
-launching before it ends; without the call that happens as its programs exit.
-
-Both calls sit behind a constexpr `PDL` flag in the kernels: Triton's CPU interpreter (CI) and
-GPUs before sm_90 compile them out.
+A kernel launched with `launch_pdl=True` may start while the kernel before it still runs: its
+programs run up to `gdc_wait()`, which returns once that kernel has completed and its writes are
+visible. Such a kernel must call `gdc_wait()` before it touches global memory at all (a fresh
+buffer may reuse memory the earlier kernel still uses). `gdc_launch_dependents()` lets the next
+kernel start launching before this one ends. Both sit behind a constexpr `PDL` flag, compiled out
+on Triton's CPU interpreter and on GPUs before sm_90.
 """
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ _enabled = os.environ.get("ASO_SE_PDL", "1") != "0"
 
 
 def set_enabled(enabled: bool) -> bool:
-    """Turns dependent launches on or off for later calls (for A/B timing in benchmarks); returns
-    the previous setting."""
+    """Turns dependent launches on or off for later calls (A/B timing); returns the previous setting."""
     global _enabled
     previous, _enabled = _enabled, enabled
     return previous

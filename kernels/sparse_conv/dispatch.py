@@ -1,26 +1,19 @@
 """`sparse_conv2d`: validates a call and runs it on the backend the dispatch table names.
 
-Backends: "torch" (F.conv2d, i.e. cuDNN on CUDA), "triton" (the sparse kernels, forward and
-weight gradient, for every supported call; under TRITON_INTERPRET=1 also on CPU tensors),
-"reference" (the readable torch two-stage algorithm), and "auto":
-  - CPU tensors: F.conv2d;
-  - unsupported configurations: F.conv2d;
-  - on CUDA, per call key (GPU, dtype, layout, shapes, conv parameters): the crossover work
-    fractions are measured once (calibration.py): for eager calls, and for calls captured in a
-    CUDA graph (with the block map given or not); if the sparse path cannot win at any
-    sparsity, F.conv2d; else the call site's last measured work fraction decides. That measurement is read back from
-    the GPU asynchronously (no host sync): every SAMPLE_EVERY-th eager call of a site computes
-    it, and while the site runs on cuDNN that call also runs the prescan alone, to notice when
-    its input becomes sparse. A captured call cannot measure (a graph replays the path picked
-    at capture): it takes the sparse path only if the site's eager calls (the warm-up before a
-    capture) measured a density at which it wins under graphs. What does not depend on the data
-    (support, calibration) is worked out once per call signature.
-Every call increments the counter of the path it took (`path_counts`, `reset_path_counts`).
+Backends: "torch" (F.conv2d, i.e. cuDNN on CUDA), "triton" (the sparse kernels, forward and weight
+gradient; under TRITON_INTERPRET=1 also on CPU tensors), "reference" (the readable torch two-stage
+algorithm), and "auto": F.conv2d for eager calls, whose host work alone costs more than cuDNN's
+GPU time, and the sparse kernels for a call captured in a CUDA graph where its shape's crossover
+(calibration.py) says they win at the density its call site measured before. Eager calls inside
+`capture_warmup()` calibrate their shape and measure that density; other eager calls calibrate
+nothing. Unsupported calls (channels_last input among them) run F.conv2d on every backend.
+Every call counts the path it took (`path_counts`, `reset_path_counts`).
 """
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -35,15 +28,15 @@ from kernels.sparse_conv.reference import sparse_conv2d_reference
 from kernels.sparse_conv.triton import interpreted, work_fractions
 
 IntPair = int | tuple[int, int] | list[int]
-SAMPLE_EVERY = 16
-# Sites whose eager calls never win but whose captured calls can: their eager calls run on cuDNN
-# and measure the density only for a later capture, so rarely (the probe costs a prescan).
-GRAPH_ONLY_SAMPLE_EVERY = 256
+# Outside a warm-up, the eager calls of a site that can win when captured measure its density this
+# rarely: a measurement costs a prescan.
+EAGER_SAMPLE_EVERY = 256
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DENSE_KERNELS, DEPTHWISE_KERNELS, STRIDES, DILATIONS = (1, 3, 5), (3, 5), (1, 2), (1, 2)
 
 _PATH_COUNTS: collections.Counter[str] = collections.Counter()
 _CROSSOVERS = CrossoverCache(default_cache_file())
+_warmups = 0  # open capture_warmup() contexts
 
 
 def path_counts() -> dict[str, int]:
@@ -55,6 +48,34 @@ def reset_path_counts() -> None:
     _PATH_COUNTS.clear()
 
 
+@contextlib.contextmanager
+def capture_warmup() -> Iterator[None]:
+    """Marks the eager calls inside as the warm-up of a CUDA-graph capture to come: "auto" calls
+    calibrate their shape (once; cached on disk) and measure their input's density, so that the
+    captured calls can take the sparse path. They still compute with cuDNN."""
+    global _warmups
+    _warmups += 1
+    try:
+        yield
+    finally:
+        _warmups -= 1
+
+
+def warming_up() -> bool:
+    """True inside `capture_warmup()`."""
+    return _warmups > 0
+
+
+def _on_gpu(x: torch.Tensor) -> bool:
+    """Whether "auto" treats x as a CUDA tensor (CPU tests of the dispatcher replace it)."""
+    return x.is_cuda
+
+
+def _capturing() -> bool:
+    """Whether the current stream is capturing a CUDA graph (asked on CUDA calls only)."""
+    return torch.cuda.is_current_stream_capturing()
+
+
 class DensityTracker:
     """The work fractions last measured at one call site, read back without a host sync."""
 
@@ -63,7 +84,6 @@ class DensityTracker:
         self.wgrad: float | None = None  # fraction of the dense weight-gradient work
         self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None
         self._calls = 0
-        self.last_call_sparse: bool | None = None  # the path of this site's last "auto" call
 
     def __reduce__(self):  # copies and pickles start afresh: events and pinned buffers do not travel
         return DensityTracker, ()
@@ -74,12 +94,18 @@ class DensityTracker:
             self.forward, self.wgrad = self._pending[0].tolist()
             self._pending = None
 
-    def sample_due(self, every: int = SAMPLE_EVERY) -> bool:
-        """Counts a call; true every `every`-th call (the first included) with no measurement in flight."""
+    def sample_due(self, every: int, now: bool = False) -> bool:
+        """Counts a call; true on every `every`-th call (the first included), or whenever `now`,
+        if no measurement is in flight."""
         self._calls += 1
-        return (self._calls - 1) % every == 0 and self._pending is None
+        return (now or (self._calls - 1) % every == 0) and self._pending is None
 
     def record(self, fractions: torch.Tensor) -> None:
+        """Reads `fractions` (forward, wgrad) back: a CUDA tensor asynchronously (`poll` takes it
+        once it has arrived), a CPU one at once."""
+        if not fractions.is_cuda:
+            self.forward, self.wgrad = fractions.tolist()
+            return
         host = torch.empty(fractions.shape, dtype=fractions.dtype, pin_memory=True)
         host.copy_(fractions, non_blocking=True)
         event = torch.cuda.Event()
@@ -162,6 +188,12 @@ def _validate(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
                          f"with groups={groups} expects {weight.shape[1] * groups}")
 
 
+def channels_innermost(x: torch.Tensor) -> bool:
+    """True where a pixel's channels lie together in memory (channels_last): the sparse kernels,
+    which read planes, lose to cuDNN there."""
+    return x.shape[1] > 1 and x.stride(1) < x.stride(3)
+
+
 def unsupported_reason(call: ConvCall) -> str | None:
     """Why the Triton kernels do not take this call (None if they do)."""
     x, weight = call.x, call.weight
@@ -176,6 +208,8 @@ def unsupported_reason(call: ConvCall) -> str | None:
         return f"kernel {kernel_h}x{kernel_w} (supported: {kernels})"
     if any(s not in STRIDES for s in call.stride) or any(d not in DILATIONS for d in call.dilation):
         return f"stride {call.stride} / dilation {call.dilation} (supported: {STRIDES} / {DILATIONS})"
+    if channels_innermost(x):
+        return "channels_last layout (the sparse kernels read planar layouts such as NCHW)"
     if x.numel() == 0 or call.geometry.rows.out_size <= 0 or call.geometry.cols.out_size <= 0:
         return "empty input or output"
     return None
@@ -219,16 +253,19 @@ def _run_triton(call: ConvCall) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class _Plan:
-    """What "auto" does with one call signature on a GPU, worked out at its first call."""
+    """What "auto" does with one call signature on a GPU."""
 
-    dense_path: str | None  # the cuDNN path's counter if the sparse path is never taken, eager or captured
+    dense_path: str | None  # the counter of the cuDNN path every call takes (unsupported, never winning)
     key: str = ""
     geometry: ConvGeometry | None = None
-    crossover: Crossover | None = None
+    crossover: Crossover | None = None  # None: not calibrated yet
 
 
 _PLANS: dict[tuple, _Plan] = {}
 _SHARED_TRACKERS: dict[str, DensityTracker] = collections.defaultdict(DensityTracker)
+# Signatures captured before their shape was calibrated (a capture cannot time): their next eager
+# call calibrates, so that a later capture can take the sparse path.
+_CAPTURED_UNCALIBRATED: set[tuple] = set()
 
 
 def _signature(call: ConvCall) -> tuple:
@@ -237,89 +274,119 @@ def _signature(call: ConvCall) -> tuple:
             *call.dilation, call.groups)
 
 
-def _plan(call: ConvCall) -> _Plan | None:
-    """The call's plan, from the cache (a dict lookup) or made now; None while a CUDA graph is
-    being captured and the call's shape was never calibrated (timing is impossible then)."""
-    signature = _signature(call)
-    x, weight = call.x, call.weight
+def _plan_of(key: str, geometry: ConvGeometry, crossover: Crossover | None) -> _Plan:
+    never = crossover is not None and crossover.graph_map_forward < 0  # (graph_forward is timed only above 0)
+    return _Plan("dense:never_wins" if never else None, key, geometry, crossover)
+
+
+def _plan(call: ConvCall, signature: tuple) -> _Plan:
+    """The call's plan, from the cache (a dict lookup) or made now, with the crossover of its shape
+    if one was measured before (in memory or in the cache file). Never calibrates."""
     plan = _PLANS.get(signature)
-    if plan is not None:
-        return plan
-    if unsupported_reason(call) is not None:
-        plan = _Plan("dense:unsupported")
-    else:
-        key = call_key(x, weight, call.stride, call.padding, call.dilation, call.groups)
-        crossover = _CROSSOVERS.get(key)
-        if crossover is None:
-            if torch.cuda.is_current_stream_capturing():
-                return None
-            crossover = _CROSSOVERS.measure(key, x, weight, call.stride, call.padding, call.dilation, call.groups)
-        never = crossover.forward < 0 and crossover.graph_map_forward < 0 and crossover.graph_forward < 0
-        plan = _Plan("dense:never_wins" if never else None, key, call.geometry, crossover)
-    _PLANS[signature] = plan
+    if plan is None:
+        if unsupported_reason(call) is not None:
+            plan = _Plan("dense:unsupported")
+        else:
+            key = call_key(call.x, call.weight, call.stride, call.padding, call.dilation, call.groups)
+            plan = _plan_of(key, call.geometry, _CROSSOVERS.get(key))
+        _PLANS[signature] = plan
+    return plan
+
+
+def _calibrated(call: ConvCall, signature: tuple, plan: _Plan) -> _Plan:
+    """`plan` with its shape's crossover measured now (the GPU runs timing loops for a while)."""
+    crossover = _CROSSOVERS.measure(plan.key, call.x, call.weight, call.stride, call.padding, call.dilation,
+                                    call.groups)
+    plan = _PLANS[signature] = _plan_of(plan.key, plan.geometry, crossover)
+    _CAPTURED_UNCALIBRATED.discard(signature)
     return plan
 
 
 def _run_auto(call: ConvCall) -> torch.Tensor:
-    if not call.x.is_cuda:
+    if not _on_gpu(call.x):
         return _dense(call, "dense:cpu")
-    plan = _plan(call)
-    if plan is None:
-        return _dense(call, "dense:uncalibrated")
+    signature = _signature(call)
+    plan = _plan(call, signature)
     if plan.dense_path is not None:
         return _dense(call, plan.dense_path)
     tracker = call.tracker if call.tracker is not None else _SHARED_TRACKERS[plan.key]
-    crossover = plan.crossover
-    capturing = torch.cuda.is_current_stream_capturing()
-    if capturing:  # the graph replays this choice: sparse only on a density measured before
-        limit = crossover.graph_forward if call.block_map is None else crossover.graph_map_forward
-        tracker.last_call_sparse = tracker.forward is not None and tracker.forward <= limit
-        sample = False
-    else:
-        tracker.poll()  # (querying an event is not allowed during a capture)
-        limit = crossover.forward
-        tracker.last_call_sparse = limit >= 0 and (tracker.forward is None or tracker.forward <= limit)
-        sample = tracker.sample_due(SAMPLE_EVERY if limit >= 0 else GRAPH_ONLY_SAMPLE_EVERY)
-    if tracker.last_call_sparse:
-        sparse_wgrad = tracker.wgrad is not None and tracker.wgrad <= crossover.wgrad
-        y, blocks = _sparse(call, sparse_wgrad)
-        if sample:
-            tracker.record(work_fractions(call.x, blocks, plan.geometry))
-        return y
-    if sample:  # probe: has the input become sparse (enough for eager calls, or for a later capture)?
-        _PATH_COUNTS["probe"] += 1
+    if _capturing():
+        return _run_captured(call, signature, plan, tracker)
+    calibrating = plan.crossover is None and (warming_up() or signature in _CAPTURED_UNCALIBRATED)
+    if plan.crossover is None and not calibrating:
+        return _dense(call, "dense:eager")  # it could not win: not worth a calibration
+    if calibrating:
+        plan = _calibrated(call, signature, plan)
+        if plan.dense_path is not None:
+            return _dense(call, plan.dense_path)
+    tracker.poll()  # here, not in a capture: querying an event is not allowed there
+    if tracker.sample_due(EAGER_SAMPLE_EVERY, now=calibrating or warming_up()):
+        _PATH_COUNTS["probe"] += 1  # the density, for a capture to come
         blocks = call.block_map if call.block_map is not None else block_activity(call.x)
         tracker.record(work_fractions(call.x, blocks, plan.geometry))
-    return _dense(call, "dense:too_dense" if limit >= 0 else "dense:never_wins")
+    return _dense(call, "dense:eager")
+
+
+def _run_captured(call: ConvCall, signature: tuple, plan: _Plan, tracker: DensityTracker) -> torch.Tensor:
+    """A call being captured: the graph replays the path picked now, so the sparse one only at a
+    density measured before, at which the crossover says it wins."""
+    crossover = plan.crossover
+    if crossover is None:
+        _CAPTURED_UNCALIBRATED.add(signature)
+        return _dense(call, "dense:uncalibrated")
+    limit = crossover.graph_forward if call.block_map is None else crossover.graph_map_forward
+    if limit < 0:
+        return _dense(call, "dense:never_wins")
+    if tracker.forward is None:
+        return _dense(call, "dense:unmeasured")
+    if tracker.forward > limit:
+        return _dense(call, "dense:too_dense")
+    sparse_wgrad = tracker.wgrad is not None and tracker.wgrad <= crossover.wgrad
+    return _sparse(call, sparse_wgrad)[0]
+
+
+def _known_plan(x: torch.Tensor, weight: torch.Tensor, stride: IntPair, padding: IntPair, dilation: IntPair,
+                groups: int) -> tuple[tuple, _Plan | None]:
+    """(signature, plan or None) of an "auto" call on a GPU, as `sparse_conv2d` would see it."""
+    x, weight, _ = _autocast(x, weight, None)
+    call = ConvCall(x, weight, None, _pair(stride, "stride"), _pair(padding, "padding"),
+                    _pair(dilation, "dilation"), groups, None)
+    signature = _signature(call)
+    return signature, _PLANS.get(signature)
 
 
 def fixed_dense_path(
     x: torch.Tensor, weight: torch.Tensor, stride: IntPair, padding: IntPair, dilation: IntPair, groups: int,
     backend: str,
 ) -> tuple[str, bool] | None:
-    """(counter, captured calls may differ) for the cuDNN path that every eager call shaped like
-    this (already dispatched) one takes — CPU, backend "torch", unsupported, or never winning
-    eagerly on this GPU — or None when the path depends on the data. The flag is true where
-    calls captured in a CUDA graph can still win: those must go through the dispatcher.
-    SparseConv2d uses it to skip the dispatcher's per-call host work (~10 µs, as much as a small
+    """(counter, whether warm-up and captured calls differ) of the cuDNN path that every other
+    eager call shaped like this (already dispatched) one takes, or None where the path depends on
+    the call. SparseConv2d uses it to skip the dispatcher's per-call host work (as much as a small
     layer's GPU time) once a layer's route is fixed."""
     if backend == "torch":
         return "dense:requested", False
     if backend != "auto":
         return None
-    if not x.is_cuda:
+    if not _on_gpu(x):
         return "dense:cpu", False
-    x, weight, _ = _autocast(x, weight, None)
-    call = ConvCall(x, weight, None, _pair(stride, "stride"), _pair(padding, "padding"),
-                    _pair(dilation, "dilation"), groups, None)
-    plan = _PLANS.get(_signature(call))
-    if plan is None:
+    signature, plan = _known_plan(x, weight, stride, padding, dilation, groups)
+    if plan is None or signature in _CAPTURED_UNCALIBRATED:  # the next eager call calibrates
         return None
     if plan.dense_path is not None:
         return plan.dense_path, False
-    if plan.crossover.forward < 0:  # eager calls never win; captured ones may
-        return "dense:never_wins", True
-    return None
+    return "dense:eager", True
+
+
+def captured_call_wants_block_map(
+    x: torch.Tensor, weight: torch.Tensor, stride: IntPair, padding: IntPair, dilation: IntPair, groups: int,
+    tracker: DensityTracker,
+) -> bool:
+    """Whether an "auto" call shaped like this, captured now with x's block map and the density
+    `tracker` measured, would take the sparse path (the neuron before it then writes the map)."""
+    _, plan = _known_plan(x, weight, stride, padding, dilation, groups)
+    if plan is None or plan.dense_path is not None or plan.crossover is None or tracker.forward is None:
+        return False
+    return tracker.forward <= plan.crossover.graph_map_forward
 
 
 def count_path(path: str) -> None:

@@ -13,7 +13,12 @@ import torch
 from kernels.sparse_conv.geometry import BLOCK, ConvGeometry
 from kernels.sparse_conv.prescan import block_activity, tile_activity
 from kernels.sparse_conv.triton import (
-    depthwise_activity, forward_lists, sparse_conv_fwd, sparse_conv_wgrad, sparse_depthwise_fwd, sparse_depthwise_wgrad,
+    depthwise_activity,
+    forward_lists,
+    sparse_conv_fwd,
+    sparse_conv_wgrad,
+    sparse_depthwise_fwd,
+    sparse_depthwise_wgrad,
 )
 
 
@@ -63,16 +68,14 @@ def sparse_conv2d_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`sparse_conv2d_forward` with autograd; `sparse_wgrad` picks the weight-gradient kernel."""
     y, blocks_out = sparse_conv2d_forward(x, weight, bias, stride, padding, dilation, groups, blocks, planes)
-    # A custom op's outputs may not alias its inputs: a given map comes back as a copy (~1/64 of x).
+    # A custom op's outputs may not alias its inputs: a given map comes back as a copy (1/64 of x).
     return y, blocks_out.clone() if blocks_out is blocks else blocks_out
 
 
 @sparse_conv2d_triton.register_fake
 def _(x, weight, bias, stride, padding, dilation, groups, sparse_wgrad, blocks=None, planes=None):
     geometry = conv_geometry(x, weight, stride, padding, dilation, groups)
-    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    y = torch.empty(geometry.output_shape, dtype=x.dtype, device=x.device,
-                    memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    y = torch.empty(geometry.output_shape, dtype=x.dtype, device=x.device)
     blocks = x.new_empty((geometry.batch, geometry.rows.blocks, geometry.cols.blocks, geometry.in_channels),
                          dtype=torch.int8)
     return y, blocks

@@ -20,7 +20,7 @@ def _pair(value: int | tuple[int, ...] | list[int]) -> tuple[int, int]:
 
 
 def cdiv(a: int, b: int) -> int:
-    """ceil(a / b). Plain Python: triton.cdiv is a constexpr function, ~3 µs per host call."""
+    """ceil(a / b). Plain Python: triton.cdiv is a constexpr function, slow to call from the host."""
     return -(-a // b)
 
 

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-import torch.nn.functional as F
-
 from kernels.block_map import BlockMap
+from kernels.sparse_conv import dispatch
 from kernels.sparse_conv.dispatch import DensityTracker, count_path, fixed_dense_path, sparse_conv2d
 from kernels.sparse_conv.triton import interpreted
 
@@ -15,7 +15,8 @@ class SparseConv2d(nn.Conv2d):
     """Drop-in for nn.Conv2d (same constructor, parameters and state_dict keys).
 
     `backend` picks the implementation ("auto": the dispatcher decides per call, from this
-    layer's own sparsity measurements). Only padding_mode="zeros" is supported.
+    layer's own sparsity measurements). Only padding_mode="zeros" is supported. `from_dense`
+    converts an nn.Conv2d.
     """
 
     def __init__(self, *args, backend: str = "auto", **kwargs) -> None:
@@ -32,9 +33,9 @@ class SparseConv2d(nn.Conv2d):
             )
         self.backend = backend
         self.density = DensityTracker()  # not a buffer: state_dict keys stay nn.Conv2d's
-        # (call key, counter, captured calls may differ) once this layer's eager calls of that key
-        # always run on cuDNN: they then skip the dispatcher, whose host work would cost as much as
-        # a small layer's GPU time.
+        # (call key, counter, warm-up and captured calls differ) once this layer's eager calls of
+        # that key always run on cuDNN: they then skip the dispatcher, whose host work would cost
+        # as much as a small layer's GPU time.
         self._dense_route: tuple[tuple, str, bool] | None = None
 
     @classmethod
@@ -50,20 +51,21 @@ class SparseConv2d(nn.Conv2d):
         return sparse
 
     def wants_block_map(self, x: torch.Tensor) -> bool:
-        """Whether a block map of input x (written by the ST-BIF kernel before this layer) could
-        be used: not while this layer's calls run on cuDNN (writing it would be wasted), i.e. not
-        on a fixed cuDNN route and, under "auto", not after a call that went to cuDNN."""
-        if self.backend == "torch" or self._dense_route is not None:
-            return False
+        """Whether a block map of input x (written by the ST-BIF kernel before this layer) would be
+        used: by the sparse path only ("triton", or an "auto" call captured where it wins)."""
         if self.backend == "triton":
             return x.is_cuda or interpreted()
-        return x.is_cuda and self.density.last_call_sparse is not False
+        if self.backend != "auto" or not dispatch._on_gpu(x) or not dispatch._capturing():
+            return False
+        return dispatch.captured_call_wants_block_map(x, self.weight, self.stride, self.padding, self.dilation,
+                                                      self.groups, self.density)
 
     def forward(self, x: torch.Tensor, block_map: BlockMap | torch.Tensor | None = None) -> torch.Tensor:
         key = (x.shape, x.stride(), x.dtype, x.device, self.weight.dtype, self.backend,
                torch.is_autocast_enabled(x.device.type))
-        route = self._dense_route  # route[2]: a captured call may take the sparse path, the dispatcher decides
-        if route is not None and route[0] == key and not (route[2] and torch.cuda.is_current_stream_capturing()):
+        route = self._dense_route  # route[2]: warm-up and captured calls go through the dispatcher
+        dispatched = route is not None and route[2] and (dispatch.warming_up() or dispatch._capturing())
+        if route is not None and route[0] == key and not dispatched:
             if route[2]:
                 self.density.poll()  # read the density measurement now: no event query in a capture
             count_path(route[1])

@@ -1,32 +1,13 @@
-"""Stride-1 dense forward on packed input: pack the active channels, then an implicit GEMM.
+"""Stride-1 dense forward on packed input: each sample's active channels copied densely, then an
+implicit GEMM over them (cheaper per element than gathering from x in every tap).
 
-Why a second forward: at 90% silent planes the forward that gathers from x itself (`triton.py`)
-spent ~80 µs on a tenth of the dense work of conv3x3 [256,128,32,32] on an H100, bound by
-per-element address arithmetic and load latency at low occupancy. Here the active channels are
-first copied, 16 per pixel, into one 32-byte vector; each tap's A is then two 16-byte loads per
-pixel with one mask, and the nine taps of a tile read overlapping rows through the caches.
-
-  `_pack_kernel`       per (sample, pixel range): ORs the sample's block map over the whole plane,
-                       ranks the active channels (`tl.cumsum`), and copies them, KC at a time, to
-                       packed [N, C/KC, H, W, KC]: slot s of sample n (its s-th active channel) is
-                       chunk s // KC, lane s % KC, channels innermost. Lanes past the sample's
-                       count in its last chunk are written as zeros, and so is chunk 0 of a
-                       sample with no active channel. Channels-innermost input (channels_last)
-                       is read as whole channel rows, the slots picked out by `tl.gather`, for
-                       samples with many active channels (strided 2-byte loads per slot were
-                       1.4-1.7x slower there), and by those strided loads for samples with few.
-                       Program 0 of a sample also writes its list
-                       (`index` [N, C], `count` [N]), which the forward reads for weights. The
-                       programs also share the copy of the weight to [KH, KW, C_in, C_out].
-  `_packed_fwd_kernel` per (output-channel block, output tile, sample): for each KC chunk and tap,
-                       A [pixels, KC] is the chunk's pixels at the tap's shifted position (zero
-                       outside the image: the conv's padding); B is the chunk's weight rows of that
-                       tap (a gather of contiguous C_out vectors from the [KH, KW, C_in, C_out] copy).
-An earlier version loaded A as TMA boxes (Hopper only); these pointer loads took 49.5
-instead of 54.1 µs on the same call (RESULTS.md, sixth run) and run on any GPU.
-Any input layout (the pack reads by strides), any padding and dilation; stride 1 only (strided
-convs keep the forward of `triton.py`). The grid depends on shapes only (no host sync;
-CUDA-graph capturable).
+  `_pack_kernel`       per (sample, pixel range): ranks the sample's active channels (block map ORed
+                       over the plane) and copies them to [N, C/KC, H, W, KC], slot s at chunk
+                       s // KC, lane s % KC, zeros past the count; also writes the list (`index`
+                       [N, C], `count` [N]) and the weight laid out [KH, KW, C_in, C_out].
+  `_packed_fwd_kernel` per (output-channel block, output tile, sample): for each chunk and tap,
+                       A = the chunk's shifted pixels, B = the chunk's weight rows.
+Stride 1, any padding and dilation; x is read by its strides. No host sync (graph-capturable).
 """
 from __future__ import annotations
 
@@ -40,16 +21,6 @@ from kernels.sparse_conv.geometry import ConvGeometry, cdiv, next_pow2
 
 KC = 16  # channels per K chunk: one tl.dot's K, and the packed layout's innermost extent
 WEIGHT_COPY_BLOCK = 1024  # weight elements a packing program copies per step
-# A row-gathering packing program (channels innermost) holds 4096 x elements in one warp, so that
-# its gather stays within the warp. H100, [256,128,32,32] fp16 channels_last, 90% silent planes
-# (RESULTS.md, eleventh run): 60 µs against 69-112 µs for 8192 or 16384 elements in 2-8 warps,
-# and 82-84 µs for strided loads.
-ROW_GATHER_ELEMENTS = 4096
-ROW_GATHER_WARPS = 1
-# Samples with fewer than 1/16 of their channels active keep strided loads, which read less: H100,
-# 128 channels, 0.1-3.6 active per sample: strided 13-37 µs, rows 57 µs, this mix 27-38 µs
-# (the strided loads run in the row gather's small programs there); 8.8: 62 / 57 / 53 µs.
-ROW_GATHER_MIN_SHARE = 16
 
 
 @triton.jit
@@ -61,8 +32,8 @@ def _chunk_channels(active, rank, offs_c, slot):
 
 
 @triton.jit
-def _pack_strided(src, dst, active, rank, offs_c, offs_j, count, sx_c, pix_ok, plane, KC: tl.constexpr):
-    """Copies the active channels of `src`'s pixels to `dst`, KC slots per chunk, by strided loads."""
+def _copy_active(src, dst, active, rank, offs_c, offs_j, count, sx_c, pix_ok, plane, KC: tl.constexpr):
+    """Copies the active channels of `src`'s pixels to `dst`, KC slots per chunk."""
     k0 = 0
     while k0 < tl.maximum(count, 1):  # chunk 0 even when no channel is active: the forward reads it unconditionally
         slot = k0 + offs_j
@@ -74,34 +45,18 @@ def _pack_strided(src, dst, active, rank, offs_c, offs_j, count, sx_c, pix_ok, p
 
 
 @triton.jit
-def _pack_rows(src, dst, active, rank, offs_c, c_ok, offs_j, count, sx_c, pix_ok, plane, KC: tl.constexpr):
-    """The same copy where channels are innermost: each pixel's channel row read whole (one
-    coalesced, vectorized load, no per-channel mask), the slots picked out by `tl.gather`."""
-    rows = tl.load(src + offs_c[None, :] * sx_c, mask=pix_ok[:, None] & c_ok[None, :], other=0.0,
-                   eviction_policy="evict_first")
-    k0 = 0
-    while k0 < tl.maximum(count, 1):
-        slot = k0 + offs_j
-        ci = _chunk_channels(active, rank, offs_c, slot)
-        values = tl.gather(rows, tl.broadcast_to(ci[None, :], (rows.shape[0], KC)), axis=1)
-        tl.store(dst + (k0 // KC) * plane * KC, tl.where((slot < count)[None, :], values, 0.0), mask=pix_ok[:, None])
-        k0 += KC
-
-
-@triton.jit(do_not_specialize=["rows_min_count"])  # one variant whatever the share works out to
 def _pack_kernel(
     x_ptr, blocks_ptr, packed_ptr, index_ptr, count_ptr, w_ptr, w_rows_ptr,
     channels, height, width, blocks_per_plane, sx_n, sx_c, sx_h, sx_w,
-    out_channels, weight_numel, sw_o, sw_i, sw_h, sw_w, rows_min_count,
+    out_channels, weight_numel, sw_o, sw_i, sw_h, sw_w,
     C_PAD: tl.constexpr, BLOCK_PIX: tl.constexpr, KC: tl.constexpr, BLOCK_B: tl.constexpr,
-    PLANAR: tl.constexpr, ROW_GATHER: tl.constexpr, KW: tl.constexpr, BLOCK_W: tl.constexpr, PDL: tl.constexpr,
+    PLANAR: tl.constexpr, KW: tl.constexpr, BLOCK_W: tl.constexpr, PDL: tl.constexpr,
 ):
     pix_block = tl.program_id(0)
     n = tl.program_id(1)
     wait_then_release(PDL)  # wait for x and the map, let the forward launch
     # The weight's copy laid out [KH, KW, C_in, C_out], BLOCK_W elements at a time, the programs
-    # taking turns: done here rather than by a copy kernel of its own, which cost a launch (GPU
-    # and host) per call.
+    # taking turns: here rather than in a copy kernel of its own, which would cost a launch per call.
     w0 = (n * tl.num_programs(0) + pix_block) * BLOCK_W
     while w0 < weight_numel:
         offs_w = w0 + tl.arange(0, BLOCK_W)
@@ -136,16 +91,7 @@ def _pack_kernel(
     src = x_ptr + n.to(tl.int64) * sx_n + pix_offset[:, None]
     offs_j = tl.arange(0, KC)
     dst = packed_ptr + (n.to(tl.int64) * tl.cdiv(channels, KC) * plane + pix[:, None]) * KC + offs_j[None, :]
-    if ROW_GATHER:
-        # Channels innermost: a pixel's channels are one contiguous row. A sample with many active
-        # channels has its rows read whole and its slots picked out of registers; one with few
-        # keeps the strided 2-byte loads of its slots, which read less.
-        if count >= rows_min_count:
-            _pack_rows(src, dst, active, rank, offs_c, c_ok, offs_j, count, sx_c, pix_ok, plane, KC)
-        else:
-            _pack_strided(src, dst, active, rank, offs_c, offs_j, count, sx_c, pix_ok, plane, KC)
-    else:
-        _pack_strided(src, dst, active, rank, offs_c, offs_j, count, sx_c, pix_ok, plane, KC)
+    _copy_active(src, dst, active, rank, offs_c, offs_j, count, sx_c, pix_ok, plane, KC)
 
 
 @triton.jit
@@ -202,13 +148,14 @@ def _packed_fwd_kernel(
     k0 = KC
     while k0 < count:
         acc = _accumulate_chunk(acc, sample, k0, count, index_row, w_ptr, offs_co, co_ok, oh, ow, in_channels, height,
-                                width, sw_o, sw_i, sw_h, sw_w, pad_h, pad_w, dil_h, dil_w, KH, KW, KC, NUM_STAGES, DOT_DTYPE)
+                                width, sw_o, sw_i, sw_h, sw_w, pad_h, pad_w, dil_h, dil_w, KH, KW, KC, NUM_STAGES,
+                                DOT_DTYPE)
         k0 += KC
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_co, mask=co_ok, other=0.0).to(tl.float32)[None, :]
     y_ptrs = y_ptr + n.to(tl.int64) * sy_n + offs_co[None, :] * sy_c + (oh * sy_h + ow * sy_w)[:, None]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=((oh < out_h) & (ow < out_w))[:, None] & co_ok[None, :],
-             eviction_policy="evict_first")  # written once; keeps packed and the weight in L2 (H100: ~2 µs)
+             eviction_policy="evict_first")  # written once: L2 keeps packed and the weight
 
 
 def packed_forward_available(geometry: ConvGeometry) -> bool:
@@ -218,16 +165,11 @@ def packed_forward_available(geometry: ConvGeometry) -> bool:
 
 def pack_active_channels(
     x: torch.Tensor, blocks: torch.Tensor, weight: torch.Tensor, block_pixels: int, num_warps: int,
-    row_gather: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(packed [N, C/KC, H, W, KC], index int32 [N, C], count int32 [N], weight_rows) of x with
     block map `blocks`: each sample's active channels, in ascending order, KC per chunk,
     zero-filled; and `weight` [C_out, C_in, KH, KW] laid out [KH, KW, C_in, C_out] in memory
-    (viewed with weight's shape), the forward's B operand. `row_gather` reads whole channel rows
-    and picks the slots in registers: None (the default) where channels are innermost and fill
-    a chunk, for the samples with at least 1/ROW_GATHER_MIN_SHARE of their channels active;
-    True for every sample; False nowhere. Its programs take their own size (ROW_GATHER_ELEMENTS,
-    ROW_GATHER_WARPS), not `block_pixels` and `num_warps`."""
+    (viewed with weight's shape), the forward's B operand."""
     batch, channels, height, width = x.shape
     plane = height * width
     packed = torch.empty((batch, cdiv(channels, KC), height, width, KC), device=x.device, dtype=x.dtype)
@@ -236,21 +178,15 @@ def pack_active_channels(
     out_channels, _, kernel_h, kernel_w = weight.shape
     weight_rows = torch.empty((kernel_h, kernel_w, channels, out_channels), device=x.device, dtype=weight.dtype)
     blocks_per_plane = blocks.shape[1] * blocks.shape[2]
-    rows_min_count = 0 if row_gather else channels // ROW_GATHER_MIN_SHARE
-    if row_gather is None:  # where a pixel's channels are contiguous and fill at least one chunk
-        row_gather = x.stride(1) == 1 and channels >= KC
-    if row_gather:  # a program holds its pixels' whole channel rows in registers
-        block_pixels = max(1, ROW_GATHER_ELEMENTS // next_pow2(channels))
-        num_warps = ROW_GATHER_WARPS
     block_pixels = min(block_pixels, next_pow2(plane))
     grid = (cdiv(plane, block_pixels), batch)
     pdl = use_pdl(x)
     _pack_kernel[grid](
         x, blocks, packed, index, count, weight, weight_rows,
         channels, height, width, blocks_per_plane, *x.stride(),
-        out_channels, weight.numel(), *weight.stride(), rows_min_count,
+        out_channels, weight.numel(), *weight.stride(),
         C_PAD=next_pow2(channels), BLOCK_PIX=block_pixels, KC=KC, BLOCK_B=min(16, next_pow2(blocks_per_plane)),
-        PLANAR=x.stride(3) == 1 and x.stride(2) == width, ROW_GATHER=row_gather, KW=kernel_w,
+        PLANAR=x.stride(3) == 1 and x.stride(2) == width, KW=kernel_w,
         BLOCK_W=min(WEIGHT_COPY_BLOCK, next_pow2(cdiv(weight.numel(), grid[0] * grid[1]))), PDL=pdl,
         num_warps=num_warps, launch_pdl=pdl,
     )

@@ -1,23 +1,13 @@
 """Stage 1 of the spike-sparse convolution: which input blocks hold a non-zero, and from that the
-lists of active input channels that the stage-2 kernels iterate over. No host syncs; every grid
-depends on shapes only, so the whole path is CUDA-graph capturable.
+active input channels of each output tile's window. Grids depend on shapes only (no host sync,
+CUDA-graph capturable).
 
-  `_block_activity_kernel`  reads x once (its only full read): int8 [N, H/8, W/8, C], 1 where the
-                            8x8 block of a (sample, channel) plane holds a non-zero (NaN counts).
-                            One program takes a band of 8 whole rows of BLOCK_C channels, so its
-                            loads run along whichever axis is contiguous (W in NCHW, C in
-                            channels_last) in long segments.
-  `_tile_activity_kernel`   per (sample, output tile): ORs the flags of the blocks under the
-                            tile's input window (`window_flags`, which the NCHW forward kernel
-                            also calls itself) -> `active` [N, tiles, C], and lists the active
-                            channels in `index` [N, tiles, C] (ascending) with `count` [N, tiles].
-  `_window_activity_kernel` the same `active` flags without the lists (the depthwise forward
-                            needs none; where its tiles are whole planes it takes the ST-BIF
-                            kernel's plane flags instead, if given: kernels/block_map.py).
-  `_plane_lists_kernel`     per sample: the channels active anywhere in the plane, listed the same
-                            way ([N, C] and [N]).
-Loops with a run-time bound are `while` loops: Triton 3.6's interpreter (how CI runs these
-kernels) fails on range() with a run-time bound under numpy >= 2.4 (triton-lang/triton#9171).
+  `_block_activity_kernel`   x -> int8 [N, H/8, W/8, C]: 1 where an 8x8 block of a plane holds a
+                             non-zero (NaN counts).
+  `_tile_activity_kernel`    per (sample, output tile): the flags ORed over the tile's window
+                             (`window_flags`), and the active channels listed in ascending order.
+  `_window_activity_kernel`  the same flags without the lists (the depthwise forward needs none).
+Loops with a run-time bound are `while` loops: Triton 3.6's interpreter fails on range() there.
 """
 from __future__ import annotations
 
@@ -28,9 +18,9 @@ import triton.language as tl
 from kernels.dependent_launch import use_pdl, wait_then_release
 from kernels.sparse_conv.geometry import BLOCK, ConvGeometry, cdiv, next_pow2
 
-BLOCK_MAP_ELEMENTS = 8192  # x elements one block-map program loads (16 KB in fp16); H100 sweep, RESULTS.md
+BLOCK_MAP_ELEMENTS = 8192  # x elements one block-map program loads (16 KB in fp16): the fastest on an H100 sweep
 BLOCK_MAP_WARPS = 4
-WINDOW_ACTIVITY_CHUNK = 128  # channels per `_window_activity_kernel` program (H100: 8-128 swept)
+WINDOW_ACTIVITY_CHUNK = 128  # channels per `_window_activity_kernel` program
 
 
 @triton.jit
@@ -40,8 +30,9 @@ def _block_activity_kernel(
     stride_n, stride_c, stride_h, stride_w,
     BLOCK_C: tl.constexpr, BLOCK: tl.constexpr, WIDTH: tl.constexpr, PDL: tl.constexpr,
 ):
-    wait_then_release(PDL)  # wait for x's writer, then let the packing launch
-    # Samples vary slowest, so x is read front to back, in long runs.
+    wait_then_release(PDL)  # wait for x's writer, then let the next kernel launch
+    # One program: 8 whole rows of BLOCK_C channels, so loads run along W in long segments;
+    # samples vary slowest, so x is read front to back.
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     block_r = tl.program_id(1)
     n = tl.program_id(2)
@@ -51,7 +42,7 @@ def _block_activity_kernel(
     mask = c_ok[:, None, None] & (rows < height)[None, :, None] & (cols < width)[None, None, :]
     ptrs = (x_ptr + n.to(tl.int64) * stride_n + offs_c[:, None, None] * stride_c
             + rows[None, :, None] * stride_h + cols[None, None, :] * stride_w)
-    # evict_first: x streams through once here (H100: 34.4 -> 30.3 µs for 67 MB, RESULTS.md sixth run)
+    # evict_first: x streams through once here; L2 is better spent on what is read again
     nonzero = (tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first") != 0).to(tl.int32)
     per_col = tl.max(nonzero, axis=1)  # [BLOCK_C, WIDTH]
     per_block = tl.max(tl.reshape(per_col, (BLOCK_C, WIDTH // BLOCK, BLOCK)), axis=2)
@@ -135,8 +126,8 @@ def _window_activity_kernel(
     TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK: tl.constexpr,
     MAX_BLOCKS_H: tl.constexpr, MAX_BLOCKS_W: tl.constexpr, CHUNK_C: tl.constexpr,
 ):
-    # The flags of `_tile_activity_kernel` without its lists (which cost ~1 µs of its ~8 on the
-    # H100); channels past CHUNK_C get programs of their own.
+    # The flags of `_tile_activity_kernel` without its lists; channels past CHUNK_C get programs
+    # of their own.
     offs_c = tl.program_id(0) * CHUNK_C + tl.arange(0, CHUNK_C)
     tile = tl.program_id(1)
     n = tl.program_id(2)
@@ -148,30 +139,12 @@ def _window_activity_kernel(
     tl.store(active_ptr + (n * tl.num_programs(1) + tile) * channels + offs_c, active.to(tl.int8), mask=c_ok)
 
 
-@triton.jit
-def _plane_lists_kernel(blocks_ptr, index_ptr, count_ptr, channels, blocks_per_plane, CHUNK_C: tl.constexpr):
-    n = tl.program_id(0)
-    count = tl.full((), 0, tl.int32)
-    c0 = 0
-    while c0 < channels:
-        offs_c = c0 + tl.arange(0, CHUNK_C)
-        c_ok = offs_c < channels
-        active = tl.zeros((CHUNK_C,), tl.int32)
-        block = 0
-        while block < blocks_per_plane:
-            flag = tl.load(blocks_ptr + (n * blocks_per_plane + block) * channels + offs_c, mask=c_ok, other=0)
-            active = tl.maximum(active, flag.to(tl.int32))
-            block += 1
-        count = _append_active(active, offs_c, c_ok, count, index_ptr + n * channels)
-        c0 += CHUNK_C
-    tl.store(count_ptr + n, count)
-
-
 def _chunk(channels: int) -> int:
     return min(256, next_pow2(channels))
 
 
-def block_activity(x: torch.Tensor, elements: int = BLOCK_MAP_ELEMENTS, num_warps: int = BLOCK_MAP_WARPS) -> torch.Tensor:
+def block_activity(x: torch.Tensor, elements: int = BLOCK_MAP_ELEMENTS,
+                   num_warps: int = BLOCK_MAP_WARPS) -> torch.Tensor:
     """int8 [N, ceil(H/8), ceil(W/8), C]: 1 where the block of x holds a non-zero. `elements` (x
     elements per program) and `num_warps` are tuning knobs for `bench_sparse_conv.py --sweep`."""
     batch, channels, height, width = x.shape
@@ -227,13 +200,3 @@ def window_activity(blocks: torch.Tensor, geometry: ConvGeometry, chunk: int = W
         blocks, active, *args, **constexprs, CHUNK_C=chunk,
     )
     return active
-
-
-def plane_lists(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sample: the channels with any non-zero, listed in ascending order in `index` int32
-    [N, C] (entries past `count` are unset), and `count` int32 [N]."""
-    batch, block_rows, block_cols, channels = blocks.shape
-    index = torch.empty((batch, channels), device=blocks.device, dtype=torch.int32)
-    count = torch.empty((batch,), device=blocks.device, dtype=torch.int32)
-    _plane_lists_kernel[(batch,)](blocks, index, count, channels, block_rows * block_cols, CHUNK_C=_chunk(channels))
-    return index, count

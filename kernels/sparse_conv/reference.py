@@ -1,13 +1,11 @@
 """Readable torch reference of the two-stage spike-sparse convolution.
 
-Stage 1 marks which input blocks (sample, channel, BLOCK x BLOCK pixels) hold any non-zero, and
-from that, for every (sample, output tile), which input channels are active anywhere in the
-tile's input window. Stage 2 computes each output tile from its active channels only. A channel
-that is all-zero over a tile's window contributes exactly zero to that tile, so the result equals
-F.conv2d for any input; only the work depends on the sparsity. Gradients: grad_input is dense
+Stage 1 marks which input blocks (sample, channel, BLOCK x BLOCK pixels) hold any non-zero and,
+from that, which input channels are active in each (sample, output tile)'s input window. Stage 2
+computes each output tile from its active channels only: a channel that is zero over a tile's
+window adds exactly zero there, so the result equals F.conv2d for any input. grad_input is dense
 (a silent input still gets a gradient) and comes from torch; the weight gradient sums over the
-active (sample, tile, channel)s only. The Triton path follows the same two stages (its dense
-forward over larger tiles, or over whole planes when the channels are innermost in memory).
+active (sample, tile, channel)s only. The Triton path follows the same stages with its own tiles.
 """
 from __future__ import annotations
 

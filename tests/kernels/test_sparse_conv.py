@@ -1,20 +1,25 @@
 """Spike-sparse convolution: Triton kernels (under TRITON_INTERPRET=1 on CPU), the torch reference
 and the dispatcher against F.conv2d, forward and both gradients."""
+import collections
 import copy
+import dataclasses
 import itertools
 import json
+import types
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kernels.block_map import BlockMap
-from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts, sparse_conv2d
-from kernels.sparse_conv import prescan as sparse_prescan
+from kernels.sparse_conv import SparseConv2d, capture_warmup, path_counts, reset_path_counts, sparse_conv2d
+from kernels.sparse_conv import calibration as sparse_calibration
+from kernels.sparse_conv import dispatch as sparse_dispatch
 from kernels.sparse_conv import packed as sparse_packed
+from kernels.sparse_conv import prescan as sparse_prescan
 from kernels.sparse_conv import triton as sparse_triton
 from kernels.sparse_conv.calibration import Crossover, CrossoverCache, _crossing, crossover_from_timings
-from kernels.sparse_conv.dispatch import SAMPLE_EVERY, DensityTracker
+from kernels.sparse_conv.dispatch import EAGER_SAMPLE_EVERY, DensityTracker, channels_innermost
 from kernels.sparse_conv.function import conv_geometry
 from kernels.sparse_conv.reference import block_activity, sparse_conv2d_reference, tile_activity
 
@@ -33,15 +38,28 @@ def spikes(shape, density: float, generator: torch.Generator, plane_silence: flo
     return x * planes[:, :, None, None]
 
 
-def layout(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
-    return x.to(memory_format=torch.channels_last) if channels_last else x.contiguous()
+def layout(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """x as "nchw" (contiguous), "channels_last", or a "strided" planar view: each row padded by
+    3 NaN elements in memory (x's values, other strides; a read past a row would show)."""
+    if kind == "channels_last":
+        return x.to(memory_format=torch.channels_last)
+    if kind == "nchw":
+        return x.contiguous()
+    storage = torch.full((*x.shape[:3], x.shape[3] + 3), float("nan"), dtype=x.dtype)
+    view = storage[..., 1 : x.shape[3] + 1]
+    view.copy_(x)
+    return view
 
 
 def assert_matches_conv2d(x, weight, bias, stride, padding, dilation, groups, backend="triton"):
-    """Output and all three gradients of `sparse_conv2d` vs F.conv2d in fp32 on the same values."""
+    """Output and all three gradients of `sparse_conv2d` vs F.conv2d in fp32 on the same values;
+    the call took the backend's own path (planar input) or F.conv2d (channels_last)."""
     dtype = x.dtype
     x, weight, bias = (t.detach().requires_grad_() for t in (x, weight, bias))
+    reset_path_counts()
     y = sparse_conv2d(x, weight, bias, stride, padding, dilation, groups, backend=backend)
+    path = "dense:unsupported" if channels_innermost(x) else {"triton": "sparse", "reference": "reference"}[backend]
+    assert path_counts().get(path) == 1, path_counts()
     generator = torch.Generator().manual_seed(7)
     grad_y = torch.randn(y.shape, generator=generator).to(dtype)
     grads = torch.autograd.grad(y, (x, weight, bias), grad_y)
@@ -58,7 +76,7 @@ def assert_matches_conv2d(x, weight, bias, stride, padding, dilation, groups, ba
         assert error <= TOLERANCE[dtype], f"{name}: relative error {error:.2e}"
 
 
-def conv_case(kind: str, kernel: int, channels_last: bool, dtype=torch.float32, seed: int = 0,
+def conv_case(kind: str, kernel: int, memory: str = "nchw", dtype=torch.float32, seed: int = 0,
               density: float = 0.3, plane_silence: float = 0.5, size=(9, 11)):
     generator = torch.Generator().manual_seed(seed)
     c_in = 6
@@ -66,11 +84,11 @@ def conv_case(kind: str, kernel: int, channels_last: bool, dtype=torch.float32, 
     x = spikes((2, c_in, *size), density, generator, plane_silence)
     weight = torch.randn((c_out, c_in // groups, kernel, kernel), generator=generator)
     bias = torch.randn(c_out, generator=generator)
-    return layout(x.to(dtype), channels_last), weight.to(dtype), bias.to(dtype), groups
+    return layout(x.to(dtype), memory), weight.to(dtype), bias.to(dtype), groups
 
 
 # Every supported (kind, kernel, stride, dilation); padding cycles through none, "same" and
-# more, the layout alternates (each kind, kernel and stride sees both layouts).
+# more, the planar layout alternates (each kind, kernel and stride sees both).
 SUPPORTED = [("dense", k, s, d) for k, s, d in itertools.product((1, 3, 5), (1, 2), (1, 2))] + \
             [("depthwise", k, s, d) for k, s, d in itertools.product((3, 5), (1, 2), (1, 2))]
 
@@ -79,16 +97,16 @@ SUPPORTED = [("dense", k, s, d) for k, s, d in itertools.product((1, 3, 5), (1, 
 def test_every_supported_config_matches_conv2d(kind, kernel, stride, dilation):
     case_index = SUPPORTED.index((kind, kernel, stride, dilation))
     padding = (0, kernel // 2 * dilation, kernel // 2 * dilation + 1)[case_index % 3]
-    x, weight, bias, groups = conv_case(kind, kernel, channels_last=case_index % 2 == 1, seed=case_index)
+    x, weight, bias, groups = conv_case(kind, kernel, ("nchw", "strided")[case_index % 2], seed=case_index)
     assert_matches_conv2d(x, weight, bias, stride, padding, dilation, groups)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("memory", ["nchw", "strided"])
 @pytest.mark.parametrize("padding", [0, 1, 2, 3])
 @pytest.mark.parametrize("kind,kernel,stride,dilation", SUPPORTED)
-def test_every_config_layout_and_padding(kind, kernel, stride, dilation, padding, channels_last):
-    x, weight, bias, groups = conv_case(kind, kernel, channels_last, seed=padding, size=(13, 9))  # 9: k5 d2 fits unpadded
+def test_every_config_layout_and_padding(kind, kernel, stride, dilation, padding, memory):
+    x, weight, bias, groups = conv_case(kind, kernel, memory, seed=padding, size=(13, 9))  # 9: k5 d2 fits unpadded
     assert_matches_conv2d(x, weight, bias, stride, padding, dilation, groups)
 
 
@@ -104,7 +122,7 @@ INPUTS = {
 @pytest.mark.parametrize("kind", ["dense", "depthwise"])
 @pytest.mark.parametrize("inputs", list(INPUTS) + ["real_values"])
 def test_sparsity_never_changes_the_result(kind, inputs):
-    x, weight, bias, groups = conv_case(kind, 3, channels_last=False, seed=3, size=(17, 10),
+    x, weight, bias, groups = conv_case(kind, 3, seed=3, size=(17, 10),
                                         **INPUTS.get(inputs, {}))
     if inputs == "real_values":  # not spikes: any values, a few exact zeros
         x = torch.randn(x.shape, generator=torch.Generator().manual_seed(4)).relu()
@@ -114,32 +132,28 @@ def test_sparsity_never_changes_the_result(kind, inputs):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("kind", ["dense", "depthwise"])
 def test_half_precision(kind, dtype):
-    x, weight, bias, groups = conv_case(kind, 3, channels_last=True, dtype=dtype, seed=5)
+    x, weight, bias, groups = conv_case(kind, 3, "strided", dtype=dtype, seed=5)
     assert_matches_conv2d(x, weight, bias, 2, 1, 1, groups)
 
 
 @pytest.mark.parametrize("size", [(21, 19), (16, 16)], ids=["ragged", "even"])  # even: unmasked planar stores
-@pytest.mark.parametrize("pixels,block_c,channels_last,unroll_taps", [
-    *[(pixels, block_c, channels_last, 100) for pixels, block_c in [(16, 4), (64, 2), (1024, 4)]
-      for channels_last in (False, True)],
-    (64, 2, False, 0), (1024, 4, False, 0),  # planar channel loops not unrolled
+@pytest.mark.parametrize("pixels,block_c,unroll_taps", [
+    (16, 4, 100), (64, 2, 100), (1024, 4, 100),
+    (64, 2, 0), (1024, 4, 0),  # channel loops not unrolled
 ])
-def test_depthwise_tiles_and_silent_channels_within_a_program(pixels, block_c, channels_last, unroll_taps, size,
-                                                             monkeypatch):
+def test_depthwise_tiles_and_silent_channels_within_a_program(pixels, block_c, unroll_taps, size, monkeypatch):
     """Depthwise programs of several tile sizes whose channels are partly silent, per plane and per
-    tile (a planar program skips each silent channel's loads), against F.conv2d. Planar programs
-    unroll their channel loop for short bodies; unroll_taps=0 runs it as a loop."""
+    tile (a program skips each silent channel's loads), against F.conv2d. Programs unroll their
+    channel loop for short bodies; unroll_taps=0 runs it as a loop."""
     from dataclasses import replace
     monkeypatch.setattr(sparse_triton, "DEPTHWISE_UNROLL_TAPS", unroll_taps)
     generator = torch.Generator().manual_seed(pixels + block_c)
     x = torch.randn((3, 8, *size), generator=generator)
     x *= (torch.rand((3, 8, 1, 1), generator=generator) > 0.5)  # silent planes
     x[:, 1, :10] = 0.0  # a channel silent in the top tiles only
-    x = layout(x, channels_last)
     weight = torch.randn((8, 1, 3, 3), generator=generator)
     bias = torch.randn(8, generator=generator)
-    config = replace(sparse_triton.DEFAULT_CONFIG, depthwise_pixels=pixels, depthwise_planar_pixels=pixels,
-                     depthwise_planar_block_c=block_c, depthwise_block_c=block_c)
+    config = replace(sparse_triton.DEFAULT_CONFIG, depthwise_pixels=pixels, depthwise_block_c=block_c)
     geometry = conv_geometry(x, weight, [1, 1], [2, 2], [2, 2], 8)
     tiled, active = sparse_triton.depthwise_activity(x, sparse_prescan.block_activity(x), geometry, config)
     assert tiled.rows.tile * tiled.cols.tile == min(pixels, 32 * 32) or tiled.tiles == 1
@@ -148,12 +162,11 @@ def test_depthwise_tiles_and_silent_channels_within_a_program(pixels, block_c, c
     torch.testing.assert_close(got, F.conv2d(x, weight, bias, 1, 2, 2, 8), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("size,channels_last,block_c", [(32, False, 1), (14, False, 4), (7, False, 16),
-                                                         (7, True, 32), (32, True, 32)])
-def test_depthwise_programs_hold_about_1024_outputs_in_planar_layouts(size, channels_last, block_c):
-    x = layout(torch.zeros((2, 64, size, size)), channels_last)
+@pytest.mark.parametrize("size,block_c", [(32, 1), (14, 4), (7, 16)])
+def test_depthwise_programs_hold_about_1024_outputs(size, block_c):
+    x = torch.zeros((2, 64, size, size))
     geometry = conv_geometry(x, torch.zeros((64, 1, 3, 3)), [1, 1], [1, 1], [1, 1], 64)
-    tiled = sparse_triton.depthwise_geometry(geometry, not channels_last)
+    tiled = sparse_triton.depthwise_geometry(geometry)
     assert sparse_triton._depthwise_block_c(x, tiled, sparse_triton.DEFAULT_CONFIG) == block_c
 
 
@@ -170,16 +183,16 @@ def test_flattened_multistep_input_and_strided_view(groups):
 
 
 def test_non_finite_inputs_propagate_like_conv2d():
-    x, weight, bias, _ = conv_case("dense", 3, channels_last=False, plane_silence=0.0, density=0.0)
+    x, weight, bias, _ = conv_case("dense", 3, plane_silence=0.0, density=0.0)
     x[1, 2, 4, 4] = float("nan")
     y = sparse_conv2d(x, weight, bias, 1, 1, backend="triton")
     assert torch.equal(y.isnan(), F.conv2d(x, weight, bias, 1, 1).isnan())
 
 
-@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
-def test_prescan_matches_reference(channels_last):
+@pytest.mark.parametrize("memory", ["nchw", "strided", "channels_last"])
+def test_prescan_matches_reference(memory):
     generator = torch.Generator().manual_seed(1)
-    x = layout(spikes((2, 7, 19, 13), 0.01, generator, plane_silence=0.5), channels_last)
+    x = layout(spikes((2, 7, 19, 13), 0.01, generator, plane_silence=0.5), memory)
     weight = torch.zeros(3, 7, 3, 3)
     blocks = sparse_prescan.block_activity(x)
     assert torch.equal(blocks.bool(), block_activity(x).permute(0, 2, 3, 1))
@@ -193,8 +206,6 @@ def test_prescan_matches_reference(channels_last):
             assert_lists(index, count, expected)
             for chunk in (4, 32):  # the flags-only kernel, channels split over programs
                 assert torch.equal(sparse_prescan.window_activity(blocks, geometry.retiled(tile), chunk), active)
-    index, count = sparse_prescan.plane_lists(blocks)
-    assert_lists(index, count, x.ne(0).any(dim=3).any(dim=2))
 
 
 def assert_lists(index: torch.Tensor, count: torch.Tensor, expected: torch.Tensor) -> None:
@@ -205,11 +216,11 @@ def assert_lists(index: torch.Tensor, count: torch.Tensor, expected: torch.Tenso
         assert torch.equal(listed.long(), expected.flatten(0, -2)[row].nonzero().flatten())
 
 
-FORWARD_PATHS = {  # (channels_last, KernelConfig.packed): the dense forward's variants
-    "nchw (lists in the kernel)": (False, False),
-    "channels_last (packed planes)": (True, False),
-    "packed nchw": (False, True),
-    "packed channels_last": (True, True),
+FORWARD_PATHS = {  # (layout, KernelConfig.packed): the dense forward's variants
+    "nchw (lists in the kernel)": ("nchw", False),
+    "strided view (lists in the kernel)": ("strided", False),
+    "packed nchw": ("nchw", True),
+    "packed strided view": ("strided", True),
 }
 
 
@@ -220,16 +231,17 @@ FORWARD_PATHS = {  # (channels_last, KernelConfig.packed): the dense forward's v
 def test_forward_loops_over_channel_chunks_output_blocks_and_tiles(path, stride, dilation):
     """Small tiles so that one case has several K chunks (48 channels, 16 per dot), two output
     channel blocks (the second partial) and several tiles per row (the last partial)."""
-    channels_last, packed = FORWARD_PATHS[path]
+    memory, packed = FORWARD_PATHS[path]
     config = sparse_triton.KernelConfig(forward_pixels=16, forward_block_k=16, forward_block_n=16, packed=packed,
                                         pack_active_pixels=32)
     generator = torch.Generator().manual_seed(8)
-    x = layout(spikes((2, 48, 4, 37), 0.3, generator, plane_silence=0.2), channels_last)
+    x = layout(spikes((2, 48, 4, 37), 0.3, generator, plane_silence=0.2), memory)
     weight, bias = torch.randn((20, 48, 3, 3), generator=generator), torch.randn(20, generator=generator)
     geometry = conv_geometry(x, weight, [stride] * 2, [dilation] * 2, [dilation] * 2, 1)
     lists = sparse_triton.forward_lists(x, sparse_prescan.block_activity(x), geometry, config)
     counts = sparse_triton.forward_counts(x, lists)
-    assert lists.packed == packed and lists.per_sample == (channels_last and not packed)
+    assert lists.packed == packed
+    assert counts.shape == ((2,) if packed else (2, lists.geometry.tiles))
     assert counts.max() > 2 * config.forward_block_k
     assert lists.geometry.cols.tiles > 1 and lists.geometry.cols.out_size % lists.geometry.cols.tile != 0
     y = sparse_triton.sparse_conv_fwd(x, weight, bias, lists, config)
@@ -238,11 +250,11 @@ def test_forward_loops_over_channel_chunks_output_blocks_and_tiles(path, stride,
 
 
 @pytest.mark.parametrize("kernel,dilation,padding", [(1, 1, 0), (3, 2, 1), (5, 1, 3)])
-@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
-def test_pointer_forward_at_stride_1(kernel, dilation, padding, channels_last):
+@pytest.mark.parametrize("memory", ["nchw", "strided"])
+def test_pointer_forward_at_stride_1(kernel, dilation, padding, memory):
     """The forward that reads x in place, forced at stride 1 (where the packed forward is the default)."""
     config = sparse_triton.KernelConfig(packed=False)
-    x, weight, bias, _ = conv_case("dense", kernel, channels_last, seed=kernel + padding, size=(12, 9))
+    x, weight, bias, _ = conv_case("dense", kernel, memory, seed=kernel + padding, size=(12, 9))
     geometry = conv_geometry(x, weight, [1, 1], [padding] * 2, [dilation] * 2, 1)
     lists = sparse_triton.forward_lists(x, sparse_prescan.block_activity(x), geometry, config)
     assert not lists.packed
@@ -250,38 +262,27 @@ def test_pointer_forward_at_stride_1(kernel, dilation, padding, channels_last):
     torch.testing.assert_close(y, F.conv2d(x, weight, bias, 1, padding, dilation), rtol=1e-5, atol=1e-4)
 
 
-PACKINGS = {  # (channels_last, row_gather): the packing's variants
-    "nchw": (False, None),
-    "channels_last strided": (True, False),
-    "channels_last rows": (True, True),
-    "channels_last default": (True, None),  # rows for samples 0 and 2, strided loads for 1 and 3
-}
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("packing", PACKINGS)
-def test_packing_lists_each_samples_active_channels_in_order(packing, dtype):
+@pytest.mark.parametrize("memory", ["nchw", "strided"])  # the packing's planar and strided pixel loads
+def test_packing_lists_each_samples_active_channels_in_order(memory, dtype):
     """Packed [N, C/16, H, W, 16]: slot s of sample n holds its s-th active channel; the lanes of
     the last chunk past the count are zeros (the forward reads whole chunks). The same launch
     copies a (non-contiguous) weight to the [KH, KW, C_in, C_out] layout. Non-spike values, inf and
     NaN are copied as they are."""
-    channels_last, row_gather = PACKINGS[packing]
     generator = torch.Generator().manual_seed(21)
     x = spikes((4, 37, 9, 10), 0.2, generator, plane_silence=0.6) * torch.randn((4, 37, 9, 10), generator=generator)
     x[1] = 0
     x[2, :, 3:5, 4:6] = 0.7  # every plane of sample 2 active
     x[3] = 0
-    x[3, 20, 2, 3] = 1.5  # one active plane: fewer than 37 // ROW_GATHER_MIN_SHARE
+    x[3, 20, 2, 3] = 1.5  # one active plane
     x[2, 36, 0, 0], x[0, 5, 8, 9] = float("nan"), float("-inf")
-    x = layout(x.to(dtype), channels_last)
+    x = layout(x.to(dtype), memory)
     weight = torch.randn((5, 37, 3, 1), generator=generator)[:, :, :, ::1].transpose(0, 1).contiguous().transpose(0, 1)
     packed, index, count, weight_rows = sparse_packed.pack_active_channels(
-        x, sparse_prescan.block_activity(x), weight, 32, 4, row_gather=row_gather)
+        x, sparse_prescan.block_activity(x), weight, 32, 4)
     assert torch.equal(weight_rows, weight) and weight_rows.permute(2, 3, 1, 0).is_contiguous()
     active = x.ne(0).flatten(2).any(dim=2)
     assert torch.equal(count, active.sum(dim=1).int())
-    many_active = (count >= x.shape[1] // sparse_packed.ROW_GATHER_MIN_SHARE).tolist()
-    assert many_active == [True, False, True, False]  # the default takes both of its ways
     for n in range(x.shape[0]):
         channels = active[n].nonzero().flatten()
         assert torch.equal(index[n, : count[n]].long(), channels)
@@ -300,10 +301,11 @@ def test_packing_copies_a_weight_larger_than_its_grid():
 
 
 def test_packed_config_on_a_strided_call_is_a_clear_error():
-    x, weight, _, _ = conv_case("dense", 3, channels_last=False)
+    x, weight, _, _ = conv_case("dense", 3)
     geometry = conv_geometry(x, weight, [2, 2], [1, 1], [1, 1], 1)
     with pytest.raises(ValueError, match=r"packed=True\) needs stride 1"):
-        sparse_triton.forward_lists(x, sparse_prescan.block_activity(x), geometry, sparse_triton.KernelConfig(packed=True))
+        sparse_triton.forward_lists(x, sparse_prescan.block_activity(x), geometry,
+                                    sparse_triton.KernelConfig(packed=True))
 
 
 def test_nchw_forward_compacts_hundreds_of_channels():
@@ -327,7 +329,7 @@ def test_forward_tiles_are_row_bands_of_at_least_16_pixels(out_size, tile):
 
 @pytest.mark.parametrize("kind,kernel,stride,dilation", SUPPORTED[::3])
 def test_reference_matches_conv2d(kind, kernel, stride, dilation):
-    x, weight, bias, groups = conv_case(kind, kernel, channels_last=False, seed=2)
+    x, weight, bias, groups = conv_case(kind, kernel, seed=2)
     padding = kernel // 2 * dilation
     geometry = conv_geometry(x, weight, [stride] * 2, [padding] * 2, [dilation] * 2, groups)
     expected = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
@@ -335,10 +337,10 @@ def test_reference_matches_conv2d(kind, kernel, stride, dilation):
     assert_matches_conv2d(x, weight, bias, stride, padding, dilation, groups, backend="reference")
 
 
-@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("memory", ["nchw", "strided"])
 @pytest.mark.parametrize("kind", ["dense", "depthwise"])
-def test_work_fractions_follow_the_activity(kind, channels_last):
-    x, weight, _, groups = conv_case(kind, 3, channels_last, density=1.0, plane_silence=0.0)
+def test_work_fractions_follow_the_activity(kind, memory):
+    x, weight, _, groups = conv_case(kind, 3, memory, density=1.0, plane_silence=0.0)
     geometry = conv_geometry(x, weight, [1, 1], [1, 1], [1, 1], groups)
 
     def fractions(x_: torch.Tensor) -> list[float]:
@@ -375,7 +377,7 @@ def test_follows_autocast_like_conv2d(backend):
 
 def test_auto_on_cpu_is_exactly_conv2d():
     reset_path_counts()
-    x, weight, bias, groups = conv_case("dense", 3, channels_last=False)
+    x, weight, bias, groups = conv_case("dense", 3)
     assert torch.equal(sparse_conv2d(x, weight, bias, 1, 1), F.conv2d(x, weight, bias, 1, 1))
     assert path_counts() == {"dense:cpu": 1}
 
@@ -394,6 +396,25 @@ def test_unsupported_configs_fall_back_and_are_counted(weight_shape, groups, str
     y = sparse_conv2d(x, weight, None, stride, 1, 1, groups, backend="triton")
     torch.testing.assert_close(y, F.conv2d(x, weight, None, stride, 1, 1, groups))
     assert path_counts() == {"dense:unsupported": 1}
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton", "reference"])
+@pytest.mark.parametrize("kind", ["dense", "depthwise"])
+def test_channels_last_input_gives_conv2d_results_through_the_public_api(kind, backend, fake_gpu):
+    """The sparse kernels read planar layouts: channels_last input runs F.conv2d (its output
+    channels_last too), forward and gradients, through `sparse_conv2d` and `SparseConv2d`, eager
+    or captured, on every backend ("auto" as on a GPU)."""
+    x, weight, bias, groups = conv_case(kind, 3, "channels_last", seed=9)
+    assert channels_innermost(x) and not x.is_contiguous()
+    assert_matches_conv2d(x, weight, bias, 1, 1, 1, groups, backend=backend)
+    conv = torch.nn.Conv2d(6, weight.shape[0], 3, padding=1, groups=groups)
+    sparse = SparseConv2d.from_dense(conv, backend=backend)
+    reset_path_counts()
+    for capturing in (False, True, False):
+        fake_gpu.capturing = capturing
+        y = sparse(x)
+        assert torch.equal(y, conv(x)) and y.is_contiguous(memory_format=torch.channels_last)
+    assert path_counts() == {"dense:unsupported": 3} and fake_gpu.calibrations == []
 
 
 @pytest.mark.parametrize("make_call,message", [
@@ -435,29 +456,27 @@ def test_crossing_of_the_linear_time_model():
     assert _crossing(budget=50.0, at_zero=10.0, at_full=40.0) == 1.0  # always wins
 
 
-EAGER = ["dense", "sparse_zero"]
 GRAPH_MAP = ["graph_dense", "graph_map_zero", "graph_map_full"]
 GRAPH_PRESCAN = ["graph_sparse_zero", "graph_sparse_full"]
 WGRAD = ["dense_wgrad", "wgrad_zero", "wgrad_full"]
 
 
-@pytest.mark.parametrize("zero_us, graph_zeros, timed, forward, graph_forward, graph_map_forward, wgrad", [
-    # the sparse forward cannot beat 0.9 x cuDNN even on zeros, eagerly or in graphs (even given
-    # the block map): stop there
-    (95.0, (45.0, 50.0), EAGER + GRAPH_MAP[:2], -1.0, -1.0, -1.0, -1.0),
-    # host-bound eagerly, yet faster in graphs: the graph lines are timed, the wgrad is not
-    (95.0, (5.0, 10.0), EAGER + GRAPH_MAP + GRAPH_PRESCAN, -1.0, 0.5, 40 / 70, -1.0),
-    # in graphs only without its prescan (the block map given)
-    (95.0, (18.0, 48.0), EAGER + GRAPH_MAP + GRAPH_PRESCAN[:1], -1.0, -1.0, 27 / 32, -1.0),
-    (10.0, (5.0, 10.0), EAGER + ["sparse_full"] + GRAPH_MAP + GRAPH_PRESCAN + WGRAD, 0.4, 0.5, 40 / 70, 0.25),
+@pytest.mark.parametrize("graph_zeros, wgrad_zero, timed, graph_forward, graph_map_forward, wgrad", [
+    # cannot beat 0.9 x cuDNN even on zeros given the block map: stop there (the weight gradient
+    # runs only after a sparse forward)
+    ((45.0, 50.0), 30.0, GRAPH_MAP[:2], -1.0, -1.0, -1.0),
+    ((5.0, 10.0), 30.0, GRAPH_MAP + GRAPH_PRESCAN + WGRAD, 0.5, 40 / 70, 0.25),
+    # wins only given the block map (its own prescan costs too much)
+    ((18.0, 48.0), 30.0, GRAPH_MAP + GRAPH_PRESCAN[:1] + WGRAD, -1.0, 27 / 32, 0.25),
+    # the weight gradient never wins
+    ((5.0, 10.0), 95.0, GRAPH_MAP + GRAPH_PRESCAN + WGRAD[:2], 0.5, 40 / 70, -1.0),
 ])
-def test_calibration_stops_timing_once_the_sparse_path_cannot_win(zero_us, graph_zeros, timed, forward,
-                                                                  graph_forward, graph_map_forward, wgrad):
+def test_calibration_stops_timing_once_the_sparse_path_cannot_win(graph_zeros, wgrad_zero, timed, graph_forward,
+                                                                  graph_map_forward, wgrad):
     map_zero, prescan_zero = graph_zeros
-    times = {"dense": 100.0, "sparse_zero": zero_us, "sparse_full": 210.0,
-             "graph_dense": 50.0, "graph_map_zero": map_zero, "graph_map_full": 50.0 if map_zero == 18.0 else 75.0,
+    times = {"graph_dense": 50.0, "graph_map_zero": map_zero, "graph_map_full": 50.0 if map_zero == 18.0 else 75.0,
              "graph_sparse_zero": prescan_zero, "graph_sparse_full": 80.0,
-             "dense_wgrad": 100.0, "wgrad_zero": 30.0, "wgrad_full": 270.0}
+             "dense_wgrad": 100.0, "wgrad_zero": wgrad_zero, "wgrad_full": 270.0}
     asked = []
 
     def time_us(name):
@@ -466,34 +485,205 @@ def test_calibration_stops_timing_once_the_sparse_path_cannot_win(zero_us, graph
 
     crossover = crossover_from_timings(time_us)
     assert asked == timed
-    assert crossover.forward == pytest.approx(forward) and crossover.wgrad == pytest.approx(wgrad)
     assert crossover.graph_forward == pytest.approx(graph_forward)
     assert crossover.graph_map_forward == pytest.approx(graph_map_forward)
-    assert crossover.dense_us == 100.0 and crossover.sparse_zero_us == zero_us
+    assert crossover.wgrad == pytest.approx(wgrad)
     assert crossover.graph_dense_us == 50.0 and crossover.graph_map_zero_us == map_zero
+    assert crossover.wgrad_zero_us == (wgrad_zero if "wgrad_zero" in timed else None)
 
 
-def test_density_tracker_samples_every_nth_call():
+class _Event:
+    """A CUDA event's query() on CPU: done or not."""
+
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+def test_density_tracker_samples_every_nth_call_and_reads_back_without_waiting():
     tracker = DensityTracker()
-    due = [tracker.sample_due() for _ in range(2 * SAMPLE_EVERY)]
-    assert due == ([True] + [False] * (SAMPLE_EVERY - 1)) * 2
-    rare = DensityTracker()
-    assert [rare.sample_due(every=3) for _ in range(6)] == [True, False, False] * 2
+    assert [tracker.sample_due(4) for _ in range(8)] == [True, False, False, False] * 2
+    assert [tracker.sample_due(4, now=True) for _ in range(2)] == [True, True]
     tracker.poll()  # nothing in flight: no measurement, no wait
     assert tracker.forward is None and tracker.wgrad is None
+    tracker.record(torch.tensor([0.25, 0.5]))  # a CPU measurement is there at once
+    assert (tracker.forward, tracker.wgrad) == (0.25, 0.5)
+    event = _Event(done=False)
+    tracker._pending = (torch.tensor([0.75, 1.0]), event)  # a GPU measurement in flight
+    assert not tracker.sample_due(1, now=True)  # one at a time
+    tracker.poll()
+    assert tracker.forward == 0.25
+    event.done = True
+    tracker.poll()
+    assert (tracker.forward, tracker.wgrad) == (0.75, 1.0) and tracker.sample_due(1)
 
 
-def test_crossover_cache_reads_back_and_ignores_garbage(tmp_path):
+def test_crossover_cache_reads_back_and_ignores_garbage(tmp_path, monkeypatch):
     path = tmp_path / "crossovers.json"
-    crossover = Crossover(0.2, -1.0, 100.0, 30.0, 300.0, 120.0, 5.0, 400.0, 0.6, 0.7, 90.0, 12.0, 140.0, 20.0, 150.0)
-    never = Crossover(-1.0, -1.0, 10.0, 120.0)  # stopped early: the other timings are None
-    older = {k: v for k, v in crossover.__dict__.items() if not k.startswith("graph_")}  # file from before graphs
-    path.write_text(json.dumps({"key": crossover.__dict__, "small": never.__dict__, "older": older}))
-    assert CrossoverCache(path).get("key") == crossover
-    assert CrossoverCache(path).get("small") == never
-    assert CrossoverCache(path).get("older").graph_forward < 0  # never sparse under graphs
-    path.write_text("{not json")
-    assert CrossoverCache(path).get("key") is None
+    crossover = Crossover(0.5, 0.6, 0.25, 50.0, 5.0, 75.0, 10.0, 80.0, 100.0, 30.0, 270.0)
+    never = Crossover(-1.0, -1.0, -1.0, 50.0, 45.0)  # stopped early: the other timings are None
+    older = {"forward": 0.2, "wgrad": -1.0, "dense_us": 100.0, "sparse_zero_us": 30.0}  # an older version's entry
+    path.write_text(json.dumps({"key": dataclasses.asdict(crossover), "small": dataclasses.asdict(never),
+                                "older": older}))
+    cache = CrossoverCache(path)
+    assert cache.get("key") == crossover and cache.get("small") == never and cache.get("older") is None
+    for garbage in ("{not json", "[1, 2]"):
+        path.write_text(garbage)
+        assert CrossoverCache(path).get("key") is None
+    monkeypatch.setattr(sparse_calibration, "measure_crossover", lambda *args: crossover)
+    assert CrossoverCache(path).measure("new", torch.zeros(1), torch.zeros(1), [1, 1], [1, 1], [1, 1], 1) == crossover
+    assert CrossoverCache(path).get("new") == crossover  # written back
+
+
+# ----------------------------------------- "auto" on a GPU: the decisions, on CPU tensors
+WINS = Crossover(graph_forward=0.6, graph_map_forward=0.8, wgrad=0.3, graph_dense_us=50.0, graph_map_zero_us=5.0)
+WINS_GIVEN_THE_MAP = dataclasses.replace(WINS, graph_forward=-1.0)
+NEVER = Crossover(-1.0, -1.0, -1.0, 50.0, 45.0)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """"auto" decides as on a GPU, for CPU tensors (the kernels interpreted): `state.capturing`
+    says whether a CUDA graph is being captured, calibrations are recorded in `state.calibrations`
+    and answer `state.crossover`; plans, trackers and counters start empty."""
+    state = types.SimpleNamespace(capturing=False, crossover=WINS, calibrations=[])
+
+    def measure(*args):
+        state.calibrations.append(args)
+        return state.crossover
+
+    monkeypatch.setattr(sparse_dispatch, "_on_gpu", lambda x: True)
+    monkeypatch.setattr(sparse_dispatch, "_capturing", lambda: state.capturing)
+    monkeypatch.setattr(sparse_calibration, "measure_crossover", measure)
+    monkeypatch.setattr(sparse_dispatch, "_CROSSOVERS", CrossoverCache(None))
+    monkeypatch.setattr(sparse_dispatch, "_PLANS", {})
+    monkeypatch.setattr(sparse_dispatch, "_CAPTURED_UNCALIBRATED", set())
+    monkeypatch.setattr(sparse_dispatch, "_SHARED_TRACKERS", collections.defaultdict(DensityTracker))
+    reset_path_counts()
+    return state
+
+
+def half_silent_batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x, weight, bias) of a 3x3 conv whose sample 1 is silent: its forward does half the dense
+    work (6 channels: one chunk per active sample)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = spikes((2, 6, 9, 11), 0.3, generator)
+    x[1] = 0
+    return x, torch.randn((5, 6, 3, 3), generator=generator), torch.randn(5, generator=generator)
+
+
+def taken() -> dict[str, int]:
+    """The paths counted since the last reset, without the extra counters."""
+    return {path: n for path, n in path_counts().items() if path not in ("probe", "sparse_wgrad")}
+
+
+def test_auto_eager_calls_run_cudnn_without_calibrating(fake_gpu):
+    x, weight, bias = half_silent_batch()
+    for _ in range(EAGER_SAMPLE_EVERY + 1):
+        y = sparse_conv2d(x, weight, bias, 1, 1)
+    assert torch.equal(y, F.conv2d(x, weight, bias, 1, 1))
+    assert fake_gpu.calibrations == [] and path_counts() == {"dense:eager": EAGER_SAMPLE_EVERY + 1}
+
+
+def test_warm_up_calibrates_once_and_measures_then_the_capture_goes_sparse(fake_gpu):
+    x, weight, bias = half_silent_batch()
+    tracker = DensityTracker()
+    with capture_warmup():
+        for _ in range(3):
+            assert torch.equal(sparse_conv2d(x, weight, bias, 1, 1, tracker=tracker), F.conv2d(x, weight, bias, 1, 1))
+    assert len(fake_gpu.calibrations) == 1 and path_counts() == {"dense:eager": 3, "probe": 3}
+    geometry = conv_geometry(x, weight, [1, 1], [1, 1], [1, 1], 1)
+    measured = sparse_triton.work_fractions(x, sparse_prescan.block_activity(x), geometry).tolist()
+    assert [tracker.forward, tracker.wgrad] == measured and measured[0] == 0.5
+    reset_path_counts()
+    fake_gpu.capturing = True
+    y = sparse_conv2d(x, weight, bias, 1, 1, tracker=tracker)
+    assert taken() == {"sparse": 1}
+    torch.testing.assert_close(y, F.conv2d(x, weight, bias, 1, 1), rtol=1e-5, atol=1e-4)
+    fake_gpu.capturing = False
+    sparse_conv2d(x, weight, bias, 1, 1, tracker=tracker)  # after the capture: plain eager, no new calibration
+    assert len(fake_gpu.calibrations) == 1
+
+
+@pytest.mark.parametrize("case,path", [
+    ("never wins", "dense:never_wins"), ("not measured", "dense:unmeasured"), ("too dense", "dense:too_dense"),
+    ("prescan never wins", "dense:never_wins"), ("given the block map", "sparse"),
+])
+def test_a_captured_call_takes_cudnn_unless_its_measured_density_wins(fake_gpu, case, path):
+    x, weight, bias = half_silent_batch()
+    if case == "too dense":
+        x[1] = x[0]  # forward: all of the dense work
+    fake_gpu.crossover = {"never wins": NEVER, "prescan never wins": WINS_GIVEN_THE_MAP,
+                          "given the block map": WINS_GIVEN_THE_MAP}.get(case, WINS)
+    tracker = DensityTracker()
+    with capture_warmup():
+        sparse_conv2d(x, weight, bias, 1, 1, tracker=tracker)
+    warm_up_path = "dense:never_wins" if case == "never wins" else "dense:eager"
+    assert path_counts().get(warm_up_path) == 1 and (tracker.forward is None) == (case == "never wins")
+    reset_path_counts()
+    fake_gpu.capturing = True
+    block_map = sparse_prescan.block_activity(x) if case == "given the block map" else None
+    y = sparse_conv2d(x, weight, bias, 1, 1, tracker=DensityTracker() if case == "not measured" else tracker,
+                      block_map=block_map)
+    assert taken() == {path: 1}
+    torch.testing.assert_close(y, F.conv2d(x, weight, bias, 1, 1), rtol=1e-5, atol=1e-4)
+
+
+def test_a_shape_captured_before_its_calibration_calibrates_at_its_next_eager_call(fake_gpu):
+    """A capture cannot time: its call runs cuDNN, and the next eager call of that shape (no
+    warm-up marked) calibrates and measures, so that the next capture can go sparse."""
+    x, weight, bias = half_silent_batch()
+    tracker = DensityTracker()
+    fake_gpu.capturing = True
+    sparse_conv2d(x, weight, bias, 1, 1, tracker=tracker)
+    assert taken() == {"dense:uncalibrated": 1} and fake_gpu.calibrations == []
+    fake_gpu.capturing = False
+    for _ in range(2):
+        sparse_conv2d(x, weight, bias, 1, 1, tracker=tracker)
+    assert len(fake_gpu.calibrations) == 1 and path_counts() == {"dense:uncalibrated": 1, "dense:eager": 2, "probe": 1}
+    reset_path_counts()
+    fake_gpu.capturing = True
+    sparse_conv2d(x, weight, bias, 1, 1, tracker=tracker)
+    assert taken() == {"sparse": 1}
+
+
+def test_sparse_conv2d_module_routes_under_auto(fake_gpu, monkeypatch):
+    """SparseConv2d: plain eager calls skip the dispatcher once routed (cuDNN); warm-up and
+    captured calls go through it; a captured call asks for the neuron's block map exactly where
+    it would take the sparse path with it."""
+    from kernels.sparse_conv import module as sparse_module
+
+    x, weight, bias = half_silent_batch()
+    fake_gpu.crossover = WINS_GIVEN_THE_MAP
+    conv = SparseConv2d(6, 5, 3, padding=1)
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+        conv.bias.copy_(bias)
+    dispatched = []
+    real = sparse_module.sparse_conv2d
+    monkeypatch.setattr(sparse_module, "sparse_conv2d", lambda *a, **k: dispatched.append(a) or real(*a, **k))
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(conv(x), F.conv2d(x, weight, bias, 1, 1))
+        assert len(dispatched) == 1 and path_counts() == {"dense:eager": 3} and fake_gpu.calibrations == []
+        assert not conv.wants_block_map(x)  # eager calls run cuDNN
+        with capture_warmup():
+            conv(x)
+            conv(x)
+        assert len(dispatched) == 3 and len(fake_gpu.calibrations) == 1 and path_counts()["probe"] == 2
+        assert conv.density.forward == 0.5 and not conv.wants_block_map(x)
+        reset_path_counts()
+        fake_gpu.capturing = True
+        assert conv.wants_block_map(x)
+        y = conv(x, block_map=sparse_prescan.block_activity(x))
+        assert taken() == {"sparse": 1} and len(dispatched) == 4
+        torch.testing.assert_close(y, F.conv2d(x, weight, bias, 1, 1), rtol=1e-5, atol=1e-4)
+        conv.density.forward = 0.9  # denser than the crossover: no map wanted, cuDNN captured
+        assert not conv.wants_block_map(x)
+        conv(x)
+        assert taken() == {"sparse": 1, "dense:never_wins": 1}  # without the map, the prescan never wins
 
 
 @pytest.mark.parametrize("kind", ["dense", "depthwise"])
@@ -524,7 +714,7 @@ def test_block_map_from_the_st_bif_kernel_replaces_the_prescan(kind, monkeypatch
 
 @pytest.mark.parametrize("bad_map", ["shape", "dtype", "planes shape", "planes dtype"])
 def test_a_block_map_of_another_input_is_a_clear_error(bad_map):
-    x, weight, bias, _ = conv_case("dense", 3, channels_last=False)
+    x, weight, bias, _ = conv_case("dense", 3)
     blocks = sparse_prescan.block_activity(x)
     planes = blocks.amax(dim=(1, 2))
     block_map = {"shape": blocks[:, :1], "dtype": blocks.bool(), "planes shape": BlockMap(blocks, planes[:1]),
