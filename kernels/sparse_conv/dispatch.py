@@ -5,9 +5,9 @@ gradient; under TRITON_INTERPRET=1 also on CPU tensors), "reference" (the readab
 algorithm), and "auto": F.conv2d for eager calls, whose host work alone costs more than cuDNN's
 GPU time, and the sparse kernels for a call captured in a CUDA graph where its shape's crossover
 (calibration.py) says they win at the density its call site measured before. Eager calls inside
-`capture_warmup()` calibrate their shape and measure that density; other eager calls calibrate
-nothing. Unsupported calls (channels_last input among them) run F.conv2d on every backend.
-Every call counts the path it took (`path_counts`, `reset_path_counts`).
+`capture_warmup()` calibrate their shape and measure that density; other eager calls do not
+calibrate (but the first after a capture that found its shape uncalibrated). Unsupported calls
+(channels_last input among them) run F.conv2d on every backend. Every call counts its path.
 """
 from __future__ import annotations
 
