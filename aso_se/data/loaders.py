@@ -51,8 +51,8 @@ def collate_time_first(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Ten
     return torch.stack(frames, dim=1), torch.tensor(labels)
 
 
-# Signals that workers forked from now on ignore; the run sets its stop signals (aso_se.run.app.Run).
-_IGNORED_IN_WORKERS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
+# Signals that workers of loaders built from now on ignore: a run's stop signals (aso_se.run.app.Run).
+_IGNORED_IN_WORKERS: tuple[int, ...] = ()
 _LOADERS: "weakref.WeakSet[EpochLoader]" = weakref.WeakSet()
 
 
@@ -85,9 +85,8 @@ def _blocked(signums: tuple[int, ...]) -> Iterator[None]:
 
 
 def shutdown_workers() -> None:
-    """Stop the workers of every live EpochLoader now (before the process exits on a stop or an
-    error: at interpreter exit torch skips the shutdown, and the pin-memory and feeder threads
-    can print tracebacks after the one-line error)."""
+    """Stop the workers (and pin-memory threads) of every live EpochLoader now; a run calls it
+    before it exits, since torch skips the shutdown at interpreter exit (see `_stop_workers`)."""
     for loader in list(_LOADERS):
         iterator = getattr(loader, "_iterator", None)
         if iterator is not None:

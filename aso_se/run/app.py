@@ -73,8 +73,8 @@ class WriteFailed(RuntimeError):
     """A checkpoint or result file could not be written; the message says what is kept."""
 
 
-# A repeat of the stop signal within this many seconds is the same stop: `timeout` signals its
-# child and then the child's whole group, so the main process can see SIGTERM twice.
+# A second SIGINT within this many seconds is the same stop: `timeout -s INT` signals its child
+# and then the child's whole group, so the main process can see the signal twice.
 _REPEAT_WINDOW_S = 0.5
 
 
@@ -89,7 +89,7 @@ class Interrupted(Exception):
 
 
 class QuitAtOnce(KeyboardInterrupt):
-    """A second stop signal: the run quits where it is, without saving."""
+    """A second Ctrl-C during a stop: the run quits where it is, without saving."""
 
     def __init__(self, signum: int, message: str) -> None:
         self.signum = signum
@@ -210,7 +210,7 @@ class Run:
     On entry: the config to use (the saved one when resuming), the run directory, the process
     group, seeds, and handlers for ``trainer.stop_signals`` that only raise a stop flag (the
     training loop polls `should_stop` after each step, then the entry point saves and raises
-    `Interrupted`; a second signal quits at once). Loader workers ignore those signals, so a
+    `Interrupted`; a second Ctrl-C quits at once). Loader workers ignore those signals, so a
     signal to the whole process group stops the run the same way. `checkpoint_due` tells the
     loops when ``trainer.checkpoint_every_min`` has passed since the last save. On exit: loader
     workers and the process group are shut down and an expected failure (bad input, NaN/Inf,
@@ -325,18 +325,20 @@ class Run:
             return
         now = time.monotonic()
         if self._signum is not None:
-            if now - self._signalled_at < _REPEAT_WINDOW_S:
-                return
-            raise QuitAtOnce(signum, self._quit_message(signum))
+            # Only a person's second Ctrl-C quits at once. Schedulers repeat their signal (timeout,
+            # torchrun's agent) or escalate (Slurm: USR1, then TERM) and SIGKILL when they mean it.
+            if signum == signal.SIGINT and now - self._signalled_at >= _REPEAT_WINDOW_S:
+                raise QuitAtOnce(signum, self._quit_message(signum))
+            return
         self._signum, self._signalled_at = signum, now
-        log.warning("%s received: saving a checkpoint after this step (again to quit at once)",
+        log.warning("%s received: saving a checkpoint after this step (Ctrl-C again to quit at once)",
                     signal.Signals(signum).name)
 
     def _quit_message(self, signum: int) -> str:
         kept = (f"{self.checkpoint_path} holds the last saved state; continue with: "
                 f"python {self.entry_point}.py resume={self.run_dir}"
                 if self.checkpoint_path.is_file() else "no checkpoint was saved yet")
-        return f"stopped at once by a second {signal.Signals(signum).name}; {kept}"
+        return f"stopped at once by a second signal ({signal.Signals(signum).name}); {kept}"
 
     def should_stop(self) -> bool:
         """Polled after every step; all ranks agree so they stop at the same step."""
