@@ -238,12 +238,13 @@ def trained_layer_inputs(train_seconds: float) -> list[tuple[Layer, torch.Tensor
     `train_seconds`, then capture the input of every distinct spike-reading conv on a test batch."""
     from aso_se.data import MNIST5kData
     from search_space.network import build_network
+    from search_space.neurons import NeuronFactory
 
     torch.manual_seed(0)
     data = MNIST5kData()
     train_loader, test_loader = data.train_loaders(64, seed=0)
-    net = build_network("DARTS_V2", neuron="st_bif", channels=16, layers=8, num_classes=10, in_channels=1,
-                        timesteps=4, image_size=28).cuda()
+    net = build_network("DARTS_V2", neuron=NeuronFactory("st_bif", timesteps=4), channels=16, layers=8,
+                        num_classes=10, in_channels=1, image_size=28).cuda()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=3e-4)
     spike_convs = [m for m in net.modules() if isinstance(m, SparseConv2d)]
     for conv in spike_convs:  # train on cuDNN: calibrating every new shape would eat the time budget

@@ -24,11 +24,11 @@ from search_space.space import SearchSpace
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 T, B, C, SIZE = 2, 2, 4, 8
-NEURON_PARAMS = {"st_bif": {"learn_threshold": True}, "lif": {}, "relu": {}}
+NEURON_PARAMS = {"st_bif": {}, "lif": {}, "relu": {}, "st_bif_qann": {}}
 
 
 def factory(kind: str) -> NeuronFactory:
-    return NeuronFactory(kind, timesteps=T, **NEURON_PARAMS[kind])
+    return NeuronFactory(kind, timesteps=1 if kind == "st_bif_qann" else T, **NEURON_PARAMS[kind])
 
 
 # Parametrized over the registry, so a newly registered op is tested here automatically.

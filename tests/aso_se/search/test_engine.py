@@ -55,8 +55,8 @@ def test_two_cycle_search_on_digits_yields_a_trainable_genotype() -> None:
     assert epochs[-1]["lr"] < epochs[0]["lr"] and epochs[1]["arch_kl"] > 0
     assert all(op in SMALL_SPACE.primitives and op != "none" for op, _ in genotype.normal + genotype.reduce)
     assert sum(op == "skip_connect" for op, _ in genotype.normal) <= 1
-    network = build_network(genotype, neuron="st_bif", channels=4, layers=3, num_classes=10, in_channels=1,
-                            timesteps=2, image_size=28)
+    network = build_network(genotype, neuron=NeuronFactory("st_bif", timesteps=2), channels=4, layers=3,
+                            num_classes=10, in_channels=1, image_size=28)
     logits, _ = network(torch.randn(2, 1, 28, 28))
     logits.sum().backward()
     assert logits.shape == (2, 10)

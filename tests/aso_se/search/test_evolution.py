@@ -8,6 +8,7 @@ from aso_se.search.arch_params import BatchedArchitectureUpdate
 from aso_se.search.evolution import derive_cell, derive_genotype, prune_weak_ops, track_weak_ops
 from search_space.genotypes import Genotype
 from search_space.network import build_network
+from search_space.neurons import NeuronFactory
 from search_space.ops import DARTS_PRIMITIVES
 
 
@@ -58,7 +59,7 @@ def test_derived_genotype_builds_a_network() -> None:
     genotype = derive_genotype(*probs, DARTS_PRIMITIVES, steps=4, multiplier=4, max_skip_connect=2)
     assert isinstance(genotype, Genotype) and genotype.normal_concat == (2, 3, 4, 5)
     assert all(op != "none" for op, _ in genotype.normal + genotype.reduce)
-    network = build_network(genotype, neuron="relu", channels=4, layers=3, num_classes=10)
+    network = build_network(genotype, neuron=NeuronFactory("relu", timesteps=1), channels=4, layers=3, num_classes=10)
     assert network(torch.randn(2, 3, 32, 32))[0].shape == (2, 10)
 
 

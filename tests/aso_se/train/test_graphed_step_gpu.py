@@ -14,6 +14,7 @@ from aso_se.train.retrain import Retrainer
 from kernels.sparse_conv import SparseConv2d
 from search_space.errors import UserInputError
 from search_space.network import build_network
+from search_space.neurons import NeuronFactory
 
 pytestmark = [
     pytest.mark.gpu,
@@ -77,8 +78,8 @@ SGD = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=3e-
 
 def spiking_network(auxiliary):
     torch.manual_seed(0)
-    return build_network("DARTS_V2", neuron="st_bif", channels=8, layers=3, num_classes=10,
-                         in_channels=1, timesteps=2, image_size=16, auxiliary=auxiliary).cuda()
+    return build_network("DARTS_V2", neuron=NeuronFactory("st_bif", timesteps=2), channels=8, layers=3,
+                         num_classes=10, in_channels=1, image_size=16, auxiliary=auxiliary).cuda()
 
 
 def retrainer(network, cuda_graph, drop_path_prob=0.0, optimizer=SGD):
