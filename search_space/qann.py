@@ -153,7 +153,9 @@ def _convert_children(module: nn.Module, timesteps: int) -> None:
     for name, child in module.named_children():
         replacement: nn.Module | None = None
         if isinstance(child, QuantizedActivation):
-            neuron = STBIFNeuron(q_threshold=1.0, level=child.level, sym=child.sym, backend="auto")
+            # The Triton kernel takes fp16/bf16/fp32: a float64 network runs the reference neuron.
+            backend = "torch" if child.q_threshold.dtype == torch.float64 else "auto"
+            neuron = STBIFNeuron(q_threshold=1.0, level=child.level, sym=child.sym, backend=backend)
             neuron.q_threshold = child.q_threshold.detach().clone()  # exactly the QANN's θ
             replacement = SpikingNeuron(neuron, timesteps)
         elif isinstance(child, nn.modules.batchnorm._BatchNorm):

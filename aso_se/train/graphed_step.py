@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from kernels.sparse_conv import capture_warmup
 from search_space.errors import UserInputError
 
 StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -84,7 +85,7 @@ class GraphedTrainStep:
         current = torch.cuda.current_stream(inputs.device)
         side = torch.cuda.Stream(inputs.device)
         side.wait_stream(current)
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), capture_warmup():  # the sparse convs measure and calibrate here
             loss, correct = self.step_fn(inputs, labels)
         current.wait_stream(side)
         for tensor in (loss, correct):  # made on the side stream, read on this one

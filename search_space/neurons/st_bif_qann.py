@@ -76,7 +76,7 @@ class QuantizedActivation(nn.Module):
 
 @register_neuron("st_bif_qann")
 def st_bif_qann(
-    timesteps: int, q_threshold: float = 1.0, level: int = 8, sym: bool = True, learn_threshold: bool = True,
+    timesteps: int, q_threshold: float = 0.5, level: int = 8, sym: bool = False, learn_threshold: bool = True,
 ) -> nn.Module:
     if timesteps != 1:
         raise UserInputError(
