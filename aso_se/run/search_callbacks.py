@@ -60,7 +60,8 @@ class SearchCallbacks:
         self.progress.advance(1, {k: scalars[k] for k in ("loss", "accuracy") if k in scalars})
         if self.board is not None and (metrics["global_step"] + 1) % self.log_every == 0:
             self.board.scalars("search", scalars, metrics["global_step"])
-        if self.engine is not None and self.run.checkpoint_due():
+        last_step = metrics["step"] + 1 >= self.steps_per_epoch  # the epoch's end saves anyway
+        if self.engine is not None and not last_step and self.run.checkpoint_due():
             self.save(self.engine)  # the state a stop after this step saves: resumes at the next step
 
     def on_epoch_end(self, engine: ASOSEEngine, info: dict[str, Any]) -> None:
