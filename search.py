@@ -30,7 +30,7 @@ def main(cfg: DictConfig) -> None:
         weights_loader, arch_loader = data.search_loaders(cfg.batch_size, seed=cfg.seed,
                                                           rank=ctx.rank, world_size=ctx.world_size)
         board = run.tensorboard(cfg.logger, step=engine.progress["global_step"])
-        callbacks = SearchCallbacks(run, board, steps_per_epoch=len(weights_loader),
+        callbacks = SearchCallbacks(run, board, engine=engine, steps_per_epoch=len(weights_loader),
                                     log_every_n_steps=cfg.trainer.log_every_n_steps)
         genotype = engine.run(weights_loader, arch_loader, on_step=callbacks.on_step,
                               on_epoch_end=callbacks.on_epoch_end,

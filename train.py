@@ -51,7 +51,8 @@ def main(cfg: DictConfig) -> None:
                          run.run_dir / "checkpoints" / "best.pt")
 
         if not trainer.fit(train_loader, test_loader, board=board, should_stop=run.should_stop,
-                           on_epoch_end=save):
+                           on_epoch_end=save, checkpoint_due=run.checkpoint_due,
+                           save_checkpoint=lambda: save(is_best=False)):
             save(is_best=False)
             run.raise_if_stopped()
         if ctx.is_main:
