@@ -13,7 +13,6 @@ hand-written DARTS supernet script in this process.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import functools
 import importlib.util
@@ -151,10 +150,6 @@ def bench_row(
     def step() -> None:
         engine.train_step(weights_batch, arch_batch, temperature=1.0, entropy_weight=0.0)
 
-    if row.sparse_conv:  # one step with every op, so the dispatcher calibrates every conv shape before timing
-        sampling, engine.sampling = engine.sampling, dataclasses.replace(engine.sampling, k=None)
-        step()
-        engine.sampling = sampling
     for _ in range(args.warmup):
         step()
     synchronize(device)
@@ -167,7 +162,7 @@ def bench_row(
               "gpu_ms": gpu_ms, "syncs": syncs}
     print(f"ROW | {row.name:36s} | {result['ms']:8.1f} ms | {peak:6.2f} GiB | {kernels:6d} kernels | "
           f"{gpu_ms:7.1f} ms GPU | {syncs} syncs", flush=True)
-    del engine
+    engine = None  # frees the supernet (the step closure holds it) before the next row
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
@@ -186,7 +181,8 @@ def run_anchor(path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=Path, default=None, help="CIFAR-10 train/ folder (class subfolders of JPEGs)")
-    parser.add_argument("--anchor", type=Path, default=None, help="the hand-written DARTS supernet script (darts_snn_supernet.py), run in-process")
+    parser.add_argument("--anchor", type=Path, default=None,
+                        help="the hand-written DARTS supernet script (darts_snn_supernet.py), run in-process")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rows", type=str, default=None, help="comma-separated row numbers (1-based) to run")

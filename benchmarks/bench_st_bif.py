@@ -195,7 +195,7 @@ def graph_replay(name: str, fn):
     try:
         with torch.cuda.graph(graph):
             fn()
-    except Exception as err:  # noqa: BLE001 - a baseline that cannot be captured is reported
+    except Exception as err:
         print(f"note: {name} cannot be captured in a CUDA graph: {str(err).splitlines()[0]}")
         return None
     return graph.replay

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from aso_se.search.arch_params import ArchSample, BatchedArchitectureUpdate, active_weights, draw_samples
-from aso_se.search.recompute import MemoryEfficientCell
 from aso_se.search.mixed_op import FastMixedOp, sum_terms
+from aso_se.search.recompute import MemoryEfficientCell
 from search_space.cell import CellLayout, cell_layouts, cell_preprocessing, edge_stride, reduction_indices
 from search_space.errors import UserInputError
 from search_space.multistep import Stem, mean_over_time

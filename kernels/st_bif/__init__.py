@@ -13,9 +13,9 @@ from torch import Tensor, nn
 from kernels.block_map import BlockMap
 
 from .function import st_bif_triton
-from .triton import can_write_block_map, new_block_map
 from .reference import st_bif_reference
 from .surrogates import SURROGATES, get_surrogate
+from .triton import can_write_block_map, new_block_map
 from .validation import check_bounds, check_sequence, check_threshold, check_threshold_value
 
 __all__ = ["STBIFNeuron", "SURROGATES", "level_bounds", "st_bif_multistep", "st_bif_multistep_with_block_map"]

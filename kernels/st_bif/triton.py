@@ -113,7 +113,9 @@ def _st_bif_fwd_kernel(
         sample = plane // CHANNELS
         block = (sample * BLOCK_ROWS + row // MAP_BLOCK) * BLOCK_COLS + (pixel - row * WIDTH) // MAP_BLOCK
         map_base = map_ptr + block * CHANNELS + (plane - sample * CHANNELS)
-        map_stride_t = tl.cast(n_neurons // (HEIGHT * WIDTH * CHANNELS) * (BLOCK_ROWS * BLOCK_COLS * CHANNELS), tl.int64)
+        map_stride_t = tl.cast(
+            n_neurons // (HEIGHT * WIDTH * CHANNELS) * (BLOCK_ROWS * BLOCK_COLS * CHANNELS), tl.int64
+        )
         # The plane flags [T*B, C]: the same store of 1, at the group's plane (b*C + c) of step t.
         planes_base = planes_ptr + plane
         planes_stride_t = tl.cast(n_neurons // (HEIGHT * WIDTH), tl.int64)

@@ -1,7 +1,6 @@
 """Every config group option and every experiment composes and instantiates (both entry points)."""
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import pytest
@@ -10,8 +9,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from aso_se.run.checkpoint import load_checkpoint, save_checkpoint
 from aso_se.monitor.tensorboard import TensorBoardLogger
+from aso_se.run.checkpoint import load_checkpoint, save_checkpoint
 from search_space.genotypes import GENOTYPES
 from search_space.neurons import NeuronFactory
 
