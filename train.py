@@ -11,6 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from aso_se.run import app, checkpoint
+from aso_se.train.energy_report import energy_metrics
 from aso_se.train.retrain import Retrainer
 from aso_se.train.snn_eval import is_qann, snn_metrics
 from search_space.genotypes import Genotype, load_genotype
@@ -57,11 +58,13 @@ def main(cfg: DictConfig) -> None:
             run.raise_if_stopped()
         if ctx.is_main:
             metrics = trainer.metrics()
-            if is_qann(network):  # the full test set on rank 0
-                _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
+            _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)  # the full test set on rank 0
+            if is_qann(network):
                 metrics.update(snn_metrics(network, full_test, device=ctx.device,
                                            max_timesteps=cfg.snn_max_timesteps, dtype=cfg.snn_eval_dtype,
                                            board=board))
+            metrics.update(energy_metrics(network, full_test, device=ctx.device, board=board,
+                                          step=trainer.global_step, snn_timesteps=metrics.get("snn_timesteps")))
             checkpoint.save_json({**metrics, "wall_time_s": run.wall_time_s,
                                   "genotype": genotype.to_json(), "world_size": ctx.world_size,
                                   "device": str(ctx.device), "precision": cfg.trainer.precision,

@@ -161,5 +161,9 @@ def test_a_qann_search_and_retrain_report_the_exact_snn(tmp_path: Path) -> None:
     assert metrics["snn_test_acc"] == metrics["test_acc"] and metrics["snn_prediction_agreement"] == 1.0
     assert metrics["snn_logit_max_abs_diff"] < 1e-3
     assert set(metrics["snn_acc_at_t"]) >= {"1"}
+    # The energy of the SNN: its first-layer conv reads the image (MACs), the rest reads spikes (SOPs).
+    assert metrics["sops_per_image"] > 0 and metrics["macs_per_image"] > 0
+    assert metrics["energy_per_image_uj"] == pytest.approx(
+        (0.9 * metrics["sops_per_image"] + 4.6 * metrics["macs_per_image"]) * 1e-6)
     events = EventAccumulator(str(tmp_path / "t" / "tb")).Reload()
     assert [event.step for event in events.Scalars("snn/accuracy")] == [int(t) for t in metrics["snn_acc_at_t"]]
