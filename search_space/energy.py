@@ -5,36 +5,49 @@ ST-BIF's ±θ) costs one accumulate (SOP) per non-zero input and output it reach
 borders, stride, dilation and groups included); any other input (the image, a depthwise conv's
 output, ReLU or QANN activations) costs its dense multiply-accumulates (MACs). Energy uses the 45 nm
 figures of Horowitz (ISSCC 2014): 0.9 pJ per accumulate, 4.6 pJ per MAC. BatchNorm (folded into the
-weights at inference), pooling and additions are not counted, as is usual in SNN papers.
+weights at inference), biases, pooling and additions are not counted, as is usual in SNN papers.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from search_space.errors import UserInputError
+
 E_AC_PJ, E_MAC_PJ = 0.9, 4.6
 
 
-@dataclass
+@dataclass(frozen=True)
 class LayerCount:
-    name: str
+    """One call of one conv/linear layer (a layer called twice has two entries)."""
+
+    name: str               # its name in model.named_modules()
     kind: str               # "conv" or "linear"
     spiking_input: bool
-    input_rate: float       # fraction of non-zero input elements
-    sops: float
-    macs: float
+    input_elements: int
+    input_rate: float       # fraction of non-zero input elements (its firing rate when spiking)
+    sops: float             # whole batch, all time steps
+    macs: float             # whole batch, all time steps
 
 
-@dataclass
+@dataclass(frozen=True)
 class EnergyReport:
+    """Counts of one forward; the per-image values are the batch's sums divided by its images."""
+
     images: int
     sops_per_image: float
     macs_per_image: float
     energy_per_image_uj: float
     layers: list[LayerCount] = field(default_factory=list)
+
+    def as_metrics(self) -> dict[str, float]:
+        """The per-image scalars, named as in metrics.json."""
+        return {"sops_per_image": self.sops_per_image, "macs_per_image": self.macs_per_image,
+                "energy_per_image_uj": self.energy_per_image_uj}
 
 
 def is_spikes(x: Tensor) -> bool:
@@ -47,42 +60,77 @@ def is_spikes(x: Tensor) -> bool:
 def conv_fan_out_sum(conv: nn.Conv2d, x: Tensor) -> float:
     """Σ over the non-zero inputs of the outputs each reaches: the conv of the non-zero mask with ones."""
     groups = conv.groups
-    mask = (x.detach() != 0).to(torch.float64)
-    ones = mask.new_ones(groups, conv.in_channels // groups, *conv.kernel_size)
-    reached = F.conv2d(mask, ones, None, conv.stride, conv.padding, conv.dilation, groups)
+    padding = conv.padding
+    # float64 keeps every count exact and autocast never lowers it; off anyway, to be explicit.
+    with torch.autocast(x.device.type, enabled=False):
+        mask = (x.detach() != 0).to(torch.float64)
+        if conv.padding_mode != "zeros":  # a reflected/replicated/circular border re-reads real inputs
+            mask = F.pad(mask, conv._reversed_padding_repeated_twice, mode=conv.padding_mode)
+            padding = 0
+        ones = mask.new_ones(groups, conv.in_channels // groups, *conv.kernel_size)
+        reached = F.conv2d(mask, ones, None, conv.stride, padding, conv.dilation, groups)
     return reached.sum().item() * (conv.out_channels // groups)
 
 
-def _conv_macs(conv: nn.Conv2d, x: Tensor, out: Tensor) -> float:
-    taps = conv.in_channels // conv.groups * conv.kernel_size[0] * conv.kernel_size[1]
-    return float(out.numel()) * taps
+def _conv_macs(conv: nn.Conv2d, out: Tensor) -> float:
+    return float(out.numel()) * (conv.in_channels // conv.groups) * math.prod(conv.kernel_size)
+
+
+def _linear_macs(linear: nn.Linear, x: Tensor) -> float:
+    return float(x.numel() // linear.in_features) * linear.in_features * linear.out_features
+
+
+def _count_layer(name: str, module: nn.Module, x: Tensor, out: Tensor) -> LayerCount:
+    spikes = is_spikes(x)
+    nonzero = int((x != 0).sum().item())
+    if isinstance(module, nn.Conv2d):
+        kind, sops = "conv", (conv_fan_out_sum(module, x) if spikes and nonzero else 0.0)
+        dense = _conv_macs(module, out)
+    else:
+        kind, sops = "linear", float(nonzero * module.out_features) if spikes else 0.0
+        dense = _linear_macs(module, x)
+    rate = nonzero / x.numel() if x.numel() else 0.0
+    return LayerCount(name, kind, spikes, x.numel(), rate, sops, 0.0 if spikes else dense)
+
+
+def _images(inputs: Tensor, timesteps: int | None) -> int:
+    if not isinstance(inputs, Tensor) or inputs.dim() < 1:
+        raise UserInputError("count_energy needs a batched input tensor [B, ...]; pass one batch of images")
+    if timesteps is not None and (isinstance(timesteps, bool) or not isinstance(timesteps, int) or timesteps < 1):
+        raise UserInputError(f"timesteps={timesteps!r} must be a positive integer or None; fix the call")
+    if inputs.dim() == 5:  # time-first frames [T, B, C, H, W]
+        if timesteps is not None and inputs.shape[0] != timesteps:
+            raise UserInputError(f"the frames hold {inputs.shape[0]} steps but timesteps={timesteps}; pass the same T")
+        images = inputs.shape[1]
+    elif timesteps is not None:  # flattened time-first [T*B, ...]
+        if inputs.shape[0] % timesteps:
+            raise UserInputError(f"a flattened [T*B, ...] batch of {inputs.shape[0]} is not a multiple of "
+                                 f"timesteps={timesteps}; pass the right T, or None for images [B, ...]")
+        images = inputs.shape[0] // timesteps
+    else:
+        images = inputs.shape[0]
+    if images < 1:
+        raise UserInputError("count_energy got an empty batch; pass at least one image")
+    return images
 
 
 @torch.no_grad()
-def count_energy(model: nn.Module, inputs: Tensor, *, e_ac_pj: float = E_AC_PJ,
+def count_energy(model: nn.Module, inputs: Tensor, *, timesteps: int | None = None, e_ac_pj: float = E_AC_PJ,
                  e_mac_pj: float = E_MAC_PJ) -> EnergyReport:
-    """Runs ``model(inputs)`` once (eval mode as the model is) and counts every conv and linear layer.
+    """Runs ``model(inputs)`` once, as the model is (put it in eval mode first), counting every conv and linear.
 
-    ``inputs`` is ``[B, ...]`` images or time-first ``[T, B, ...]`` frames; per image means summed over
-    all time steps and divided by B.
+    ``inputs``: images ``[B, ...]`` (a network that encodes them over its T steps itself), time-first
+    frames ``[T, B, C, H, W]``, or, with ``timesteps=T``, steps already flattened ``[T*B, ...]``.
+    Per image means summed over all time steps and divided by B. Energies in pJ per operation.
     """
-    images = inputs.shape[1] if inputs.dim() == 5 else inputs.shape[0]
+    images = _images(inputs, timesteps)
+    if e_ac_pj < 0 or e_mac_pj < 0:
+        raise UserInputError(f"energies e_ac_pj={e_ac_pj}, e_mac_pj={e_mac_pj} must be >= 0 pJ; fix the call")
     layers: list[LayerCount] = []
 
     def hook(name: str):
         def record(module: nn.Module, args: tuple[Tensor, ...], out: Tensor) -> None:
-            x = args[0]
-            spikes = is_spikes(x)
-            rate = (x != 0).float().mean().item() if x.numel() else 0.0
-            if isinstance(module, nn.Conv2d):
-                kind = "conv"
-                dense = _conv_macs(module, x, out)
-                sparse = conv_fan_out_sum(module, x) if spikes else 0.0
-            else:
-                kind = "linear"
-                dense = float(x.numel() // x.shape[-1]) * module.in_features * module.out_features
-                sparse = float((x != 0).sum().item()) * module.out_features if spikes else 0.0
-            layers.append(LayerCount(name, kind, spikes, rate, sparse, 0.0 if spikes else dense))
+            layers.append(_count_layer(name, module, args[0], out))
         return record
 
     handles = [module.register_forward_hook(hook(name)) for name, module in model.named_modules()
