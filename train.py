@@ -62,7 +62,7 @@ def main(cfg: DictConfig) -> None:
             if is_qann(network):
                 metrics.update(snn_metrics(network, full_test, device=ctx.device,
                                            max_timesteps=cfg.snn_max_timesteps, dtype=cfg.snn_eval_dtype,
-                                           board=board))
+                                           board=board, step=trainer.global_step))
             metrics.update(energy_metrics(network, full_test, device=ctx.device, board=board,
                                           step=trainer.global_step, snn_timesteps=metrics.get("snn_timesteps")))
             checkpoint.save_json({**metrics, "wall_time_s": run.wall_time_s,

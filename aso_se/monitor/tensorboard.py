@@ -54,6 +54,18 @@ class TensorBoardLogger:
         text = "\n".join(f"    {line}" for line in genotype.to_json().splitlines())
         self.writer.add_text("genotype", text, step)
 
+    def curve(self, tag: str, xs: Sequence[float], ys: Sequence[float], step: int, *, xlabel: str,
+              ylabel: str) -> None:
+        """A y-over-x line plot as a figure (scalars at x would collide with the run's global steps)."""
+        figure = Figure(figsize=(4, 3))
+        axes = figure.add_subplot()
+        axes.plot(list(xs), list(ys), marker="o")
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel(ylabel)
+        figure.tight_layout()
+        self.writer.add_figure(tag, figure, step)
+
     def firing_rates(self, rates: Mapping[str, float], step: int) -> None:
         """Per layer (cell, stem, head), a histogram of its neurons' firing rates and their mean.
 

@@ -18,15 +18,16 @@ def is_qann(network: nn.Module) -> bool:
 
 
 def snn_metrics(network: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, device: torch.device,
-                max_timesteps: int, dtype: str = "float32", board: Any = None) -> dict[str, Any]:
-    """metrics.json's SNN keys; the accuracy after t steps goes to TensorBoard as ``snn/accuracy`` at step t."""
+                max_timesteps: int, dtype: str = "float32", board: Any = None, step: int = 0) -> dict[str, Any]:
+    """metrics.json's SNN keys; TensorBoard gets the accuracy-over-steps curve as a figure."""
     if dtype not in ("float32", "float64"):
         raise UserInputError(f"snn_eval_dtype={dtype!r}: use float32 (Triton neuron) or float64 (exact)")
     result = evaluate_snn(network, batches, device=device, max_timesteps=max_timesteps,
                           dtype=getattr(torch, dtype))
     if board is not None:
-        for steps, accuracy in result.accuracy_at.items():
-            board.scalars("snn", {"accuracy": accuracy}, steps)
+        board.curve("snn/accuracy_vs_timesteps", list(result.accuracy_at), list(result.accuracy_at.values()), step,
+                    xlabel="time steps", ylabel="SNN test accuracy")
+        board.scalars("snn", {"test_acc": result.snn_accuracy, "timesteps": result.snn_timesteps}, step)
     log.info("SNN: %.4f test accuracy after %d steps to silence (QANN %.4f); max |logit difference| %.3g",
              result.snn_accuracy, result.snn_timesteps, result.qann_accuracy, result.logit_max_abs_diff)
     return {

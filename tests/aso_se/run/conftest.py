@@ -1,6 +1,7 @@
 """Running search.py / train.py inside the test process, as ``python <script>.py ...`` does."""
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 from collections.abc import Iterator
@@ -41,6 +42,8 @@ def run_app(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
             runpy.run_path(script, run_name="__main__")
         except SystemExit as exited:
             code = exited.code
+        finally:  # main_guard sets it for Hydra; subprocesses of later tests must not inherit it
+            os.environ.pop("HYDRA_FULL_ERROR", None)
         return code, capsys.readouterr().err
 
     return run
