@@ -12,10 +12,10 @@ from torch import Tensor, nn
 
 from kernels.block_map import BlockMap
 
-from .function import st_bif_triton
+from .function import STBIFFunction, st_bif_triton
 from .reference import st_bif_reference
 from .surrogates import SURROGATES, get_surrogate
-from .triton import can_write_block_map, new_block_map
+from .triton import Plan, block_map_of, get_plan
 from .validation import check_bounds, check_sequence, check_threshold, check_threshold_value
 
 __all__ = ["STBIFNeuron", "SURROGATES", "level_bounds", "st_bif_multistep", "st_bif_multistep_with_block_map"]
@@ -48,7 +48,7 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
 
 
 def level_bounds(level: int, sym: bool) -> tuple[int, int]:
-    """(pos_max, neg_min) of a `level`-level quantizer: symmetric or unsigned (design §3)."""
+    """(pos_max, neg_min) of a `level`-level quantizer: symmetric or unsigned."""
     if not isinstance(level, int) or level < 2:
         raise ValueError(f"level={level!r}: expected an int >= 2 (quantization levels)")
     return (level // 2 - 1, -(level // 2)) if sym else (level - 1, 0)
@@ -95,17 +95,62 @@ def _run(
     x_seq: Tensor, q_threshold: float | Tensor, pos_max: int, neg_min: int, surrogate: str, backend: str,
     with_block_map: bool,
 ) -> tuple[Tensor, BlockMap | None]:
+    if torch.compiler.is_compiling():
+        return _run_traced(x_seq, q_threshold, pos_max, neg_min, surrogate, backend, with_block_map)
+    if not isinstance(q_threshold, Tensor):
+        check_sequence(x_seq)
+        check_threshold(q_threshold, x_seq)
+        # A device-side fill, not a host-to-device copy: keeps CUDA-graph capture working.
+        q_threshold = torch.full((), float(q_threshold), device=x_seq.device)
+    try:
+        key = (x_seq.shape, x_seq.stride(), x_seq.dtype, x_seq.device, q_threshold.shape, q_threshold.dtype,
+               q_threshold.device, pos_max, neg_min, type(pos_max), type(neg_min), surrogate, backend)
+    except AttributeError:  # x_seq is not a tensor
+        check_sequence(x_seq)
+        raise
+    plan = _ROUTES.get(key, _NEW)
+    if plan is _NEW:
+        plan = _new_route(key, x_seq, q_threshold, pos_max, neg_min, surrogate, backend)
+    if plan is None:
+        return _st_bif_torch(x_seq, q_threshold, pos_max, neg_min, surrogate), None
+    block_map = block_map_of(plan.map_shapes, x_seq) if with_block_map and plan.map_shapes is not None else None
+    return STBIFFunction.apply(x_seq, q_threshold, plan, block_map), block_map
+
+
+# Eager calls: the checks and the backend choice made once per kind of call (every input's
+# properties but values), kept as the Triton Plan to launch with, or None for the reference.
+_ROUTES: dict[tuple, Plan | None] = {}
+_MAX_ROUTES = 4096
+_NEW = object()
+
+
+def _new_route(
+    key: tuple, x_seq: Tensor, q_threshold: Tensor, pos_max: int, neg_min: int, surrogate: str, backend: str
+) -> Plan | None:
+    check_sequence(x_seq)
+    check_threshold(q_threshold, x_seq)
+    check_bounds(pos_max, neg_min)
+    get_surrogate(surrogate)
+    kind = _resolve_backend(backend, x_seq.device)
+    plan = get_plan(x_seq, pos_max, neg_min, surrogate) if kind == "triton" else None
+    if len(_ROUTES) >= _MAX_ROUTES:
+        _ROUTES.clear()
+    _ROUTES[key] = plan
+    return plan
+
+
+def _run_traced(
+    x_seq: Tensor, q_threshold: float | Tensor, pos_max: int, neg_min: int, surrogate: str, backend: str,
+    with_block_map: bool,
+) -> tuple[Tensor, BlockMap | None]:
+    """`_run` under torch.compile: checks traced once per graph, the custom op, no block map."""
     check_sequence(x_seq)
     check_threshold(q_threshold, x_seq)
     check_bounds(pos_max, neg_min)
     get_surrogate(surrogate)
     kind = _resolve_backend(backend, x_seq.device)
     if not isinstance(q_threshold, Tensor):
-        # A device-side fill, not a host-to-device copy: keeps CUDA-graph capture working.
         q_threshold = torch.full((), float(q_threshold), device=x_seq.device)
-    if with_block_map and kind == "triton" and can_write_block_map(x_seq) and not torch.compiler.is_compiling():
-        block_map = new_block_map(x_seq)
-        return st_bif_triton(x_seq, q_threshold, pos_max, neg_min, surrogate, block_map), block_map
     return _BACKENDS[kind](x_seq, q_threshold, pos_max, neg_min, surrogate), None
 
 
@@ -140,20 +185,11 @@ class STBIFNeuron(nn.Module):
             self.register_buffer("q_threshold", threshold)
 
     def forward(self, x_seq: Tensor) -> Tensor:
-        return st_bif_multistep(
-            x_seq,
-            self.q_threshold,
-            self.pos_max,
-            self.neg_min,
-            surrogate=self.surrogate,
-            backend=self.backend,
-        )
+        return _run(x_seq, self.q_threshold, self.pos_max, self.neg_min, self.surrogate, self.backend, False)[0]
 
     def forward_with_block_map(self, x_seq: Tensor) -> tuple[Tensor, BlockMap | None]:
         """`forward` and the block map of its output (`st_bif_multistep_with_block_map`)."""
-        return st_bif_multistep_with_block_map(
-            x_seq, self.q_threshold, self.pos_max, self.neg_min, surrogate=self.surrogate, backend=self.backend
-        )
+        return _run(x_seq, self.q_threshold, self.pos_max, self.neg_min, self.surrogate, self.backend, True)
 
     def extra_repr(self) -> str:
         learn = isinstance(self.q_threshold, nn.Parameter)

@@ -1,19 +1,17 @@
 """The Triton ST-BIF's autograd: torch.library custom ops for torch.compile, an autograd.Function in eager.
 
-custom_op + register_fake + register_autograd (not triton_op/wrap_triton, which refuses
-kernels under TRITON_INTERPRET=1, design §7): torch.compile(fullgraph=True) traces both the
-forward and the backward op without a graph break. Eager calls go through `STBIFFunction`,
-which calls the same launchers without the custom op's generated autograd and dispatch:
-the step of a spiking supernet is host-bound, and on CPU with stand-in launchers an eager
-forward+backward took 61 µs this way against 136 µs through the custom op.
-Saved for backward: x_seq and the threshold, nothing else (see triton.py).
+custom_op + register_fake + register_autograd (not triton_op/wrap_triton, which refuses kernels
+under TRITON_INTERPRET=1): torch.compile(fullgraph=True) traces the forward and the backward op
+without a graph break. Eager calls go through `STBIFFunction` instead, which takes the input's
+Plan (triton.py) and calls the launchers without the custom op's dispatch and generated autograd:
+a spiking supernet's step is host-bound. Saved for backward: x_seq and the threshold only.
 """
 import torch
 from torch import Tensor
 
 from kernels.block_map import BlockMap
 
-from .triton import bwd_num_programs, st_bif_bwd, st_bif_fwd
+from .triton import Plan, backward, bwd_num_programs, forward, get_plan, st_bif_bwd, st_bif_fwd
 
 
 @torch.library.custom_op("aso_se::st_bif_forward", mutates_args=())
@@ -66,7 +64,9 @@ def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
 
 def _threshold_grad(partials: Tensor, q_threshold: Tensor) -> Tensor:
     # One partial per program, summed in a fixed order: deterministic, no atomics.
-    grad_theta = partials.sum().to(q_threshold.dtype)
+    grad_theta = partials.sum()
+    if q_threshold.dtype != torch.float32:  # a same-dtype .to() still costs a dispatch
+        grad_theta = grad_theta.to(q_threshold.dtype)
     if q_threshold.dim():  # a [1] threshold (the sum is 0-dim, like the usual one: no reshape op)
         grad_theta = grad_theta.reshape(q_threshold.shape)
     return grad_theta
@@ -85,23 +85,22 @@ _st_bif_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 class STBIFFunction(torch.autograd.Function):
-    """The eager path: the custom ops' forward and backward, calling the launchers directly."""
+    """The eager path: the custom ops' forward and backward on an input's Plan (made, with the
+    input checked, by the caller)."""
 
     @staticmethod
-    def forward(
-        ctx, x_seq: Tensor, q_threshold: Tensor, pos_max: int, neg_min: int, surrogate: str,
-        block_map: BlockMap | None = None,
-    ) -> Tensor:
+    def forward(ctx, x_seq: Tensor, q_threshold: Tensor, plan: Plan, block_map: BlockMap | None = None) -> Tensor:
         # block_map: filled in place by the kernel (see st_bif_fwd); not part of the autograd graph.
-        _setup_context(ctx, (x_seq, q_threshold, pos_max, neg_min, surrogate), None)
-        return st_bif_fwd(x_seq, q_threshold, pos_max, neg_min, block_map=block_map)[0]
+        ctx.save_for_backward(x_seq, q_threshold)
+        ctx.plan = plan
+        return forward(plan, x_seq, q_threshold, False, block_map)[0]
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor | None, None, None, None, None]:
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor | None, None, None]:
         x_seq, q_threshold = ctx.saved_tensors
         grad_threshold = ctx.needs_input_grad[1]
-        grad_x, partials = st_bif_bwd(grad_out, x_seq, q_threshold, *ctx.bounds, ctx.surrogate, grad_threshold)
-        return grad_x, _threshold_grad(partials, q_threshold) if grad_threshold else None, None, None, None, None
+        grad_x, partials = backward(ctx.plan, grad_out, x_seq, q_threshold, grad_threshold)
+        return grad_x, _threshold_grad(partials, q_threshold) if grad_threshold else None, None, None
 
 
 def st_bif_triton(
@@ -114,4 +113,8 @@ def st_bif_triton(
         if block_map is not None:
             raise ValueError("st_bif: a block map is not written under torch.compile; pass block_map=None")
         return _st_bif_forward_op(x_seq, q_threshold, pos_max, neg_min, surrogate)
-    return STBIFFunction.apply(x_seq, q_threshold, pos_max, neg_min, surrogate, block_map)
+    plan = get_plan(x_seq, pos_max, neg_min, surrogate)
+    if block_map is not None and plan.map_dims is None:
+        raise ValueError(f"a block map needs a [T, B, C, H, W] sequence of fewer than 2**31 neurons per step, "
+                         f"got shape {tuple(x_seq.shape)}")
+    return STBIFFunction.apply(x_seq, q_threshold, plan, block_map)

@@ -1,23 +1,15 @@
 """Triton kernels of the multi-step ST-BIF neuron (forward and backward) and their launchers.
 
-Both kernels view the sequence as [T, N] (N neurons, any strides; the output is contiguous)
-and give each program BLOCK neurons whose states live in registers for the whole sequence.
-T is a constexpr: the time loop is unrolled in chunks of CHUNK steps, and each chunk issues
-all its loads before its first store, so many loads are in flight per thread.
-
-Nothing is saved for backward but the input x (the caller keeps it): the backward kernel
-replays the forward from x to rebuild u_t and the counter gates in registers, then walks
-the chunk back in time. For T <= CHUNK that is one pass; for longer sequences a first pass
-replays the forward to find the state at each chunk start (x is then read twice).
-
-HBM traffic per neuron-step (b = bytes of the input dtype: 4 fp32, 2 bf16/fp16):
-  forward   read x, write out                        2b   (fp32: 8 B)
-  backward  read x, read grad_out, write grad_x      3b   (fp32: 12 B; + b if T > CHUNK)
-  together                                           5b   (fp32: 20 B; bf16: 10 B)
-plus, for a learnable threshold, one fp32 partial sum per program (deterministically summed).
+Both kernels view the sequence as [T, N] (N neurons, any strides; outputs contiguous) and give
+each program BLOCK neurons whose states stay in registers for the whole sequence; T is a
+constexpr, and the time loop is unrolled in chunks of CHUNK steps, each issuing all its loads
+before its first store. Nothing is saved for backward but x: the backward kernel replays the
+forward from x (one extra pass over x for T > CHUNK, to find each chunk's start state).
+HBM traffic per neuron-step, b bytes per element: forward 2b, backward 3b (+b for T > CHUNK).
+Launches go through a Plan made once per kind of input (shape, strides, dtype, device, bounds).
 """
 import os
-from typing import NamedTuple
+from typing import Hashable, NamedTuple
 
 import torch
 import triton
@@ -27,6 +19,7 @@ from torch import Tensor
 from kernels.block_map import BlockMap
 from kernels.dependent_launch import use_pdl, wait_then_release
 
+from .launch import Handle, launch
 from .surrogates import get_surrogate
 
 MAP_BLOCK = 8  # side of a block of the sparse conv's block map (kernels.sparse_conv.geometry.BLOCK)
@@ -37,10 +30,10 @@ _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @triton.jit
 def _st_bif_step(q, acc, x, theta, pos_max, neg_min):
-    """One time step of design §3 in fp32; returns (u, s, can_fire_pos, can_fire_neg)."""
+    """One time step of the neuron in fp32; returns (u, s, can_fire_pos, can_fire_neg)."""
     # IEEE division, as torch: the gates depend on u. Its fast path rejects a zero numerator, and a
-    # warp with one zero lane runs the slow path, so zero drive (silent inputs) cost the forward
-    # 78 instead of 53 µs (H100, RESULTS.md). 0 / θ is exactly x * (1 / θ) for any θ, NaN included.
+    # warp with one zero lane runs the slow path, which made silent inputs slow; 0 / θ is exactly
+    # x * (1 / θ) for any θ, NaN included.
     nonzero = x != 0
     u = q + tl.where(nonzero, tl.math.div_rn(tl.where(nonzero, x, 1.0), theta), x * (1.0 / theta))
     can_pos = acc < pos_max
@@ -249,13 +242,12 @@ def _check_triton_input(x_seq: Tensor) -> None:
         )
 
 
-def _device_guard(x: Tensor) -> torch.cuda.device:
-    """Launches on x's GPU whatever the current device is (a no-op on CPU)."""
-    return torch.cuda.device(x.device.index if x.is_cuda else -1)
-
-
 def _chunk(num_steps: int) -> int:
     return min(num_steps, _MAX_CHUNK)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a constexpr_function: a wrapper call per use on the host
 
 
 class LaunchConfig(NamedTuple):
@@ -263,9 +255,8 @@ class LaunchConfig(NamedTuple):
     num_warps: int = 4
 
 
-# From the launch sweep on an H200 (benchmarks/RESULTS.md): the more steps a chunk keeps in
-# registers, the fewer neurons per thread; the backward keeps ~3 values per step, the
-# forward 1, so the backward takes half the block.
+# The more steps a chunk keeps in registers, the fewer neurons per thread; the backward keeps
+# ~3 values per step, the forward 1, so the backward takes half the block.
 def fwd_config(num_steps: int) -> LaunchConfig:
     return LaunchConfig(block=1024 if _chunk(num_steps) <= 4 else 512)
 
@@ -276,7 +267,170 @@ def bwd_config(num_steps: int) -> LaunchConfig:
 
 def bwd_num_programs(x_seq: Tensor) -> int:
     """Programs of the default backward launch: the length of its threshold-grad partials."""
-    return triton.cdiv(x_seq[0].numel(), bwd_config(x_seq.shape[0]).block)
+    return _cdiv(x_seq[0].numel(), bwd_config(x_seq.shape[0]).block)
+
+
+def can_write_block_map(x_seq: Tensor) -> bool:
+    """Whether the forward kernel can write a block map for x_seq: [T, B, C, H, W], and int32
+    neuron indices (fewer than 2**31 neurons per step)."""
+    return x_seq.dim() == 5 and x_seq[0].numel() < 2**31
+
+
+MapShapes = tuple[int, tuple[int, int, int, int], tuple[int, int]]  # (number of blocks, blocks' shape, planes' shape)
+
+
+def _map_shapes(x_seq: Tensor) -> MapShapes:
+    steps, batch, channels, height, width = x_seq.shape
+    shape = (steps * batch, _cdiv(height, MAP_BLOCK), _cdiv(width, MAP_BLOCK), channels)
+    return shape[0] * shape[1] * shape[2] * channels, shape, (steps * batch, channels)
+
+
+def _view_strides(t: Tensor, num_steps: int) -> tuple[int, int] | None:
+    """t's strides as [T, N] where that is a view (the kernels then take t itself), else None."""
+    try:
+        return t.view(num_steps, -1).stride()
+    except RuntimeError:
+        return None
+
+
+class Plan:
+    """What launches on one kind of sequence need, worked out once per kind: x_seq's shape,
+    strides, dtype and device, the bounds, the surrogate and the launch configurations. It also
+    keeps both kernels' compiled launches (launch.py), keyed by what may still vary per call."""
+
+    __slots__ = ("num_steps", "chunk", "n", "x_strides", "device_index", "pos_max", "neg_min", "fwd", "bwd",
+                 "surrogate", "alpha", "map_dims", "map_shapes", "grad_strides", "fwd_handles", "bwd_handles")
+
+    def __init__(self, x_seq: Tensor, pos_max: int, neg_min: int, surrogate: str,
+                 fwd_cfg: LaunchConfig | None = None, bwd_cfg: LaunchConfig | None = None) -> None:
+        _check_triton_input(x_seq)
+        sg = get_surrogate(surrogate)
+        self.num_steps = num_steps = x_seq.shape[0]
+        self.chunk = _chunk(num_steps)
+        self.n = x_seq[0].numel()
+        self.x_strides = _view_strides(x_seq, num_steps)
+        self.device_index = x_seq.get_device() if x_seq.is_cuda else None
+        self.pos_max, self.neg_min = pos_max, neg_min
+        fwd_block, fwd_warps = fwd_cfg or fwd_config(num_steps)
+        bwd_block, bwd_warps = bwd_cfg or bwd_config(num_steps)
+        self.fwd = (fwd_block, fwd_warps, _cdiv(self.n, fwd_block))
+        self.bwd = (bwd_block, bwd_warps, _cdiv(self.n, bwd_block))
+        self.surrogate, self.alpha = sg.name, sg.alpha
+        writes_map = can_write_block_map(x_seq)
+        self.map_dims = tuple(x_seq.shape[2:]) if writes_map else None
+        self.map_shapes = _map_shapes(x_seq) if writes_map else None
+        self.grad_strides: dict[tuple[int, ...], tuple[int, int] | None] = {}  # per layout of grad_out
+        self.fwd_handles: dict[Hashable, Handle] = {}
+        self.bwd_handles: dict[Hashable, Handle] = {}
+
+
+# Triton specializes pointers on their alignment to this many bytes: part of a compiled launch's key.
+_ALIGN = 16
+_PLANS: dict[tuple, Plan] = {}
+_MAX_PLANS = 4096  # far more kinds than a network has layers times batch sizes; bounds a leak
+
+
+def get_plan(
+    x_seq: Tensor, pos_max: int, neg_min: int, surrogate: str = "sigmoid",
+    fwd_cfg: LaunchConfig | None = None, bwd_cfg: LaunchConfig | None = None,
+) -> Plan:
+    """The Plan of x_seq's kind, made on first use (ValueError for a dtype or device the kernels
+    do not take, or an unknown surrogate)."""
+    key = (x_seq.shape, x_seq.stride(), x_seq.dtype, x_seq.device, pos_max, neg_min, surrogate, fwd_cfg, bwd_cfg)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = Plan(x_seq, pos_max, neg_min, surrogate, fwd_cfg, bwd_cfg)
+    return plan
+
+
+def new_block_map(x_seq: Tensor) -> BlockMap:
+    """The zeroed block map that `st_bif_fwd(..., block_map=)` fills, for x_seq [T, B, C, H, W]:
+    its blocks and plane flags share one allocation, so one memset zeroes both."""
+    if not can_write_block_map(x_seq):
+        raise ValueError(f"a block map needs a [T, B, C, H, W] sequence of fewer than 2**31 neurons per step, "
+                         f"got shape {tuple(x_seq.shape)}")
+    return block_map_of(_map_shapes(x_seq), x_seq)
+
+
+def block_map_of(map_shapes: MapShapes, x_seq: Tensor) -> BlockMap:
+    """`new_block_map` for shapes already worked out (a Plan's `map_shapes`)."""
+    blocks, shape, planes_shape = map_shapes
+    buffer = torch.zeros(blocks + planes_shape[0] * planes_shape[1], dtype=torch.int8, device=x_seq.device)
+    return BlockMap(buffer[:blocks].view(shape), buffer[blocks:].view(planes_shape))
+
+
+def forward(
+    plan: Plan, x_seq: Tensor, q_threshold: Tensor, with_state: bool = False, block_map: BlockMap | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """`st_bif_fwd` for an x_seq of the plan's kind, without checks."""
+    out = torch.empty_like(x_seq, memory_format=torch.contiguous_format)
+    q_final = acc_final = None
+    if with_state:
+        q_final = torch.empty(x_seq.shape[1:], dtype=torch.float32, device=x_seq.device)
+        acc_final = torch.empty_like(q_final)
+    if plan.n == 0:
+        return out, q_final, acc_final
+    if plan.x_strides is None:  # a copy, contiguous: the same strides every call
+        x_seq = x_seq.reshape(plan.num_steps, -1)
+        stride_t, stride_n = x_seq.stride()
+    else:
+        stride_t, stride_n = plan.x_strides
+    block, num_warps, num_programs = plan.fwd
+    if block_map is None:
+        blocks = planes = None
+        channels = height = width = 1  # variants with a map are compiled per plane shape; others share one
+        pdl = False
+    else:
+        blocks, planes = block_map
+        channels, height, width = plan.map_dims
+        pdl = use_pdl(x_seq)  # the map's reader, the conv, follows
+    key = None
+    if plan.device_index is not None:  # what fixes Triton's specialization beyond the plan (see _ALIGN)
+        key = (x_seq.data_ptr() % _ALIGN, out.data_ptr() % _ALIGN, q_threshold.dtype, q_threshold.data_ptr() % _ALIGN,
+               with_state, blocks is not None, pdl)
+        if with_state:
+            key += (q_final.data_ptr() % _ALIGN, acc_final.data_ptr() % _ALIGN)
+        if blocks is not None:
+            key += (blocks.data_ptr() % _ALIGN, planes.data_ptr() % _ALIGN)
+    args = (x_seq, out, q_final, acc_final, q_threshold, blocks, planes, plan.n, stride_t, stride_n,
+            plan.pos_max, plan.neg_min, plan.num_steps, plan.chunk, block, with_state, blocks is not None,
+            MAP_BLOCK, channels, height, width, pdl)  # fmt: skip
+    launch(_st_bif_fwd_kernel, plan.fwd_handles, key, plan.device_index, num_programs, args, num_warps, pdl)
+    return out, q_final, acc_final
+
+
+def backward(
+    plan: Plan, grad_out: Tensor, x_seq: Tensor, q_threshold: Tensor, grad_threshold: bool,
+) -> tuple[Tensor, Tensor]:
+    """`st_bif_bwd` for an x_seq of the plan's kind and a grad_out of its shape, without checks."""
+    grad_x = torch.empty_like(x_seq, memory_format=torch.contiguous_format)
+    block, num_warps, num_programs = plan.bwd
+    partials = torch.empty(num_programs if grad_threshold else 0, dtype=torch.float32, device=x_seq.device)
+    if plan.n == 0:
+        return grad_x, partials
+    if plan.x_strides is None:
+        x_seq = x_seq.reshape(plan.num_steps, -1)
+        x_stride_t, x_stride_n = x_seq.stride()
+    else:
+        x_stride_t, x_stride_n = plan.x_strides
+    layout = grad_out.stride()  # e.g. contiguous, or all 0 for the gradient of a sum
+    g_strides = plan.grad_strides.get(layout, False)
+    if g_strides is False:
+        g_strides = plan.grad_strides[layout] = _view_strides(grad_out, plan.num_steps)
+    if g_strides is None:
+        grad_out = grad_out.reshape(plan.num_steps, -1)
+        g_strides = grad_out.stride()
+    key = None
+    if plan.device_index is not None:
+        key = (x_seq.data_ptr() % _ALIGN, grad_out.dtype, grad_out.data_ptr() % _ALIGN, g_strides,
+               grad_x.data_ptr() % _ALIGN, q_threshold.dtype, q_threshold.data_ptr() % _ALIGN,
+               partials.data_ptr() % _ALIGN, grad_threshold)
+    args = (x_seq, grad_out, grad_x, q_threshold, partials, plan.n, x_stride_t, x_stride_n, *g_strides,
+            plan.pos_max, plan.neg_min, plan.num_steps, plan.chunk, block, plan.surrogate, plan.alpha, grad_threshold)
+    launch(_st_bif_bwd_kernel, plan.bwd_handles, key, plan.device_index, num_programs, args, num_warps)
+    return grad_x, partials
 
 
 def st_bif_fwd(
@@ -296,50 +450,11 @@ def st_bif_fwd(
     plane spikes: the spike-sparse convolution's map (kernels/block_map.py), so that it need not
     read the output to make it.
     """
-    _check_triton_input(x_seq)
-    num_steps = x_seq.shape[0]
-    block, num_warps = config or fwd_config(num_steps)
-    x2d = x_seq.reshape(num_steps, -1)  # a view whenever the strides allow
-    n = x2d.shape[1]
-    out = torch.empty(x_seq.shape, dtype=x_seq.dtype, device=x_seq.device)
-    q_final = acc_final = None
-    if with_state:
-        q_final = torch.empty(x_seq.shape[1:], dtype=torch.float32, device=x_seq.device)
-        acc_final = torch.empty_like(q_final)
-    if n == 0:
-        return out, q_final, acc_final
-    with _device_guard(x_seq):
-        # Map variants are compiled per plane shape (a few per network); others share one.
-        channels, height, width = x_seq.shape[2:] if block_map is not None else (1, 1, 1)
-        pdl = block_map is not None and use_pdl(x_seq)  # the map's reader, the conv, follows
-        _st_bif_fwd_kernel[(triton.cdiv(n, block),)](
-            x2d, out, q_final, acc_final, q_threshold,
-            *(block_map if block_map is not None else (None, None)),
-            n, x2d.stride(0), x2d.stride(1), pos_max, neg_min,
-            T=num_steps, CHUNK=_chunk(num_steps), BLOCK=block, WRITE_STATE=with_state,
-            WRITE_MAP=block_map is not None, MAP_BLOCK=MAP_BLOCK, CHANNELS=channels, HEIGHT=height, WIDTH=width,
-            PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
-        )  # fmt: skip
-    return out, q_final, acc_final
-
-
-def can_write_block_map(x_seq: Tensor) -> bool:
-    """Whether the forward kernel can write a block map for x_seq: [T, B, C, H, W], and int32
-    neuron indices (fewer than 2**31 neurons per step)."""
-    return x_seq.dim() == 5 and x_seq[0].numel() < 2**31
-
-
-def new_block_map(x_seq: Tensor) -> BlockMap:
-    """The zeroed block map that `st_bif_fwd(..., block_map=)` fills, for x_seq [T, B, C, H, W]:
-    its blocks and plane flags share one allocation, so one memset zeroes both."""
-    if not can_write_block_map(x_seq):
+    plan = get_plan(x_seq, pos_max, neg_min, fwd_cfg=config)
+    if block_map is not None and plan.map_dims is None:
         raise ValueError(f"a block map needs a [T, B, C, H, W] sequence of fewer than 2**31 neurons per step, "
                          f"got shape {tuple(x_seq.shape)}")
-    steps, batch, channels, height, width = x_seq.shape
-    shape = (steps * batch, triton.cdiv(height, MAP_BLOCK), triton.cdiv(width, MAP_BLOCK), channels)
-    blocks = shape[0] * shape[1] * shape[2] * channels
-    buffer = torch.zeros(blocks + steps * batch * channels, dtype=torch.int8, device=x_seq.device)
-    return BlockMap(buffer[:blocks].view(shape), buffer[blocks:].view(steps * batch, channels))
+    return forward(plan, x_seq, q_threshold, with_state, block_map)
 
 
 def st_bif_bwd(
@@ -354,24 +469,5 @@ def st_bif_bwd(
     config: LaunchConfig | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Returns (grad_x, partials): partials sum to grad θ (empty unless grad_threshold)."""
-    _check_triton_input(x_seq)
-    sg = get_surrogate(surrogate)
-    num_steps = x_seq.shape[0]
-    block, num_warps = config or bwd_config(num_steps)
-    x2d = x_seq.reshape(num_steps, -1)
-    g2d = grad_out.reshape(num_steps, -1)  # may be non-contiguous, even stride 0
-    n = x2d.shape[1]
-    grad_x = torch.empty(x_seq.shape, dtype=x_seq.dtype, device=x_seq.device)
-    num_programs = triton.cdiv(n, block)
-    partials = torch.empty(num_programs if grad_threshold else 0, device=x_seq.device)
-    if n == 0:
-        return grad_x, partials
-    with _device_guard(x_seq):
-        _st_bif_bwd_kernel[(num_programs,)](
-            x2d, g2d, grad_x, q_threshold, partials,
-            n, x2d.stride(0), x2d.stride(1), g2d.stride(0), g2d.stride(1), pos_max, neg_min,
-            T=num_steps, CHUNK=_chunk(num_steps), BLOCK=block,
-            SURROGATE=sg.name, ALPHA=sg.alpha, GRAD_THRESHOLD=grad_threshold,
-            num_warps=num_warps,
-        )  # fmt: skip
-    return grad_x, partials
+    plan = get_plan(x_seq, pos_max, neg_min, surrogate, bwd_cfg=config)
+    return backward(plan, grad_out, x_seq, q_threshold, grad_threshold)

@@ -1,0 +1,47 @@
+"""Kernel launches that skip `JITFunction.run` once a kernel is compiled for a launch key.
+
+`JITFunction.run` binds and specializes every argument, builds a cache key from them and the
+options, and makes launch metadata for two Python hooks on every call. Here the first launch
+for a key goes through it (compiling if needed) and keeps the compiled kernel's launcher,
+function handle and packed metadata under that key; later launches call the launcher
+directly, with the arguments in the kernel's order (constexprs included, as `run` passes them).
+The caller's key must fix every argument's specialization: dtypes, integer values and pointer
+alignment to 16 bytes. Under Triton's CPU interpreter, or while launch hooks are registered
+(profilers), every launch goes through `JITFunction.run`.
+"""
+from typing import Any, Callable, Hashable
+
+import torch
+from triton import knobs
+from triton.compiler import CompiledKernel
+
+Handle = tuple[Callable[..., Any], Any, Any]  # (launcher, function handle, packed metadata)
+
+
+_RUNTIME = knobs.runtime
+# The hook chains every launch passes to its launcher; while both are these and empty, a launch
+# without them (None, as for a kernel launched without hooks) does the same.
+_ENTER, _EXIT = _RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook
+
+
+def launch(
+    kernel: Any, handles: dict[Hashable, Handle], key: Hashable, device_index: int | None, num_programs: int,
+    args: tuple, num_warps: int, pdl: bool = False,
+) -> None:
+    """kernel[(num_programs,)](*args, num_warps=, launch_pdl=) on the current stream of device
+    `device_index` (None: a CPU tensor, under the interpreter); `handles` holds the kernel's
+    compiled launches, by key."""
+    if device_index is not None and torch._C._cuda_getDevice() != device_index:
+        with torch.cuda.device(device_index):
+            return launch(kernel, handles, key, device_index, num_programs, args, num_warps, pdl)
+    handle = handles.get(key)
+    if (handle is not None and _RUNTIME.launch_enter_hook is _ENTER and not _ENTER.calls
+            and _RUNTIME.launch_exit_hook is _EXIT and not _EXIT.calls):
+        launcher, function, metadata = handle
+        stream = torch._C._cuda_getCurrentRawStream(device_index)
+        launcher(num_programs, 1, 1, stream, function, metadata, None, None, None, *args)
+        return None
+    compiled = kernel[(num_programs,)](*args, num_warps=num_warps, launch_pdl=pdl)
+    if device_index is not None and isinstance(compiled, CompiledKernel):
+        handles[key] = (compiled.run, compiled.function, compiled.packed_metadata)
+    return None
