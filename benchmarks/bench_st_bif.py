@@ -1,24 +1,19 @@
-"""Benchmark of the fused ST-BIF neuron (claim: issue 3). Needs a CUDA GPU.
+"""Benchmark of the fused ST-BIF neuron. Needs a CUDA GPU.
 
-    PYTHONPATH=. python benchmarks/bench_st_bif.py [--sweep]
+    PYTHONPATH=. python benchmarks/bench_st_bif.py [--sweep] [--host-only]
 
-First checks on the GPU that the Triton path matches the torch reference (outputs, final
-states, grads of x and θ), that it runs inside a CUDA graph and under
-torch.compile(fullgraph=True). Then prints one table: ours vs spikingjelly 2.0's Triton
-ST-BIF (inference only), torch.compile of our reference, a compiled plain loop, the eager
-reference; forward and forward+backward (grads of x and a learnable θ); fp32 and bf16;
-T in {4, 8}; N = 64·128·32·32 neurons.
-
-Every implementation is timed twice, as medians of triton.testing.do_bench (which zeroes a
-256 MB buffer before every timed call, so no input is served from L2): as eager calls, which
-include the host's per-call cost (Python, dispatcher, autograd engine), and as replays of a
-CUDA graph captured once, which is device time alone. Ratios, GB/s and % of copy use the
-graph replays. Bandwidths count the bytes the job needs (forward: read x, write out;
-forward+backward: also read x and grad_out, write grad_x) against a device-to-device copy
-measured in the same run. --sweep also times the kernels' launch configurations.
+Checks on the GPU that the Triton path matches the torch reference, runs in a CUDA graph and under
+torch.compile(fullgraph=True); then one table against spikingjelly 2.0's Triton ST-BIF (inference
+only), torch.compile of our reference, a compiled plain loop and the eager reference (medians of
+triton.testing.do_bench, eager calls and CUDA-graph replays; bandwidths against a measured copy),
+and one table of host time per eager call (fp32, bf16, fp16; T = 4, 8) against graph replays and
+torch.compile. N = 64·128·32·32 neurons. --sweep also times the kernels' launch configurations.
 """
 import argparse
+import cProfile
 import datetime
+import pstats
+import time
 from importlib.metadata import version
 
 import torch
@@ -303,14 +298,115 @@ def sweep() -> None:
                       f"{3 * step_bytes / us / 1e3:.0f} |")  # fmt: skip
 
 
+# ---------------------------------------------------------------- host time per call
+def host_wall_event_us(fn, calls: int = 40, repeats: int = 5) -> tuple[float, float, float]:
+    """Per call of fn over `calls` back-to-back calls (best of `repeats`): the host's time in the
+    loop (time.perf_counter, no sync inside it), the wall time to the GPU's end (one sync after
+    the loop) and the GPU's span between CUDA events recorded before and after the loop. Host
+    time below the GPU's time means the launches run ahead and the GPU never waits."""
+    fn()
+    torch.cuda.synchronize()
+    start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = (float("inf"),) * 3
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        start_event.record()
+        for _ in range(calls):
+            fn()
+        host = time.perf_counter() - start
+        end_event.record()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        event = start_event.elapsed_time(end_event) / 1e3
+        best = tuple(min(b, v / calls * 1e6) for b, v in zip(best, (host, wall, event)))
+    return best
+
+
+def python_calls_per_call(fn, calls: int = 20) -> tuple[float, float]:
+    """(function calls, Python frames among them) per call of fn, counted by cProfile."""
+    fn()
+    torch.cuda.synchronize()
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        fn()
+    profile.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profile)
+    python = sum(v[1] for k, v in stats.stats.items() if not k[0].startswith("~"))  # "~": builtins
+    return stats.total_calls / calls, python / calls
+
+
+def host_rows(num_steps: int, dtype_name: str) -> list[tuple]:
+    """(T, dtype, implementation, pass, host µs, wall µs, event µs, graph replay µs) rows."""
+    dtype = DTYPES[dtype_name]
+    x = torch.randn(num_steps, *NEURON_SHAPE, device="cuda").to(dtype).requires_grad_()
+    grad_out = torch.randn_like(x)
+    neuron = STBIFNeuron(q_threshold=1.0, learn_threshold=True, backend="triton").cuda()
+    theta = neuron.q_threshold
+    torch._dynamo.reset()
+    compiled_reference = torch.compile(reference)
+    compiled_neuron = torch.compile(neuron)
+
+    def fwd_bwd(module):
+        return lambda: torch.autograd.grad(module(x), (x, theta), grad_out)
+
+    def forward(module):
+        def run():
+            with torch.no_grad():
+                return module(x)
+
+        return run
+
+    candidates = {
+        ("ours eager (STBIFNeuron, learnable θ)", "fwd+bwd"): fwd_bwd(neuron),
+        ("ours eager (STBIFNeuron, learnable θ)", "forward"): forward(neuron),
+        ("ours under torch.compile", "fwd+bwd"): fwd_bwd(compiled_neuron),
+        ("torch.compile, reference", "fwd+bwd"): fwd_bwd(lambda x_seq: compiled_reference(x_seq, theta)),
+        ("torch.compile, reference", "forward"): forward(lambda x_seq: compiled_reference(x_seq, theta)),
+    }
+    rows = []
+    for (name, pass_name), fn in candidates.items():
+        host_us, wall_us, event_us = host_wall_event_us(fn)
+        replay = graph_replay(name, fn)
+        graph_us = host_wall_event_us(replay)[2] if replay else None
+        rows.append((num_steps, dtype_name, name, pass_name, host_us, wall_us, event_us, graph_us))
+    return rows
+
+
+def print_host_table(rows: list) -> None:
+    print("\n| T | dtype | implementation | pass | host µs / call | wall µs / call | GPU span µs / call | "
+          "graph replay µs | span / replay |")  # fmt: skip
+    print("|---|---|---|---|---:|---:|---:|---:|---:|")
+    for steps, dtype, name, pass_name, host_us, wall_us, event_us, graph_us in rows:
+        graph = f"{graph_us:.1f} | {event_us / graph_us:.2f}" if graph_us else " | "
+        print(f"| {steps} | {dtype} | {name} | {pass_name} | {host_us:.1f} | {wall_us:.1f} | {event_us:.1f} | "
+              f"{graph} |")  # fmt: skip
+
+
+def host_table() -> None:
+    rows = [row for num_steps in (4, 8) for dtype_name in DTYPES for row in host_rows(num_steps, dtype_name)]
+    print_host_table(rows)
+    x = torch.randn(4, *NEURON_SHAPE, device="cuda", requires_grad=True)
+    neuron = STBIFNeuron(q_threshold=1.0, learn_threshold=True, backend="triton").cuda()
+    grad_out = torch.randn_like(x)
+    calls, frames = python_calls_per_call(lambda: torch.autograd.grad(neuron(x), (x, neuron.q_threshold), grad_out))
+    print(f"\nours eager fwd+bwd, T=4 fp32: {calls:.0f} function calls per call, {frames:.0f} of them Python frames")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time launch configurations")
+    parser.add_argument("--host-only", action="store_true", help="only the table of host time per call")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | spikingjelly {version('spikingjelly')} | "
           f"{datetime.date.today()}")  # fmt: skip
+    if args.host_only:
+        host_table()
+        return
     print("spikingjelly stbif implementation:",
           sj_functional.neuron_implementation("stbif", torch.device("cuda")))  # fmt: skip
     check_matches_reference()
@@ -328,6 +424,7 @@ def main() -> None:
         for dtype_name in ("fp32", "bf16"):
             bench_one(num_steps, dtype_name, rows)
     print_table(rows)
+    host_table()
     if args.sweep:
         sweep()
 

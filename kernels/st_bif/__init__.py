@@ -2,8 +2,10 @@
 
 `st_bif_multistep` runs the neuron over a whole sequence `[T, ...]` from its initial state
 (q = 0.5, acc = 0); `STBIFNeuron` is the module for `[T, B, ...]` input. The backend is picked
-once, from one table: "auto" runs the Triton kernels on CUDA and the torch reference
-elsewhere; "triton" and "torch" force one ("triton" on CPU tensors needs TRITON_INTERPRET=1).
+from one table: "auto" runs the Triton kernels on CUDA and the torch reference elsewhere;
+"triton" and "torch" force one ("triton" on CPU tensors needs TRITON_INTERPRET=1). Eager calls
+check their inputs and pick the backend once per kind of call (shapes, strides, dtypes, devices,
+bounds, surrogate, backend); under torch.compile the checks are traced and the custom op runs.
 """
 from typing import Callable
 
@@ -96,7 +98,7 @@ def _run(
     with_block_map: bool,
 ) -> tuple[Tensor, BlockMap | None]:
     if torch.compiler.is_compiling():
-        return _run_traced(x_seq, q_threshold, pos_max, neg_min, surrogate, backend, with_block_map)
+        return _run_traced(x_seq, q_threshold, pos_max, neg_min, surrogate, backend), None
     if not isinstance(q_threshold, Tensor):
         check_sequence(x_seq)
         check_threshold(q_threshold, x_seq)
@@ -140,10 +142,9 @@ def _new_route(
 
 
 def _run_traced(
-    x_seq: Tensor, q_threshold: float | Tensor, pos_max: int, neg_min: int, surrogate: str, backend: str,
-    with_block_map: bool,
-) -> tuple[Tensor, BlockMap | None]:
-    """`_run` under torch.compile: checks traced once per graph, the custom op, no block map."""
+    x_seq: Tensor, q_threshold: float | Tensor, pos_max: int, neg_min: int, surrogate: str, backend: str
+) -> Tensor:
+    """`_run` under torch.compile (no block map): the checks, traced once per graph, and the custom op."""
     check_sequence(x_seq)
     check_threshold(q_threshold, x_seq)
     check_bounds(pos_max, neg_min)
@@ -151,7 +152,7 @@ def _run_traced(
     kind = _resolve_backend(backend, x_seq.device)
     if not isinstance(q_threshold, Tensor):
         q_threshold = torch.full((), float(q_threshold), device=x_seq.device)
-    return _BACKENDS[kind](x_seq, q_threshold, pos_max, neg_min, surrogate), None
+    return _BACKENDS[kind](x_seq, q_threshold, pos_max, neg_min, surrogate)
 
 
 class STBIFNeuron(nn.Module):

@@ -1,15 +1,12 @@
-"""Readable torch reference of the multi-step ST-BIF neuron: the ground truth (design §3).
+"""Readable torch reference of the multi-step ST-BIF neuron: the ground truth.
 
-Per neuron, with threshold θ > 0 and integer bounds neg_min < pos_max:
-
-    q_0 = 0.5, acc_0 = 0
+Per neuron, with threshold θ > 0 and integer bounds neg_min < pos_max, from q_0 = 0.5, acc_0 = 0:
     u_t   = q_{t-1} + x_t / θ
     s_t   = [u_t >= 1]·[acc_{t-1} < pos_max] − [u_t < 0]·[acc_{t-1} > neg_min]
     acc_t = acc_{t-1} + s_t ;  q_t = u_t − s_t ;  out_t = s_t·θ
-
-States are kept in fp32 for fp16/bf16/fp32 inputs (fp64 stays fp64, for gradcheck); out has
-the input dtype. Autograd differentiates through u (BPTT), with the step's derivative
-replaced by a surrogate; the counter acc is not differentiated (its bounds act as gates).
+States are fp32 for fp16/bf16/fp32 inputs (fp64 stays fp64, for gradcheck); out has the input
+dtype. Autograd runs BPTT through u with a surrogate in place of the spike's derivative; the
+counter acc is not differentiated (its bounds act as gates).
 """
 from typing import Callable
 
