@@ -20,3 +20,17 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # also for the entry points the tests start
+
+
+_HYDRA_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR")
+
+
+@pytest.fixture(autouse=True)
+def _restore_hydra_full_error():
+    """Entry points run in-process set HYDRA_FULL_ERROR=1 for Hydra; subprocesses of later tests would
+    inherit it and print tracebacks instead of one-line errors."""
+    yield
+    if _HYDRA_FULL_ERROR is None:
+        os.environ.pop("HYDRA_FULL_ERROR", None)
+    else:
+        os.environ["HYDRA_FULL_ERROR"] = _HYDRA_FULL_ERROR
