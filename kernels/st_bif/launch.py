@@ -2,12 +2,11 @@
 
 `JITFunction.run` binds and specializes every argument, builds a cache key from them and the
 options, and makes launch metadata for two Python hooks on every call. Here the first launch
-for a key goes through it (compiling if needed) and keeps the compiled kernel's launcher,
-function handle and packed metadata under that key; later launches call the launcher
-directly, with the arguments in the kernel's order (constexprs included, as `run` passes them).
-The caller's key must fix every argument's specialization: dtypes, integer values and pointer
-alignment to 16 bytes. Under Triton's CPU interpreter, or while launch hooks are registered
-(profilers), every launch goes through `JITFunction.run`.
+for a key goes through it (compiling if needed) and keeps the compiled kernel's launcher under
+that key; later launches call it directly, with the arguments in the kernel's order (constexprs
+included, as `run` passes them). The caller's key must fix every argument's specialization:
+dtypes, integer values, pointer alignment to 16 bytes. Under Triton's CPU interpreter, or while
+launch hooks are registered (profilers), every launch goes through `JITFunction.run`.
 """
 from typing import Any, Callable, Hashable
 
@@ -15,13 +14,33 @@ import torch
 from triton import knobs
 from triton.compiler import CompiledKernel
 
-Handle = tuple[Callable[..., Any], Any, Any]  # (launcher, function handle, packed metadata)
-
+# (launcher, function handle, the launcher's arguments between the function and the hooks)
+Handle = tuple[Callable[..., Any], Any, tuple]
 
 _RUNTIME = knobs.runtime
 # The hook chains every launch passes to its launcher; while both are these and empty, a launch
 # without them (None, as for a kernel launched without hooks) does the same.
 _ENTER, _EXIT = _RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook
+
+
+def _cuda_launcher_type() -> type | None:
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+    except ImportError:  # another backend
+        return None
+    return CudaLauncher
+
+
+def keep(compiled: CompiledKernel) -> Handle:
+    """The handle of a compiled kernel that was launched once (its launcher is loaded)."""
+    launcher = compiled.run
+    cuda_launcher = _cuda_launcher_type()
+    if (cuda_launcher is not None and isinstance(launcher, cuda_launcher) and not launcher.global_scratch_size
+            and not launcher.profile_scratch_size):
+        # CudaLauncher.__call__ allocates no scratch then: call its C launch with what it adds.
+        prefix = (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, compiled.packed_metadata)
+        return launcher.launch, compiled.function, prefix
+    return launcher, compiled.function, (compiled.packed_metadata,)
 
 
 def launch(
@@ -37,11 +56,11 @@ def launch(
     handle = handles.get(key)
     if (handle is not None and _RUNTIME.launch_enter_hook is _ENTER and not _ENTER.calls
             and _RUNTIME.launch_exit_hook is _EXIT and not _EXIT.calls):
-        launcher, function, metadata = handle
+        launcher, function, prefix = handle
         stream = torch._C._cuda_getCurrentRawStream(device_index)
-        launcher(num_programs, 1, 1, stream, function, metadata, None, None, None, *args)
+        launcher(num_programs, 1, 1, stream, function, *prefix, None, None, None, *args)
         return None
     compiled = kernel[(num_programs,)](*args, num_warps=num_warps, launch_pdl=pdl)
     if device_index is not None and isinstance(compiled, CompiledKernel):
-        handles[key] = (compiled.run, compiled.function, compiled.packed_metadata)
+        handles[key] = keep(compiled)
     return None

@@ -285,6 +285,29 @@ _FAKE_GPU = textwrap.dedent('''
                 if attempt == 1:  # the second call of a case launches through the kept handles only
                     assert hooks == (None, None, None), hooks
                     direct += 1
+    # A kept CUDA launcher needing no scratch is called below its __call__: the same C launch.
+    from triton.backends.nvidia.driver import CudaLauncher
+    from kernels.st_bif.launch import keep, launch
+
+    def fake_cuda_compiled(pdl):
+        launcher = object.__new__(CudaLauncher)
+        launcher.__dict__.update(num_ctas=1, global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
+                                 profile_scratch_align=1, launch_cooperative_grid=False, launch_pdl=pdl)
+        launcher.launch = lambda *args: RECORDS.append((launcher, args))
+        compiled = object.__new__(CompiledKernel)
+        compiled.__dict__.update(_run=launcher, module=1, function=1234, packed_metadata=(8, 1, 0))
+        return compiled
+
+    for pdl in (False, True):
+        compiled = fake_cuda_compiled(pdl)
+        kernel_args = (x, None, 3, -4, 8, True)
+        RECORDS.clear()
+        compiled.run(5, 1, 1, 7, compiled.function, compiled.packed_metadata, None, None, None, *kernel_args)
+        launch(None, {"key": keep(compiled)}, "key", 0, 5, kernel_args, 8)
+        assert len(RECORDS) == 2 and RECORDS[0] == RECORDS[1], RECORDS
+        assert keep(compiled)[0] is compiled.run.launch
+    compiled.run.global_scratch_size = 64
+    assert keep(compiled)[0] is compiled.run  # scratch to allocate: through CudaLauncher.__call__
     # A registered launch hook (a profiler's) sends launches through JITFunction.run again.
     seen = []
     triton.knobs.runtime.launch_enter_hook.add(seen.append)
@@ -297,9 +320,10 @@ _FAKE_GPU = textwrap.dedent('''
 
 def test_kept_launches_match_what_triton_would_launch():
     """On a faked GPU: a launch through a kept handle passes what JITFunction.run passes to the
-    same compiled kernel (grid, stream, function, metadata, arguments), and the handle kept for
-    a launch key is the kernel Triton itself picks for the arguments: dtypes, alignments, strides,
-    T, θ's dtype and shape, gradient layouts, the block map and the final state."""
+    same compiled kernel (grid, stream, function, metadata, arguments; for a CUDA launcher, what
+    its __call__ passes to its C launch), and the handle kept for a launch key is the kernel
+    Triton itself picks for the arguments: dtypes, alignments, strides, T, θ's dtype and shape,
+    gradient layouts, the block map and the final state."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["CUDA_VISIBLE_DEVICES"] = ""
     root = Path(__file__).resolve().parents[2]
