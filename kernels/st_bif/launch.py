@@ -4,9 +4,9 @@
 options, and makes launch metadata for two Python hooks on every call. Here the first launch
 for a key goes through it (compiling if needed) and keeps the compiled kernel's launcher under
 that key; later launches call it directly, with the arguments in the kernel's order (constexprs
-included, as `run` passes them). The caller's key must fix every argument's specialization:
-dtypes, integer values, pointer alignment to 16 bytes. Under Triton's CPU interpreter, or while
-launch hooks are registered (profilers), every launch goes through `JITFunction.run`.
+included, as `run` passes them; pointers as addresses). The caller's key must fix every
+argument's specialization: dtypes, integer values, pointer alignment to 16 bytes. Under the CPU
+interpreter, or while launch hooks are registered (profilers), launches go through `run`.
 """
 from typing import Any, Callable, Hashable
 
@@ -45,22 +45,24 @@ def keep(compiled: CompiledKernel) -> Handle:
 
 def launch(
     kernel: Any, handles: dict[Hashable, Handle], key: Hashable, device_index: int | None, num_programs: int,
-    args: tuple, num_warps: int, pdl: bool = False,
+    tensors: tuple, pointers: tuple | None, scalars: tuple, num_warps: int, pdl: bool = False,
 ) -> None:
-    """kernel[(num_programs,)](*args, num_warps=, launch_pdl=) on the current stream of device
-    `device_index` (None: a CPU tensor, under the interpreter); `handles` holds the kernel's
-    compiled launches, by key."""
+    """kernel[(num_programs,)](*tensors, *scalars, num_warps=, launch_pdl=) on the current stream of
+    device `device_index` (None: CPU tensors, under the interpreter). `tensors` are the kernel's
+    leading pointer arguments (or None), `pointers` their data_ptr()s (None where they are None):
+    a kept launch takes the addresses, which spares its launcher a method call and a driver query
+    per pointer. `handles` holds the kernel's kept launches, by key."""
     if device_index is not None and torch._C._cuda_getDevice() != device_index:
         with torch.cuda.device(device_index):
-            return launch(kernel, handles, key, device_index, num_programs, args, num_warps, pdl)
+            return launch(kernel, handles, key, device_index, num_programs, tensors, pointers, scalars, num_warps, pdl)
     handle = handles.get(key)
     if (handle is not None and _RUNTIME.launch_enter_hook is _ENTER and not _ENTER.calls
             and _RUNTIME.launch_exit_hook is _EXIT and not _EXIT.calls):
         launcher, function, prefix = handle
         stream = torch._C._cuda_getCurrentRawStream(device_index)
-        launcher(num_programs, 1, 1, stream, function, *prefix, None, None, None, *args)
+        launcher(num_programs, 1, 1, stream, function, *prefix, None, None, None, *pointers, *scalars)
         return None
-    compiled = kernel[(num_programs,)](*args, num_warps=num_warps, launch_pdl=pdl)
+    compiled = kernel[(num_programs,)](*tensors, *scalars, num_warps=num_warps, launch_pdl=pdl)
     if device_index is not None and isinstance(compiled, CompiledKernel):
         handles[key] = keep(compiled)
     return None

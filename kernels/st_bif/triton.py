@@ -386,18 +386,24 @@ def forward(
         blocks, planes = block_map
         channels, height, width = plan.map_dims
         pdl = use_pdl(x_seq)  # the map's reader, the conv, follows
-    key = None
+    tensors = (x_seq, out, q_final, acc_final, q_threshold, blocks, planes)
+    scalars = (plan.n, stride_t, stride_n, plan.pos_max, plan.neg_min, plan.num_steps, plan.chunk, block,
+               with_state, blocks is not None, MAP_BLOCK, channels, height, width, pdl)
+    key = pointers = None
     if plan.device_index is not None:  # what fixes Triton's specialization beyond the plan (see _ALIGN)
-        key = (x_seq.data_ptr() % _ALIGN, out.data_ptr() % _ALIGN, q_threshold.dtype, q_threshold.data_ptr() % _ALIGN,
-               with_state, blocks is not None, pdl)
+        x_ptr, out_ptr, theta_ptr = x_seq.data_ptr(), out.data_ptr(), q_threshold.data_ptr()
+        q_ptr = acc_ptr = blocks_ptr = planes_ptr = None
+        key = (x_ptr % _ALIGN, out_ptr % _ALIGN, q_threshold.dtype, theta_ptr % _ALIGN, with_state,
+               blocks is not None, pdl)
         if with_state:
-            key += (q_final.data_ptr() % _ALIGN, acc_final.data_ptr() % _ALIGN)
+            q_ptr, acc_ptr = q_final.data_ptr(), acc_final.data_ptr()
+            key += (q_ptr % _ALIGN, acc_ptr % _ALIGN)
         if blocks is not None:
-            key += (blocks.data_ptr() % _ALIGN, planes.data_ptr() % _ALIGN)
-    args = (x_seq, out, q_final, acc_final, q_threshold, blocks, planes, plan.n, stride_t, stride_n,
-            plan.pos_max, plan.neg_min, plan.num_steps, plan.chunk, block, with_state, blocks is not None,
-            MAP_BLOCK, channels, height, width, pdl)  # fmt: skip
-    launch(_st_bif_fwd_kernel, plan.fwd_handles, key, plan.device_index, num_programs, args, num_warps, pdl)
+            blocks_ptr, planes_ptr = blocks.data_ptr(), planes.data_ptr()
+            key += (blocks_ptr % _ALIGN, planes_ptr % _ALIGN)
+        pointers = (x_ptr, out_ptr, q_ptr, acc_ptr, theta_ptr, blocks_ptr, planes_ptr)
+    launch(_st_bif_fwd_kernel, plan.fwd_handles, key, plan.device_index, num_programs, tensors, pointers, scalars,
+           num_warps, pdl)
     return out, q_final, acc_final
 
 
@@ -422,14 +428,17 @@ def backward(
     if g_strides is None:
         grad_out = grad_out.reshape(plan.num_steps, -1)
         g_strides = grad_out.stride()
-    key = None
+    tensors = (x_seq, grad_out, grad_x, q_threshold, partials)
+    scalars = (plan.n, x_stride_t, x_stride_n, *g_strides, plan.pos_max, plan.neg_min, plan.num_steps, plan.chunk,
+               block, plan.surrogate, plan.alpha, grad_threshold)
+    key = pointers = None
     if plan.device_index is not None:
-        key = (x_seq.data_ptr() % _ALIGN, grad_out.dtype, grad_out.data_ptr() % _ALIGN, g_strides,
-               grad_x.data_ptr() % _ALIGN, q_threshold.dtype, q_threshold.data_ptr() % _ALIGN,
-               partials.data_ptr() % _ALIGN, grad_threshold)
-    args = (x_seq, grad_out, grad_x, q_threshold, partials, plan.n, x_stride_t, x_stride_n, *g_strides,
-            plan.pos_max, plan.neg_min, plan.num_steps, plan.chunk, block, plan.surrogate, plan.alpha, grad_threshold)
-    launch(_st_bif_bwd_kernel, plan.bwd_handles, key, plan.device_index, num_programs, args, num_warps)
+        pointers = (x_seq.data_ptr(), grad_out.data_ptr(), grad_x.data_ptr(), q_threshold.data_ptr(),
+                    partials.data_ptr())
+        key = (pointers[0] % _ALIGN, grad_out.dtype, pointers[1] % _ALIGN, g_strides, pointers[2] % _ALIGN,
+               q_threshold.dtype, pointers[3] % _ALIGN, pointers[4] % _ALIGN, grad_threshold)
+    launch(_st_bif_bwd_kernel, plan.bwd_handles, key, plan.device_index, num_programs, tensors, pointers, scalars,
+           num_warps)
     return grad_x, partials
 
 
