@@ -409,11 +409,14 @@ def forward(
 
 def backward(
     plan: Plan, grad_out: Tensor, x_seq: Tensor, q_threshold: Tensor, grad_threshold: bool,
-) -> tuple[Tensor, Tensor]:
-    """`st_bif_bwd` for an x_seq of the plan's kind and a grad_out of its shape, without checks."""
+) -> tuple[Tensor, Tensor | None]:
+    """`st_bif_bwd` for an x_seq of the plan's kind and a grad_out of its shape, without checks
+    (partials None unless grad_threshold)."""
     grad_x = torch.empty_like(x_seq, memory_format=torch.contiguous_format)
     block, num_warps, num_programs = plan.bwd
-    partials = torch.empty(num_programs if grad_threshold else 0, dtype=torch.float32, device=x_seq.device)
+    partials = None
+    if grad_threshold:
+        partials = torch.empty(num_programs, dtype=torch.float32, device=x_seq.device)
     if plan.n == 0:
         return grad_x, partials
     if plan.x_strides is None:
@@ -433,10 +436,10 @@ def backward(
                block, plan.surrogate, plan.alpha, grad_threshold)
     key = pointers = None
     if plan.device_index is not None:
-        pointers = (x_seq.data_ptr(), grad_out.data_ptr(), grad_x.data_ptr(), q_threshold.data_ptr(),
-                    partials.data_ptr())
+        partials_ptr = partials.data_ptr() if grad_threshold else None
+        pointers = (x_seq.data_ptr(), grad_out.data_ptr(), grad_x.data_ptr(), q_threshold.data_ptr(), partials_ptr)
         key = (pointers[0] % _ALIGN, grad_out.dtype, pointers[1] % _ALIGN, g_strides, pointers[2] % _ALIGN,
-               q_threshold.dtype, pointers[3] % _ALIGN, pointers[4] % _ALIGN, grad_threshold)
+               q_threshold.dtype, pointers[3] % _ALIGN, partials_ptr % _ALIGN if grad_threshold else None)
     launch(_st_bif_bwd_kernel, plan.bwd_handles, key, plan.device_index, num_programs, tensors, pointers, scalars,
            num_warps)
     return grad_x, partials
@@ -479,4 +482,5 @@ def st_bif_bwd(
 ) -> tuple[Tensor, Tensor]:
     """Returns (grad_x, partials): partials sum to grad θ (empty unless grad_threshold)."""
     plan = get_plan(x_seq, pos_max, neg_min, surrogate, bwd_cfg=config)
-    return backward(plan, grad_out, x_seq, q_threshold, grad_threshold)
+    grad_x, partials = backward(plan, grad_out, x_seq, q_threshold, grad_threshold)
+    return grad_x, x_seq.new_empty(0, dtype=torch.float32) if partials is None else partials
