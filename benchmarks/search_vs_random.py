@@ -3,8 +3,8 @@
 Runs S searches (search.py), draws R random genotypes under the search's derivation rules, and retrains
 every cell (searched, random, DARTS_V2 as reference, POOR_POOL_SKIP as a floor) with train.py under the
 same overrides and seeds. Writes DIR/summary.json, summary.md and summary.png; prints the table last.
-The CIFAR-10 protocol (search: experiment=cifar10_snn; retrain: experiment=cifar10_snn epochs=30
-model.network.layers=8 model.network.channels=16), e.g. on one GPU:
+The CIFAR-10 protocol (search: experiment=cifar10_snn, or cifar10_qann with --experiment; retrain: the same
+experiment with epochs=30 model.network.layers=8 model.network.channels=16), e.g. on one GPU:
 
     python benchmarks/search_vs_random.py --out DIR --searches 3 --randoms 5 --parallel 2 data.root=<cifar10>
     python benchmarks/search_vs_random.py --out DIR --smoke    # every code path in about a minute on a CPU
@@ -43,8 +43,7 @@ REFERENCE, POOR = "DARTS_V2", "POOR_POOL_SKIP"
 CELL_TYPES = ("normal", "reduce")
 # Keys the benchmark sets for every run itself.
 RESERVED_KEYS = ("seed", "genotype", "resume", "hydra.run.dir")
-CIFAR10_SEARCH = ("experiment=cifar10_snn",)
-CIFAR10_RETRAIN = ("experiment=cifar10_snn",)
+CIFAR10_EXPERIMENTS = ("cifar10_snn", "cifar10_qann")  # BPTT at T = 4, or ST-BIF trained as its quantized ANN
 CIFAR10_RETRAIN_BUDGET = {"epochs": 30, "layers": 8, "channels": 16}
 SMOKE = ("experiment=smoke", "logger=none")
 
@@ -122,7 +121,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     budget.update({key: value for key, value in flags.items() if value is not None})
     retrain_budget = tuple(f"{'epochs' if key == 'epochs' else f'model.network.{key}'}={value}"
                            for key, value in budget.items())
-    base_search, base_train = (SMOKE, SMOKE) if args.smoke else (CIFAR10_SEARCH, CIFAR10_RETRAIN)
+    base_search = base_train = SMOKE if args.smoke else (f"experiment={args.experiment}",)
     return Plan(
         out=args.out.resolve(),
         search_overrides=(*base_search, *device, *common, *search_only),
@@ -511,6 +510,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="a new or empty directory: every run and the summary")
     parser.add_argument("--smoke", action="store_true", help="experiment=smoke for every run: seconds each on a CPU")
+    parser.add_argument("--experiment", default="cifar10_snn", choices=CIFAR10_EXPERIMENTS,
+                        help="the CIFAR-10 experiment of every run: cifar10_snn (BPTT, T = 4) or cifar10_qann")
     parser.add_argument("--searches", type=int, default=None, help="searches (seeds 0..S-1); default 3, smoke 2")
     parser.add_argument("--randoms", type=int, default=None, help="random cells (seeds 0..R-1); default 5, smoke 2")
     parser.add_argument("--retrain-seeds", type=int, default=1, help="retrains of every cell (seeds 0..N-1)")

@@ -158,6 +158,14 @@ def test_the_cifar10_plan_and_its_flags(tmp_path):
                                   f"hydra.run.dir='{tmp_path / 'train_random_3_seed0'}'")
 
 
+def test_the_qann_experiment_is_every_runs_experiment(tmp_path):
+    plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--experiment", "cifar10_qann"]))
+    assert plan.search_overrides == ("experiment=cifar10_qann",)
+    assert plan.train_overrides[0] == "experiment=cifar10_qann"
+    rules = bench.search_space_rules(plan)  # both entry points compose it
+    assert rules.primitives == PRIMITIVE_SETS["darts"]
+
+
 def test_the_smoke_plan_keeps_the_experiments_network_unless_told(tmp_path):
     plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--smoke", "--retrain-layers", "5"]))
     assert plan.train_overrides == ("experiment=smoke", "logger=none", "model.network.layers=5")
