@@ -16,6 +16,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -206,10 +207,18 @@ def fixed_cells(plan: Plan, rules: SpaceRules) -> dict[str, dict[str, Genotype]]
 
 
 # ----------------------------------------------------------------------------- running
-class Runner:
-    """Runs jobs as subprocesses, ``parallel`` at once; on the first failure stops the others."""
+DONE = "benchmark_run.json"  # in a run dir: the run finished; its exit code, wall and CPU seconds
 
-    def __init__(self, parallel: int, env: Mapping[str, str]) -> None:
+
+class Runner:
+    """Runs jobs as subprocesses, ``parallel`` at once; on the first failure stops the others.
+
+    ``resume``: a job whose run dir holds ``DONE`` is not run again (its recorded result is used);
+    an unfinished one is deleted and run from scratch.
+    """
+
+    def __init__(self, parallel: int, env: Mapping[str, str], resume: bool = False) -> None:
+        self._resume = resume
         self._pool = ThreadPoolExecutor(max_workers=parallel)
         self._env = dict(env)
         self._lock = threading.Lock()
@@ -217,6 +226,12 @@ class Runner:
         self._stopping = False
 
     def _run(self, job: Job) -> JobResult:
+        done = job.run_dir / DONE
+        if self._resume and done.is_file():
+            record = json.loads(done.read_text())
+            return JobResult(job, returncode=0, wall_s=record["wall_s"], cpu_s=record["cpu_s"])
+        if self._resume and job.run_dir.exists():
+            shutil.rmtree(job.run_dir)
         job.log.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         with self._lock:
@@ -231,7 +246,10 @@ class Runner:
         process.returncode = os.waitstatus_to_exitcode(status)
         with self._lock:
             del self._running[process.pid]
-        return JobResult(job, process.returncode, time.perf_counter() - started, usage.ru_utime + usage.ru_stime)
+        result = JobResult(job, process.returncode, time.perf_counter() - started, usage.ru_utime + usage.ru_stime)
+        if result.returncode == 0:
+            save_json({"wall_s": result.wall_s, "cpu_s": result.cpu_s}, done)
+        return result
 
     def _stop(self) -> None:
         with self._lock:
@@ -444,7 +462,7 @@ def minutes_per_arm(searches: Sequence[Mapping[str, Any]],
     return minutes
 
 
-def run_benchmark(plan: Plan, parallel: int) -> dict[str, Any]:
+def run_benchmark(plan: Plan, parallel: int, resume: bool = False) -> dict[str, Any]:
     """Runs every search and retrain of ``plan`` and returns the summary (also written to plan.out)."""
     rules = search_space_rules(plan)
     fixed = fixed_cells(plan, rules)
@@ -463,7 +481,7 @@ def run_benchmark(plan: Plan, parallel: int) -> dict[str, Any]:
         return retrain_jobs(plan, "searched", result.job.source, result.job.run_dir / "genotype.json")
 
     env = child_env(parallel)
-    results = Runner(parallel, env).run_all(jobs, follow_up)
+    results = Runner(parallel, env, resume).run_all(jobs, follow_up)
     retrains = sorted((r for r in results if r.job.script == "train.py"), key=lambda r: r.job.name)
     arms = {arm: [collect_retrain(r) for r in retrains if r.job.arm == arm] for arm in ARMS}
     stats = {arm: arm_stats(runs) for arm, runs in arms.items()}
@@ -509,6 +527,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="a new or empty directory: every run and the summary")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue a stopped benchmark in --out (same arguments): finished runs are kept")
     parser.add_argument("--smoke", action="store_true", help="experiment=smoke for every run: seconds each on a CPU")
     parser.add_argument("--experiment", default="cifar10_snn", choices=CIFAR10_EXPERIMENTS,
                         help="the CIFAR-10 experiment of every run: cifar10_snn (BPTT, T = 4) or cifar10_qann")
@@ -538,9 +558,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         plan = make_plan(args)
-        if plan.out.exists() and any(plan.out.iterdir()):
-            raise UserInputError(f"--out {plan.out} is not empty; pass a new directory (runs are never overwritten)")
-        summary = run_benchmark(plan, args.parallel)
+        if plan.out.exists() and any(plan.out.iterdir()) and not args.resume:
+            raise UserInputError(f"--out {plan.out} is not empty; pass a new directory (runs are never overwritten) "
+                                 "or --resume to continue the benchmark there")
+        summary = run_benchmark(plan, args.parallel, args.resume)
     except (UserInputError, BenchmarkError) as error:
         print(f"search_vs_random: {error}", file=sys.stderr)
         return 2 if isinstance(error, UserInputError) else 1

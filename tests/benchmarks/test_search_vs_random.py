@@ -7,6 +7,7 @@ import math
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -107,6 +108,21 @@ def test_smoke_budget_stats_and_outputs(smoke):
     assert lines[-8].startswith("searched >= random + 1 std?") and lines[-7].startswith("poor < random - 1 std?")
 
 
+def test_resume_reuses_finished_runs_and_reruns_an_unfinished_one(smoke, tmp_path, capsys):
+    out = tmp_path / "copy"
+    shutil.copytree(smoke[0], out)
+    unfinished = out / "train_random_1_seed0"
+    (unfinished / bench.DONE).unlink()
+    kept = {path: path.stat().st_mtime_ns for path in out.glob("*/metrics.json") if path.parent != unfinished}
+    assert bench.main(["--out", str(out), "--smoke", "--parallel", "2", "--resume"]) == 0
+    assert {path: path.stat().st_mtime_ns for path in kept} == kept  # not run again
+    assert (unfinished / bench.DONE).is_file() and (unfinished / "metrics.json").is_file()
+    before = json.loads((smoke[0] / "summary.json").read_text())
+    after = json.loads((out / "summary.json").read_text())
+    assert after["stats"] == before["stats"]  # the rerun retrain is the same seeded CPU run
+    assert "not empty" not in capsys.readouterr().err
+
+
 def test_a_failed_run_stops_the_benchmark_with_one_line(tmp_path):
     result = run_benchmark("--out", str(tmp_path / "out"), "--smoke", "--search-override", "search.schedule.cycles=0")
     assert result.returncode == 1
@@ -134,7 +150,8 @@ def test_bad_input_is_refused(tmp_path, args, message, capsys):
 def test_a_non_empty_out_dir_is_refused(tmp_path, capsys):
     (tmp_path / "old.txt").write_text("keep me")
     assert bench.main(["--out", str(tmp_path), "--smoke"]) == 2
-    assert "is not empty" in capsys.readouterr().err and (tmp_path / "old.txt").read_text() == "keep me"
+    err = capsys.readouterr().err
+    assert "is not empty" in err and "--resume" in err and (tmp_path / "old.txt").read_text() == "keep me"
 
 
 def test_overrides_that_do_not_compose_are_refused_before_any_run(tmp_path, capsys):
