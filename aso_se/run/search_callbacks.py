@@ -25,10 +25,10 @@ from search_space.neurons import firing_rates
 
 # Per-step scalars of the engine that go to TensorBoard (the rest are positions and counters).
 _STEP_SCALARS = ("loss", "accuracy", "arch_loss", "arch_accuracy", "lr", "temperature",
-                 "entropy", "entropy_weight", "images_per_second")
+                 "entropy", "entropy_weight", "energy_uj", "images_per_second")
 # Per-epoch figures of the engine shown in the epoch's log line.
 _EPOCH_SUMMARY = ("loss", "accuracy", "arch_loss", "arch_accuracy", "images_per_second", "lr",
-                  "temperature", "entropy", "arch_kl", "seconds")
+                  "temperature", "entropy", "arch_kl", "energy_uj", "seconds")
 
 
 class SearchCallbacks:

@@ -35,6 +35,7 @@ from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
 from aso_se.search import fast_math
 from aso_se.search.arch_params import ArchSample, SamplingConfig
 from aso_se.search.architect import first_order_arch_step, second_order_arch_step
+from aso_se.search.energy_cost import expected_energy, measure_op_costs, uniform_energy
 from aso_se.search.evolution import EvolutionConfig, derive_genotype, prune_weak_ops, track_weak_ops
 from aso_se.search.growth import grow_supernet, rebind_optimizer
 from aso_se.search.schedule import Phase, PlanEntry, SearchSchedule
@@ -86,7 +87,8 @@ class ASOSEEngine:
     ``weights_scheduler``: optional factory taking the weights optimizer, stepped once per
     training epoch (its length should be ``schedule.total_epochs``). ``grad_clip``: max norm of
     the weight gradients (None: no clipping). ``precision``: "bf16" runs forwards under
-    autocast (weights, α and optimizer state stay fp32).
+    autocast (weights, α and optimizer state stay fp32). ``energy_weight``: λ of the spike-aware
+    α loss, ``λ · E_α[energy] / E_uniform`` (``aso_se.search.energy_cost``); 0 = off.
     """
 
     def __init__(
@@ -104,9 +106,15 @@ class ASOSEEngine:
         device: str | torch.device = "cpu",
         precision: Precision = "fp32",
         seed: int = 0,
+        energy_weight: float = 0.0,
     ) -> None:
         if precision not in ("fp32", "bf16"):
             raise UserInputError(f"precision {precision!r}: expected 'fp32' or 'bf16'; fix trainer.precision")
+        if not (isinstance(energy_weight, (int, float)) and math.isfinite(energy_weight) and energy_weight >= 0):
+            raise UserInputError(f"energy_weight={energy_weight!r}: need a number >= 0 (0 = off); "
+                                 "fix search.energy_weight")
+        self.energy_weight = float(energy_weight)
+        self._op_costs: Tensor | None = None  # [types, edges, ops] µJ per image, measured each search epoch
         self.device = torch.device(device)
         self.schedule, self.sampling, self.evolution = schedule, sampling, evolution
         self.second_order, self.grad_clip, self.precision, self.seed = second_order, grad_clip, precision, seed
@@ -177,6 +185,9 @@ class ASOSEEngine:
         last_push = time.perf_counter()
         world_size = distributed_world_size()  # images/s counts every rank's images
         for batches in zip(*loaders):
+            if searching and self.energy_weight > 0 and (self._step == 0 or self._op_costs is None):
+                # Firing rates change as the weights train: the costs are measured anew each search epoch.
+                self._op_costs = measure_op_costs(self.supernet, self._to_device(batches[1])[0])
             progress = self.schedule.search_progress(entry.epoch_in_phase, self._step, steps_per_epoch)
             self.temperature = self.schedule.temperature(entry.phase, progress)
             entropy_weight = self.schedule.entropy_weight(progress) if searching else 0.0
@@ -246,7 +257,7 @@ class ASOSEEngine:
                     raise TrainingDiverged(non_finite_message(metrics, name))
             totals = self._epoch_totals
             totals["steps"] = totals.get("steps", 0.0) + 1
-            for name in ("images", "loss", "accuracy", "arch_loss", "arch_accuracy"):
+            for name in ("images", "loss", "accuracy", "arch_loss", "arch_accuracy", "energy_uj"):
                 if name in metrics:
                     totals[name] = totals.get(name, 0.0) + metrics[name]
             if on_step is not None:
@@ -310,7 +321,12 @@ class ASOSEEngine:
             outputs["arch_loss"], outputs["arch_accuracy"] = self._loss(batch, sample, arch_grad=True)
             logits = torch.stack([self.supernet.arch[kind].logits() for kind in CELL_TYPES])
             outputs["entropy"] = self._mean_entropy(logits)
-            return outputs["arch_loss"] + entropy_weight * outputs["entropy"]
+            loss = outputs["arch_loss"] + entropy_weight * outputs["entropy"]
+            if self.energy_weight > 0 and self._op_costs is not None:
+                outputs["energy_uj"] = expected_energy(logits, self._op_costs)
+                unit = uniform_energy(logits.detach(), self._op_costs).clamp_min(1e-12)
+                loss = loss + self.energy_weight * outputs["energy_uj"] / unit
+            return loss
 
         def train_loss() -> Tensor:
             return self._loss(weights_batch, sample, arch_grad=True)[0]
@@ -429,6 +445,7 @@ class ASOSEEngine:
             "genotypes": [genotype.to_json() for genotype in self.genotypes],
             "rng": capture_rng_state(),
             "gumbel_rng": self.generator.get_state(),
+            "op_costs": None if self._op_costs is None else self._op_costs.cpu(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -457,13 +474,15 @@ class ASOSEEngine:
         self.genotypes = [Genotype.from_json(text) for text in state["genotypes"]]
         self.generator.set_state(state["gumbel_rng"])
         self._pending_rng = state["rng"]
+        costs = state.get("op_costs")  # absent in checkpoints from before the energy-aware loss
+        self._op_costs = None if costs is None else costs.to(self.device)
 
 
 def build_engine(
     *, supernet: Callable[..., SearchNetwork], schedule: SearchSchedule, sampling: SamplingConfig,
     evolution: EvolutionConfig, second_order: bool, grad_clip: float | None, search_space: Any,
     neuron: Callable[[], nn.Module], num_classes: int, in_channels: int, optim: dict[str, Any],
-    device: str | torch.device = "cpu", precision: Precision = "fp32", seed: int = 0,
+    device: str | torch.device = "cpu", precision: Precision = "fp32", seed: int = 0, energy_weight: float = 0.0,
 ) -> ASOSEEngine:
     """The engine of a composed ``search`` config node (Hydra ``_partial_``), completed by search.py
     with the search space, neuron, data shapes, optimizers (``optim``: weights, arch, weights_scheduler)
@@ -475,5 +494,5 @@ def build_engine(
         network, weights_optimizer=optim["weights"], arch_optimizer=optim["arch"],
         weights_scheduler=None if scheduler is None else functools.partial(scheduler, T_max=schedule.total_epochs),
         schedule=schedule, sampling=sampling, evolution=evolution, second_order=second_order,
-        grad_clip=grad_clip, device=device, precision=precision, seed=seed,
+        grad_clip=grad_clip, device=device, precision=precision, seed=seed, energy_weight=energy_weight,
     )
