@@ -89,7 +89,7 @@ class Plan:
     device: str | None
 
 
-def _quoted(value: str | Path) -> str:
+def quoted(value: str | Path) -> str:
     """A Hydra override value quoted, so that paths with spaces, '=' or ',' pass through."""
     text = str(value)
     if "'" in text:
@@ -137,7 +137,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
 def search_job(plan: Plan, seed: int) -> Job:
     run_dir = plan.out / f"search_{seed}"
     return Job(name=f"search_{seed}", arm="searched", script="search.py",
-               overrides=(*plan.search_overrides, f"seed={seed}", f"hydra.run.dir={_quoted(run_dir)}"),
+               overrides=(*plan.search_overrides, f"seed={seed}", f"hydra.run.dir={quoted(run_dir)}"),
                run_dir=run_dir, log=plan.out / "logs" / f"search_{seed}.log", seed=seed, source=f"search_{seed}")
 
 
@@ -148,8 +148,8 @@ def retrain_jobs(plan: Plan, arm: str, source: str, genotype_path: Path) -> list
         name = f"train_{source}_seed{seed}"
         run_dir = plan.out / name
         jobs.append(Job(name=name, arm=arm, script="train.py", run_dir=run_dir, seed=seed, source=source,
-                        overrides=(*plan.train_overrides, f"genotype={_quoted(genotype_path)}", f"seed={seed}",
-                                   f"hydra.run.dir={_quoted(run_dir)}"),
+                        overrides=(*plan.train_overrides, f"genotype={quoted(genotype_path)}", f"seed={seed}",
+                                   f"hydra.run.dir={quoted(run_dir)}"),
                         log=plan.out / "logs" / f"{name}.log"))
     return jobs
 
@@ -166,7 +166,7 @@ class SpaceRules:
     config: dict[str, Any]  # the raw search_space and evolution.max_skip_connect, to compare with each run's
 
 
-def _compose(config_name: str, overrides: Sequence[str]) -> Any:
+def compose_config(config_name: str, overrides: Sequence[str]) -> Any:
     from hydra import compose, initialize_config_dir
 
     try:
@@ -188,10 +188,10 @@ def search_space_rules(plan: Plan) -> SpaceRules:
     """The searches' search space, composed from the search overrides; also checks the retrain overrides."""
     from omegaconf import OmegaConf
 
-    composed = _compose("search", plan.search_overrides)
+    composed = compose_config("search", plan.search_overrides)
     search_cfg = OmegaConf.to_container(composed.search_space, resolve=True)
     evolution = OmegaConf.to_container(composed.search.evolution, resolve=True)
-    _compose("train", (*plan.train_overrides, "genotype=DARTS_V2"))
+    compose_config("train", (*plan.train_overrides, "genotype=DARTS_V2"))
     config = space_config({"search_space": search_cfg, "search": {"evolution": evolution}})
     return SpaceRules(primitives=check_primitives(search_cfg["primitives"]), steps=int(search_cfg["steps"]),
                       multiplier=int(search_cfg["multiplier"]), max_skip_connect=evolution["max_skip_connect"],

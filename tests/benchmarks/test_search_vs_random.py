@@ -290,4 +290,4 @@ def test_random_cells_are_what_the_search_derivation_can_produce():
 
 def test_user_input_errors_are_one_line():
     with pytest.raises(UserInputError, match="single quote"):
-        bench._quoted("/tmp/it's")
+        bench.quoted("/tmp/it's")

@@ -1,0 +1,183 @@
+"""Energy-aware search: one search per λ (``search.energy_weight``), each cell retrained under one budget.
+
+Writes DIR/summary.json (per λ and seed: the genotype, test accuracy and energy per image of the
+retrained cell), summary.md (the table) and pareto.png (accuracy against energy, the Pareto front
+marked); prints the table last. Searches and retrains take the same overrides as search_vs_random.py:
+
+    python benchmarks/energy_pareto.py --out DIR --weights 0,0.5,2 data=cifar10 data.root=<cifar10>
+    python benchmarks/energy_pareto.py --out DIR --smoke    # every code path in about a minute on a CPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: the packages live beside benchmarks/
+    sys.path.insert(0, str(REPO))
+
+from aso_se.run.checkpoint import save_json  # noqa: E402
+from benchmarks.search_vs_random import (  # noqa: E402
+    SMOKE,
+    BenchmarkError,
+    Job,
+    JobResult,
+    Runner,
+    check_overrides,
+    child_env,
+    collect_retrain,
+    compose_config,
+    quoted,
+)
+from search_space.errors import UserInputError  # noqa: E402
+
+
+def parse_weights(text: str) -> tuple[float, ...]:
+    try:
+        weights = tuple(float(value) for value in text.split(","))
+    except ValueError:
+        raise UserInputError(f"--weights {text!r}: expected numbers separated by commas, e.g. 0,0.5,2") from None
+    if any(not weight >= 0 for weight in weights) or len(set(weights)) != len(weights):
+        raise UserInputError(f"--weights {text!r}: need distinct numbers >= 0 (0 = the plain search)")
+    return weights
+
+
+def plan_jobs(out: Path, weights: Sequence[float], seeds: int, search: Sequence[str]) -> list[Job]:
+    jobs = []
+    for weight in weights:
+        for seed in range(seeds):
+            name = f"search_w{weight:g}_s{seed}"
+            run_dir = out / name
+            jobs.append(Job(name=name, arm=f"{weight:g}", script="search.py", run_dir=run_dir, seed=seed,
+                            source=name, log=out / "logs" / f"{name}.log",
+                            overrides=(*search, f"search.energy_weight={weight}", f"seed={seed}",
+                                       f"hydra.run.dir={quoted(run_dir)}")))
+    return jobs
+
+
+def retrain_job(out: Path, search: Job, train: Sequence[str]) -> Job:
+    name = f"train_{search.name.removeprefix('search_')}"
+    run_dir = out / name
+    return Job(name=name, arm=search.arm, script="train.py", run_dir=run_dir, seed=0, source=search.name,
+               log=out / "logs" / f"{name}.log",
+               overrides=(*train, f"genotype={quoted(search.run_dir / 'genotype.json')}", "seed=0",
+                          f"hydra.run.dir={quoted(run_dir)}"))
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the (energy, accuracy) points that no other point beats on both (lower energy, higher acc)."""
+    return [i for i, (energy, acc) in enumerate(points)
+            if not any(e <= energy and a >= acc and (e, a) != (energy, acc) for e, a in points)]
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["| λ | runs | test acc (mean) | energy per image µJ (mean) | SOPs | MACs | params (M) |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {row['energy_weight']:g} | {row['n']} | {row['test_acc']:.4f} | {row['energy_uj']:.4g} "
+                     f"| {row['sops']:.4g} | {row['macs']:.4g} | {row['params_m']:.4f} |")
+    return "\n".join(lines)
+
+
+def plot(runs: Sequence[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [(run["energy_per_image_uj"], run["test_acc"]) for run in runs]
+    front = sorted((points[i] for i in pareto_front(points)))
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for run, (energy, acc) in zip(runs, points):
+        axes.scatter(energy, acc, s=24)
+        axes.annotate(f"λ={run['energy_weight']:g}", (energy, acc), textcoords="offset points", xytext=(4, 4))
+    axes.plot(*zip(*front), "k--", alpha=0.5, label="Pareto front")
+    axes.set_xlabel("energy per image (µJ, 45 nm)")
+    axes.set_ylabel("test accuracy")
+    axes.legend()
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    common = check_overrides(args.overrides)
+    base = SMOKE if args.smoke else ()
+    search = (*base, *common, *check_overrides(args.search_override))
+    train = (*base, *common, *check_overrides(args.train_override))
+    compose_config("search", search)  # bad overrides are refused before any run
+    compose_config("train", (*train, "genotype=DARTS_V2"))
+    out = args.out.resolve()
+    searches = {job.name: job for job in plan_jobs(out, args.weights, args.seeds, search)}
+
+    def follow_up(result: JobResult) -> list[Job]:
+        return [retrain_job(out, result.job, train)] if result.job.script == "search.py" else []
+
+    results = Runner(args.parallel, child_env(args.parallel), args.resume).run_all(list(searches.values()), follow_up)
+    runs = []
+    for result in sorted((r for r in results if r.job.script == "train.py"), key=lambda r: r.job.name):
+        metrics = json.loads((result.job.run_dir / "metrics.json").read_text())
+        if "energy_per_image_uj" not in metrics:
+            raise BenchmarkError(f"run {result.job.name} wrote no energy figures; its log is {result.job.log}")
+        runs.append({**collect_retrain(result), "energy_weight": float(result.job.arm),
+                     "search_seed": searches[result.job.source].seed,
+                     **{key: metrics[key] for key in ("energy_per_image_uj", "sops_per_image", "macs_per_image")}})
+    rows = []
+    for weight in args.weights:
+        mine = [run for run in runs if run["energy_weight"] == weight]
+        rows.append({"energy_weight": weight, "n": len(mine),
+                     **{key: statistics.fmean(run[field] for run in mine) for key, field in (
+                         ("test_acc", "test_acc"), ("energy_uj", "energy_per_image_uj"), ("sops", "sops_per_image"),
+                         ("macs", "macs_per_image"), ("params_m", "params_m"))}})
+    front = pareto_front([(row["energy_uj"], row["test_acc"]) for row in rows])
+    summary = {"runs": runs, "rows": rows, "pareto_weights": [rows[i]["energy_weight"] for i in front],
+               "search_overrides": list(search), "train_overrides": list(train)}
+    save_json(summary, out / "summary.json")
+    (out / "summary.md").write_text(f"# Energy-aware search: λ sweep\n\nSearch: `{' '.join(search)}`; retrain: "
+                                    f"`{' '.join(train)}`.\n\n{table(rows)}\n\nPareto front: λ = "
+                                    f"{', '.join(f'{w:g}' for w in summary['pareto_weights'])}\n")
+    plot(runs, out / "pareto.png")
+    return summary
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="a new or empty directory: every run and the summary")
+    parser.add_argument("--weights", default="0,0.5,2", help="the λ values (search.energy_weight), comma-separated")
+    parser.add_argument("--seeds", type=int, default=1, help="searches per λ (seeds 0..N-1)")
+    parser.add_argument("--smoke", action="store_true", help="experiment=smoke for every run: seconds each on a CPU")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue a stopped sweep in --out: finished runs are kept")
+    parser.add_argument("--search-override", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. data=cifar10 neuron=lif")
+    args = parser.parse_args(argv)
+    for name in ("seeds", "parallel"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        args.weights = parse_weights(args.weights)
+        if args.out.exists() and any(args.out.iterdir()) and not args.resume:
+            raise UserInputError(f"--out {args.out} is not empty; pass a new directory or --resume")
+        summary = run(args)
+    except (UserInputError, BenchmarkError) as error:
+        print(f"energy_pareto: {error}", file=sys.stderr)
+        return 2 if isinstance(error, UserInputError) else 1
+    print(f"summary: {args.out / 'summary.json'}, {args.out / 'summary.md'}, {args.out / 'pareto.png'}")
+    print(table(summary["rows"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

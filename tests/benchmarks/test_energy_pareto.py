@@ -1,0 +1,44 @@
+"""benchmarks/energy_pareto.py: the --smoke λ sweep end to end, the Pareto front and bad input."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import energy_pareto as sweep
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "energy_pareto.py"
+
+
+def test_smoke_sweep_lowers_the_energy_of_the_found_cell(tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--smoke", "--weights", "0,20",
+                             "--parallel", "2"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    plain, frugal = summary["rows"]
+    assert (plain["energy_weight"], frugal["energy_weight"]) == (0.0, 20.0) and plain["n"] == frugal["n"] == 1
+    assert frugal["energy_uj"] < plain["energy_uj"]  # λ = 20 buys a cheaper cell
+    for run in summary["runs"]:
+        metrics = json.loads((Path(run["run_dir"]) / "metrics.json").read_text())
+        assert run["energy_per_image_uj"] == metrics["energy_per_image_uj"] and run["genotype"]
+    assert "search.energy_weight=20.0" in (out / "search_w20_s0" / ".hydra" / "overrides.yaml").read_text()
+    assert (out / "pareto.png").stat().st_size > 0 and "| 20 | 1 |" in (out / "summary.md").read_text()
+    assert result.stdout.strip().splitlines()[-1].startswith("| 20 |")
+
+
+def test_pareto_front():
+    points = [(1.0, 0.5), (2.0, 0.6), (3.0, 0.55), (0.5, 0.4), (2.0, 0.6)]
+    assert sweep.pareto_front(points) == [0, 1, 3, 4]  # (3.0, 0.55) costs more than (2.0, 0.6) for less
+
+
+@pytest.mark.parametrize("text", ["a,b", "-1,0", "1,1"])
+def test_bad_weights_are_refused(tmp_path, text, capsys):
+    assert sweep.main(["--out", str(tmp_path / "o"), "--smoke", f"--weights={text}"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("energy_pareto: --weights") and not (tmp_path / "o").exists()
