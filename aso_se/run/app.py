@@ -342,7 +342,18 @@ class Run:
 
     def should_stop(self) -> bool:
         """Polled after every step; all ranks agree so they stop at the same step."""
+        self._keep_stop_handlers()
         return any_rank(self._signum is not None, self.ctx)
+
+    def _keep_stop_handlers(self) -> None:
+        """Puts back a stop handler that something in the process replaced, and names the replacement:
+        a signal caught by another handler (or none) would end the run without its checkpoint."""
+        for signum in self._previous_handlers:
+            current = signal.getsignal(signum)
+            if current != self._on_signal:
+                log.warning("the %s handler was replaced by %r; the run's stop handler is back",
+                            signal.Signals(signum).name, current)
+                signal.signal(signum, self._on_signal)
 
     def checkpoint_due(self) -> bool:
         """True (on rank 0) once ``trainer.checkpoint_every_min`` has passed since the last save
@@ -368,6 +379,7 @@ class Run:
         """Checkpoint ``state`` with the config it belongs to (rank 0 only; others return)."""
         if self.ctx is not None and not self.ctx.is_main:
             return
+        self._keep_stop_handlers()
         config = OmegaConf.to_container(self.cfg, resolve=True)
         checkpoint.save_checkpoint({"config": config, "wall_time_s": self.wall_time_s, **state},
                                    path or self.checkpoint_path, kind=self.entry_point)

@@ -211,6 +211,27 @@ def test_a_repeated_or_escalated_signal_is_one_stop(run_app: RunApp, tmp_path: P
     assert (state["epoch"], state["step_in_epoch"]) == (0, 2)
 
 
+def test_a_stop_handler_replaced_by_a_library_is_put_back(run_app: RunApp, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from aso_se.train.retrain import Retrainer
+    real_step, steps = Retrainer._train_step, 0
+
+    def train_step(self, inputs, labels):
+        nonlocal steps
+        steps += 1
+        if steps == 1:  # a library swaps in its own handler, which would swallow the stop
+            signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        if steps == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+        return real_step(self, inputs, labels)
+
+    monkeypatch.setattr(Retrainer, "_train_step", train_step)
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run")
+    _assert_stopped(code, stderr, signal.SIGTERM, "train.py", tmp_path / "run")
+    assert "the SIGTERM handler was replaced by <function" in (tmp_path / "run" / "train.log").read_text()
+
+
 def test_a_second_ctrl_c_later_quits_at_once(run_app: RunApp, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("aso_se.run.app._REPEAT_WINDOW_S", 0.0)
