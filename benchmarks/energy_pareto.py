@@ -4,7 +4,7 @@ Writes DIR/summary.json (per λ and seed: the genotype, test accuracy and energy
 retrained cell), summary.md (the table) and pareto.png (accuracy against energy, the Pareto front
 marked); prints the table last. Searches and retrains take the same overrides as search_vs_random.py:
 
-    python benchmarks/energy_pareto.py --out DIR --weights 0,0.5,2 data=cifar10 data.root=<cifar10>
+    python benchmarks/energy_pareto.py --out DIR --weights 0,0.1,0.3 data=cifar10 data.root=<cifar10>
     python benchmarks/energy_pareto.py --out DIR --smoke    # every code path in about a minute on a CPU
 """
 from __future__ import annotations
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="a new or empty directory: every run and the summary")
-    parser.add_argument("--weights", default="0,0.5,2", help="the λ values (search.energy_weight), comma-separated")
+    parser.add_argument("--weights", default="0,0.1,0.3", help="the λ values (search.energy_weight), comma-separated")
     parser.add_argument("--seeds", type=int, default=1, help="searches per λ (seeds 0..N-1)")
     parser.add_argument("--smoke", action="store_true", help="experiment=smoke for every run: seconds each on a CPU")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once")
