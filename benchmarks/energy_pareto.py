@@ -40,7 +40,7 @@ def parse_weights(text: str) -> tuple[float, ...]:
     try:
         weights = tuple(float(value) for value in text.split(","))
     except ValueError:
-        raise UserInputError(f"--weights {text!r}: expected numbers separated by commas, e.g. 0,0.5,2") from None
+        raise UserInputError(f"--weights {text!r}: expected numbers separated by commas, e.g. 0,0.1,0.3") from None
     if any(not weight >= 0 for weight in weights) or len(set(weights)) != len(weights):
         raise UserInputError(f"--weights {text!r}: need distinct numbers >= 0 (0 = the plain search)")
     return weights

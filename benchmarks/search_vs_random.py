@@ -207,7 +207,7 @@ def fixed_cells(plan: Plan, rules: SpaceRules) -> dict[str, dict[str, Genotype]]
 
 
 # ----------------------------------------------------------------------------- running
-DONE = "benchmark_run.json"  # in a run dir: the run finished; its exit code, wall and CPU seconds
+DONE = "benchmark_run.json"  # in a run dir: the run finished (exit 0); its wall and CPU seconds
 
 
 class Runner:
