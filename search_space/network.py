@@ -21,6 +21,9 @@ from search_space.genotypes import Genotype, load_genotype
 from search_space.multistep import Stem, mean_over_time
 from search_space.neurons import NeuronFactoryFn
 
+# What model.network.conv_backend may name (kernels/sparse_conv's other backends are for tests).
+CONV_BACKENDS = ("auto", "torch")
+
 STEM_MULTIPLIER = 3  # DARTS: the stem has 3 * channels channels
 
 
@@ -132,6 +135,7 @@ def build_network(
     auxiliary: bool = False,
     timesteps: int | None = None,
     image_size: int = 32,
+    conv_backend: str = "auto",
 ) -> RetrainNetwork:
     """The retrain network of ``genotype`` (a Genotype, a bundled name or a genotype JSON path).
 
@@ -139,6 +143,8 @@ def build_network(
     ``conf/neuron/<kind>.yaml`` instantiates). ``timesteps`` defaults to the factory's; a value that
     contradicts the factory's is an error. ``image_size`` (the input's height = width) sizes the
     auxiliary head's pooling and must be a multiple of 4 (two reductions through DARTS's FactorizedReduce).
+    ``conv_backend`` is every spike-reading conv's backend: "auto" (the sparse-conv dispatcher
+    decides per call) or "torch" (cuDNN only, e.g. to measure what the dispatcher buys).
     """
     if not isinstance(genotype, Genotype):
         genotype = load_genotype(genotype)
@@ -163,7 +169,14 @@ def build_network(
         raise UserInputError("the neuron factory has no `timesteps`: pass timesteps= to build_network")
     if factory_steps is not None and factory_steps != timesteps:
         raise UserInputError(f"timesteps={timesteps} contradicts the neuron factory's {factory_steps}; set only one")
-    return RetrainNetwork(
+    if conv_backend not in CONV_BACKENDS:
+        raise UserInputError(f"conv_backend={conv_backend!r} is not one of {', '.join(CONV_BACKENDS)}; "
+                             "fix model.network.conv_backend")
+    network = RetrainNetwork(
         genotype, neuron=neuron, timesteps=_positive_int("timesteps", timesteps), channels=channels, layers=layers,
         num_classes=num_classes, in_channels=in_channels, auxiliary=auxiliary, image_size=image_size,
     )
+    for module in network.modules():
+        if isinstance(module, SparseConv2d):
+            module.backend = conv_backend
+    return network

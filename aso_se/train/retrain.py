@@ -12,6 +12,7 @@ noticed; the first non-finite step is tracked on the device so the error names i
 """
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -83,6 +84,7 @@ class Retrainer:
         self.history: list[dict[str, float]] = []
         self.last_test: dict[str, Any] = {}
         self.train_images = 0
+        self.conv_paths: collections.Counter[str] = collections.Counter()  # sparse-conv dispatcher paths, whole run
         self.train_seconds = 0.0
 
     @property
@@ -122,6 +124,7 @@ class Retrainer:
                 self.board.firing_rates(test["firing_rates"], self.global_step)
                 self.board.sparse_conv_paths(path_counts(), self.global_step)
                 self.board.flush()
+            self.conv_paths.update(path_counts())
             reset_path_counts()
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
             on_epoch_end(is_best)
@@ -247,6 +250,8 @@ class Retrainer:
             "firing_rate_mean": sum(rates.values()) / len(rates) if rates else None,
             "firing_rate_per_layer": {layer: sum(v) / len(v) for layer, v in per_layer.items()},
             "train_images_per_second": self.train_images / max(self.train_seconds, 1e-9),
+            # calls per path of the sparse-conv dispatcher over the run (train and test; "sparse": the Triton kernels)
+            "sparse_conv_paths": dict(self.conv_paths),
             "peak_gpu_memory_gib": (torch.cuda.max_memory_allocated(self.ctx.device) / 2**30
                                     if self.ctx.device.type == "cuda" else None),
             "history": self.history,
@@ -264,6 +269,7 @@ class Retrainer:
             "history": self.history,
             "last_test": self.last_test,
             "throughput": [self.train_images, self.train_seconds],
+            "conv_paths": dict(self.conv_paths),
             "rng": capture_rng_state(),
         }
 
@@ -275,4 +281,5 @@ class Retrainer:
         self.global_step, self.best_test_acc = state["global_step"], state["best_test_acc"]
         self.history, self.last_test = list(state["history"]), state["last_test"]
         self.train_images, self.train_seconds = state["throughput"]
+        self.conv_paths = collections.Counter(state.get("conv_paths", {}))  # older checkpoints have none
         restore_rng_state(state["rng"])

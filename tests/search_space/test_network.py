@@ -9,6 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
 
+from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts
 from search_space.errors import UserInputError
 from search_space.genotypes import GENOTYPES
 from search_space.multistep import Stem, drop_path
@@ -219,6 +220,7 @@ def test_drop_path_only_in_training_and_not_on_identity():
         ({"image_size": 30}, "image_size=30 must be a multiple of 4"),
         ({"neuron": "st_bif"}, "neuron='st_bif' is not a neuron factory: pass one"),
         ({"neuron": NeuronFactory("lif", timesteps=2)}, "timesteps=3 contradicts the neuron factory's 2"),
+        ({"conv_backend": "cudnn"}, "conv_backend='cudnn' is not one of auto, torch; fix model.network.conv_backend"),
     ],
 )
 def test_bad_network_config(overrides, message):
@@ -261,6 +263,16 @@ def test_a_plain_callable_neuron_needs_timesteps():
     assert net.timesteps == 2 and net(torch.randn(3, 3, 8, 8))[0].shape == (3, 5)
     with pytest.raises(UserInputError, match="the neuron factory has no `timesteps`: pass timesteps="):
         build_network("DARTS_V2", neuron=lambda: nn.ReLU(), channels=4, layers=3, num_classes=5, image_size=8)
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_conv_backend_reaches_every_spike_reading_conv(backend):
+    net = tiny("DARTS_V2", "lif", 2, conv_backend=backend)
+    convs = [m for m in net.modules() if isinstance(m, SparseConv2d)]
+    assert len(convs) > 10 and {conv.backend for conv in convs} == {backend}
+    reset_path_counts()
+    net(torch.rand(2, 3, 8, 8))
+    assert set(path_counts()) == {"dense:cpu" if backend == "auto" else "dense:requested"}
 
 
 @pytest.mark.parametrize("name", ["darts", "small", "tiny"])

@@ -78,6 +78,7 @@ def test_train_retrains_the_newest_searched_genotype(workdir: Path, smoke_search
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert 0.0 <= metrics["test_acc"] <= 1.0 and metrics["epochs"] == 1
     assert 0.0 < metrics["params_m"] < 0.1 and metrics["train_images_per_second"] > 0
+    assert metrics["sparse_conv_paths"]["dense:cpu"] > 0  # every conv call of the run, train and test
     assert metrics["firing_rate_per_layer"] and 0.0 < metrics["firing_rate_mean"] < 1.0
     assert metrics["wall_time_s"] > 0 and metrics["cuda_graph"] is False
     assert Genotype.from_json(metrics["genotype"]) == Genotype.from_json(

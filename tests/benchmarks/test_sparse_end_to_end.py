@@ -1,0 +1,58 @@
+"""benchmarks/sparse_end_to_end.py: the eager arms of a --smoke run end to end, its counting and bad input."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import sparse_end_to_end as bench
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "sparse_end_to_end.py"
+
+
+def test_smoke_run_times_both_eager_arms_and_measures_the_inputs(tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--smoke", "--modes", "eager",
+                             "--sparsity-batches", "2"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    cudnn, dispatcher = summary["runs"]
+    assert (cudnn["arm"], dispatcher["arm"]) == ("eager_torch", "eager_auto")
+    assert set(cudnn["sparse_conv_paths"]) == {"dense:requested"} and set(dispatcher["sparse_conv_paths"]) == {
+        "dense:cpu"}
+    assert cudnn["sparse_share"] is None and cudnn["images_per_second_last_epoch"] > 0
+    overrides = (out / "eager_torch" / ".hydra" / "overrides.yaml").read_text()
+    assert "model.network.conv_backend=torch" in overrides and "genotype=DARTS_V2" in overrides
+    sparsity = summary["activation_sparsity"]
+    assert sparsity["convs"] == len(sparsity["per_conv"]) > 0
+    assert 0 < sparsity["zero_blocks_mean"] <= sparsity["zero_elements_mean"] < 1  # a block is zero only if all are
+    assert result.stdout.strip().splitlines()[-1].startswith("| eager | dispatcher |")
+
+
+def test_sparse_share_counts_only_calls_that_could_go_sparse():
+    assert bench.sparse_share({"sparse": 3, "dense:too_dense": 1, "dense:eager": 50, "sparse_wgrad": 3}) == 0.75
+    assert bench.sparse_share({"dense:eager": 5, "probe": 1}) is None
+
+
+def test_block_sparsity_of_a_hand_made_input():
+    x = torch.zeros(2, 3, 16, 12)  # per plane: 2 x 2 blocks of 8 x 8 (the last ones 8 x 4)
+    x[0, 0, 0, 0] = 1.0  # one element makes its block active
+    x[1, 2, 15, 11] = -1.0  # a signed spike in a partial block counts too
+    zeros, blocks = bench.block_sparsity(x)
+    assert zeros == pytest.approx(1 - 2 / x.numel()) and blocks == pytest.approx(1 - 2 / 24)
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    assert bench.main(["--out", str(tmp_path / "full"), "--smoke", "--modes", "eager"]) == 2
+    assert capsys.readouterr().err.strip() == (f"sparse_end_to_end: --out {tmp_path / 'full'} is not empty; "
+                                               "pass a new directory or --resume")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--out", str(tmp_path / "o"), "--modes", "fast"])
