@@ -92,8 +92,10 @@ def plot(runs: Sequence[dict[str, Any]], path: Path) -> None:
     points = [(run["energy_per_image_uj"], run["test_acc"]) for run in runs]
     front = sorted((points[i] for i in pareto_front(points)))
     figure, axes = plt.subplots(figsize=(6, 4))
-    for run, (energy, acc) in zip(runs, points):
-        axes.scatter(energy, acc, s=24)
+    weights = sorted({run["energy_weight"] for run in runs})
+    for run, (energy, acc) in zip(runs, points):  # one colour per λ
+        shade = weights.index(run["energy_weight"]) / max(len(weights) - 1, 1)
+        axes.scatter(energy, acc, s=24, color=plt.cm.viridis(shade))
         axes.annotate(f"λ={run['energy_weight']:g}", (energy, acc), textcoords="offset points", xytext=(4, 4))
     axes.plot(*zip(*front), "k--", alpha=0.5, label="Pareto front")
     axes.set_xlabel("energy per image (µJ, 45 nm)")
