@@ -35,6 +35,14 @@ def test_every_experiment_composes(entry_point: str, experiment: str) -> None:
     assert isinstance(instantiate(cfg.neuron), NeuronFactory)
 
 
+def test_search_data_settings_apply_to_their_data_set_and_entry_point_only() -> None:
+    assert compose_config("search").data.max_train_samples == 2000  # conf/search_data/mnist5k.yaml
+    assert compose_config("train").data.max_train_samples is None
+    assert compose_config("search", "data=fashion_mnist").data.max_train_samples is None
+    assert compose_config("search", "data.max_train_samples=4000").data.max_train_samples == 4000
+    assert compose_config("search", "experiment=smoke").data.max_train_samples == 64  # experiments come later
+
+
 def test_cifar10_snn_is_the_paper_scale_setting() -> None:
     search = compose_config("search", "experiment=cifar10_snn")
     assert search.data._target_.endswith("CIFARData") and search.data.name == "cifar10"
