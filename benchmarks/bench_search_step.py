@@ -42,6 +42,7 @@ NEURON_PARAMS = {
     "lif": {"tau": 2.0, "v_threshold": 1.0, "v_reset": 0.0, "surrogate": "sigmoid"},
     "st_bif": {"q_threshold": 1.0, "level": 8, "sym": True, "learn_threshold": True, "surrogate": "sigmoid"},
     "relu": {},
+    "st_bif_qann": {"q_threshold": 0.5, "level": 8, "sym": False, "learn_threshold": True},
 }
 
 
@@ -65,6 +66,9 @@ ROWS = (
     Row("top-2, ST-BIF, ckpt, sparse, bf16", "st_bif", 4, 2, checkpointing=True, sparse_conv=True, precision="bf16"),
     Row("top-2, ReLU (ANN)", "relu", 1, 2),
     Row("DARTS MixedOp all ops, ReLU (ANN)", "relu", 1, None),
+    Row("top-2, ST-BIF QANN (T = 1)", "st_bif_qann", 1, 2),
+    Row("top-2, ST-BIF QANN (T = 1), bf16", "st_bif_qann", 1, 2, precision="bf16"),
+    Row("top-2, ReLU (ANN), bf16", "relu", 1, 2, precision="bf16"),
 )
 
 
@@ -160,8 +164,9 @@ def bench_row(
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
     result = {"row": row.name, "ms": statistics.median(times), "peak_gib": peak, "kernels": kernels,
               "gpu_ms": gpu_ms, "syncs": syncs}
-    print(f"ROW | {row.name:36s} | {result['ms']:8.1f} ms | {peak:6.2f} GiB | {kernels:6d} kernels | "
-          f"{gpu_ms:7.1f} ms GPU | {syncs} syncs", flush=True)
+    result["images_per_s"] = 2 * batch / result["ms"] * 1000
+    print(f"ROW | {row.name:36s} | batch {batch} | {result['ms']:8.1f} ms | {result['images_per_s']:7.0f} images/s | "
+          f"{peak:6.2f} GiB | {kernels:6d} kernels | {gpu_ms:7.1f} ms GPU | {syncs} syncs", flush=True)
     engine = None  # frees the supernet (the step closure holds it) before the next row
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -186,9 +191,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rows", type=str, default=None, help="comma-separated row numbers (1-based) to run")
+    parser.add_argument("--batch", type=int, default=64, help="images per split (the step reads two splits)")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: C=4, 3 cells, batch 2, 1 step")
     args = parser.parse_args()
-    args.channels, args.layers, args.batch = (4, 3, 2) if args.tiny else (16, 8, 64)
+    args.channels, args.layers = (4, 3) if args.tiny else (16, 8)
+    if args.tiny:
+        args.batch = 2
     if args.tiny:
         args.steps, args.warmup = 1, 1
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
@@ -210,11 +218,12 @@ def main() -> None:
     if args.anchor is not None and device.type == "cuda":
         run_anchor(args.anchor)
     by_name = {result["row"]: result for result in results}
-    print("\n| row | step (ms) | peak (GiB) | kernels/step | GPU busy (ms) | host syncs |")
-    print("|---|---|---|---|---|---|")
+    print(f"\nbatch {args.batch} per split")
+    print("| row | step (ms) | images/s (both splits) | peak (GiB) | kernels/step | GPU busy (ms) | host syncs |")
+    print("|---|---|---|---|---|---|---|")
     for result in results:
-        print(f"| {result['row']} | {result['ms']:.1f} | {result['peak_gib']:.2f} | {result['kernels']} | "
-              f"{result['gpu_ms']:.1f} | {result['syncs']} |")
+        print(f"| {result['row']} | {result['ms']:.1f} | {result['images_per_s']:.0f} | {result['peak_gib']:.2f} | "
+              f"{result['kernels']} | {result['gpu_ms']:.1f} | {result['syncs']} |")
     ratios = [
         ("all ops / top-2 (LIF)", "DARTS MixedOp all ops, LIF", "FastMixedOp top-2, LIF", "ms"),
         ("peak memory, no ckpt / ckpt (ST-BIF)", "top-2, ST-BIF", "top-2, ST-BIF, checkpointing", "peak_gib"),

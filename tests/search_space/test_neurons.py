@@ -114,6 +114,7 @@ def test_factory_makes_fresh_neurons():
         ("st_bif", {"q_threshold": -1.0}, "neuron st_bif"),
         ("st_bif_qann", {"level": 1}, "neuron st_bif_qann: level=1 must be an integer >= 2"),
         ("st_bif_qann", {"q_threshold": 0.0}, "neuron st_bif_qann: q_threshold=0.0 must be > 0"),
+        ("st_bif_qann", {"backend": "cuda"}, "neuron st_bif_qann: backend='cuda' must be one of"),
     ],
 )
 def test_bad_neuron_config_names_the_problem(kind, params, message):

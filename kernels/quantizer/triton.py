@@ -1,0 +1,106 @@
+"""Triton kernels of the quantizer (reference.py), one pass each way, and their launchers.
+
+Both treat x as a flat buffer (any dense layout: contiguous or channels_last) and give each program
+BLOCK elements. Forward: read x, write y. Backward: read x and grad, write grad_x and, when θ needs
+a gradient, one fp32 partial per program (summed by the caller in a fixed order: deterministic).
+Launches after the first for a key skip `JITFunction.run` (kernels/st_bif/launch.py).
+"""
+from typing import Hashable
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.st_bif.launch import Handle, launch
+
+BLOCK = 1024
+NUM_WARPS = 4
+_ALIGN = 16  # Triton specializes pointers on their alignment to this many bytes
+
+
+@triton.jit
+def _scaled(x, theta):
+    """x / θ in fp32, IEEE-rounded as torch; zero lanes take x · (1/θ) (equal for every θ), since one zero
+    lane sends a warp down the division's slow path (kernels/st_bif/triton.py)."""
+    nonzero = x != 0
+    return tl.where(nonzero, tl.math.div_rn(tl.where(nonzero, x, 1.0), theta), x * (1.0 / theta))
+
+
+@triton.jit
+def _quantize_fwd_kernel(x_ptr, y_ptr, theta_ptr, n, NEG_MIN: tl.constexpr, POS_MAX: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    theta = tl.load(theta_ptr).to(tl.float32)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    level = tl.floor(_scaled(x.to(tl.float32), theta) + 0.5)
+    level = tl.minimum(tl.maximum(level, NEG_MIN), POS_MAX)
+    tl.store(y_ptr + offs, (level * theta).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _quantize_bwd_kernel(x_ptr, grad_ptr, grad_x_ptr, theta_ptr, partials_ptr, n, NEG_MIN: tl.constexpr,
+                         POS_MAX: tl.constexpr, GRAD_THETA: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    theta = tl.load(theta_ptr).to(tl.float32)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    grad = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    v = _scaled(x, theta)
+    inside = (v >= NEG_MIN - 0.5) & (v < POS_MAX + 0.5)
+    tl.store(grad_x_ptr + offs, tl.where(inside, grad, 0.0).to(grad_x_ptr.dtype.element_ty), mask=mask)
+    if GRAD_THETA:
+        level = tl.minimum(tl.maximum(tl.floor(v + 0.5), NEG_MIN), POS_MAX)
+        contribution = grad * tl.where(inside, level - v, level)
+        tl.store(partials_ptr + tl.program_id(0), tl.sum(tl.where(mask, contribution, 0.0), axis=0))
+
+
+_FWD_HANDLES: dict[Hashable, Handle] = {}
+_BWD_HANDLES: dict[Hashable, Handle] = {}
+
+
+def _num_programs(n: int) -> int:
+    return -(-n // BLOCK)
+
+
+def _device_index(x: Tensor) -> int | None:
+    return x.get_device() if x.is_cuda else None
+
+
+def quantize_fwd(x: Tensor, theta: Tensor, neg_min: int, pos_max: int) -> Tensor:
+    """y for a dense x (contiguous or channels_last); y has x's strides."""
+    y = torch.empty_like(x)
+    n = x.numel()
+    if n == 0:
+        return y
+    device_index = _device_index(x)
+    key = pointers = None
+    if device_index is not None:
+        pointers = (x.data_ptr(), y.data_ptr(), theta.data_ptr())
+        key = (x.dtype, theta.dtype, n, neg_min, pos_max, *(p % _ALIGN for p in pointers))
+    launch(_quantize_fwd_kernel, _FWD_HANDLES, key, device_index, _num_programs(n), (x, y, theta), pointers,
+           (n, neg_min, pos_max, BLOCK), NUM_WARPS)
+    return y
+
+
+def quantize_bwd(
+    grad: Tensor, x: Tensor, theta: Tensor, neg_min: int, pos_max: int, grad_theta: bool
+) -> tuple[Tensor, Tensor | None]:
+    """(grad_x with x's strides, the θ gradient's per-program fp32 partials or None); grad must have x's strides."""
+    grad_x = torch.empty_like(x)
+    n = x.numel()
+    num_programs = _num_programs(n)
+    partials = torch.empty(num_programs, dtype=torch.float32, device=x.device) if grad_theta else None
+    if n == 0:
+        return grad_x, partials
+    device_index = _device_index(x)
+    key = pointers = None
+    if device_index is not None:
+        pointers = (x.data_ptr(), grad.data_ptr(), grad_x.data_ptr(), theta.data_ptr(),
+                    partials.data_ptr() if grad_theta else None)
+        key = (x.dtype, grad.dtype, theta.dtype, n, neg_min, pos_max, grad_theta,
+               *(None if p is None else p % _ALIGN for p in pointers))
+    launch(_quantize_bwd_kernel, _BWD_HANDLES, key, device_index, num_programs, (x, grad, grad_x, theta, partials),
+           pointers, (n, neg_min, pos_max, grad_theta, BLOCK), NUM_WARPS)
+    return grad_x, partials
