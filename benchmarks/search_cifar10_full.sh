@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The README's CIFAR-10 spiking search, end to end on one GPU: experiment=cifar10_snn on the whole
+# The README's CIFAR-10 spiking search, end to end on one GPU: experiment=$EXPERIMENT (default
+# cifar10_qann, the QANN search at batch 512; cifar10_snn: BPTT at T = 4, batch 64) on the whole
 # CIFAR-10 training set (two halves of 25,000), its full schedule, plus any overrides given.
 # Wall time, per-epoch images/s, peak memory, genotype and α entropy go to $OUT.
 #
-#   OUT=/tmp/out bash benchmarks/search_cifar10_full.sh neuron=st_bif_qann batch_size=256
+#   OUT=/tmp/out bash benchmarks/search_cifar10_full.sh [overrides]
 set -uo pipefail
 OUT=${OUT:?set OUT to a directory for the logs}
 REPO=$PWD
@@ -16,8 +17,8 @@ export PYTHONUNBUFFERED=1
 source "$REPO/benchmarks/timed.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/summary.txt"
-echo "overrides: $*" | tee -a "$OUT/summary.txt"
-timed cifar10_full_search "${LIMIT_S:-1500}" python3 "$REPO/search.py" experiment=cifar10_snn \
+echo "experiment=${EXPERIMENT:-cifar10_qann} overrides: $*" | tee -a "$OUT/summary.txt"
+timed cifar10_full_search "${LIMIT_S:-1500}" python3 "$REPO/search.py" experiment="${EXPERIMENT:-cifar10_qann}" \
   data.root="$CIFAR" data.num_workers=12 "$@" hydra.run.dir="$WORK/search"
 cp "$WORK/search/search.log" "$OUT/search.log" 2>/dev/null
 cp "$WORK/search/genotype.json" "$OUT/genotype.json" 2>/dev/null
