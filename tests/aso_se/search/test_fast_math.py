@@ -1,7 +1,6 @@
 """fast_math: entropy and KL of the architecture distribution against the textbook formulas."""
 from __future__ import annotations
 
-import logging
 import math
 
 import pytest
@@ -58,34 +57,3 @@ def test_kl_matches_the_formula() -> None:
     p, q = masked_logits(2), torch.randn(7, 5, generator=torch.Generator().manual_seed(3))
     torch.testing.assert_close(fast_math.kl_divergence(p, q).double(), naive_kl(p, q).double(), rtol=1e-5, atol=1e-6)
     assert fast_math.kl_divergence(q, q).abs().max() < 1e-6
-
-
-def test_compile_failure_falls_back_to_eager_once(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    calls = []
-
-    def broken_compile(*args, **kwargs):
-        calls.append(1)
-        raise RuntimeError("no compiler here")
-
-    monkeypatch.setattr(torch, "compile", broken_compile)
-    entropy = fast_math.CompiledWithFallback(fast_math._entropy, devices=frozenset({"cpu"}))
-    logits = masked_logits(4)
-    with caplog.at_level(logging.WARNING, logger="aso_se.search.fast_math"):
-        first, second = entropy(logits), entropy(logits)
-    torch.testing.assert_close(first, fast_math._entropy(logits))
-    torch.testing.assert_close(second, first)
-    assert len(calls) == 1 and "no compiler here" in caplog.text
-
-
-@pytest.mark.slow
-def test_compiled_entropy_equals_eager_on_cpu() -> None:
-    """The torch.compile path itself (about 20 s of compilation on a CPU)."""
-    compiled = fast_math.CompiledWithFallback(fast_math._entropy, devices=frozenset({"cpu"}))
-    logits = masked_logits(5).requires_grad_()
-    compiled(logits).sum().backward()
-    grad = logits.grad.clone()
-    logits.grad = None
-    fast_math._entropy(logits).sum().backward()
-    torch.testing.assert_close(grad, logits.grad)
