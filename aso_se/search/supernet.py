@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from aso_se.search.arch_params import ArchSample, BatchedArchitectureUpdate, active_weights, draw_samples
-from aso_se.search.mixed_op import FastMixedOp, sum_terms
+from aso_se.search.mixed_op import FastMixedOp, weighted_sum
 from aso_se.search.recompute import MemoryEfficientCell
 from search_space.cell import CellLayout, cell_layouts, cell_preprocessing, edge_stride, reduction_indices
 from search_space.errors import UserInputError
@@ -54,6 +54,38 @@ class SupernetStructure:
         return cls(int(fields["channels"]), tuple(fields["cells"]))
 
 
+@dataclass(frozen=True)
+class NodeTerms:
+    """What one node of a cell computes: ``sum(w * edges[e].ops[o](states[s]))`` over ``terms[i] = (e, s, o)``
+    with ``w = weights[i]``, a 1-d tensor (``node_terms``)."""
+
+    terms: tuple[tuple[int, int, int], ...]
+    weights: Tensor
+
+
+def node_terms(
+    edge_weights: Tensor, sample: ArchSample, steps: int, none_op: int | None
+) -> list[NodeTerms]:
+    """Each node's terms for one cell type: every active op of each of its edges, ``none`` left out.
+
+    ``edge_weights``: ``[edges, ops]`` (``BatchedArchitectureUpdate.edge_weights``). ``none`` adds
+    ``w * 0`` (no value, a zero gradient), so it is dropped, unless it is all a node has: then the
+    first such term stays, and the node is its zeros, as DARTS's MixedOp would give.
+    """
+    per_edge = active_weights(edge_weights, sample)
+    nodes, offset = [], 0
+    for node in range(steps):
+        candidates = [
+            (offset + state, state, op, weight)
+            for state in range(2 + node)
+            for op, weight in zip(sample.active_ops[offset + state], per_edge[offset + state])
+        ]
+        kept = [term for term in candidates if term[2] != none_op] or candidates[:1]
+        nodes.append(NodeTerms(tuple(term[:3] for term in kept), torch.stack([term[3] for term in kept])))
+        offset += 2 + node
+    return nodes
+
+
 class SearchCell(nn.Module):
     """One supernet cell: preprocessing, ``steps`` nodes summing FastMixedOp edges, last ``multiplier`` nodes out."""
 
@@ -73,17 +105,12 @@ class SearchCell(nn.Module):
         # A grown cell starts as the identity on s1 (see the module docstring).
         self.gate = nn.Parameter(torch.zeros(())) if grown else None
 
-    def forward(
-        self, s0: Tensor, s1: Tensor, weights: Sequence[Sequence[Tensor]], active_ops: Sequence[Sequence[int]]
-    ) -> Tensor:
-        """``active_ops[e]``: the ops edge ``e`` runs; ``weights[e]``: their weights (``active_weights``)."""
+    def forward(self, s0: Tensor, s1: Tensor, nodes: Sequence[NodeTerms]) -> Tensor:
+        """``nodes``: what each node computes (``node_terms``); each node's terms are summed at once."""
         states = [self.preprocess0(s0), self.preprocess1(s1)]
-        offset = 0
-        for _ in range(self.steps):
-            states.append(sum_terms(
-                self.edges[offset + j](h, weights[offset + j], active_ops[offset + j]) for j, h in enumerate(states)
-            ))
-            offset += len(states) - 1
+        for node in nodes:
+            outputs = [self.edges[edge].ops[op](states[state]) for edge, state, op in node.terms]
+            states.append(weighted_sum(outputs, node.weights))
         out = torch.cat(states[-self.multiplier:], dim=1)
         return out if self.gate is None else s1 + self.gate * out
 
@@ -178,15 +205,16 @@ class SearchNetwork(nn.Module):
         """
         if samples is None:
             samples = self.argmax_sample()
-        weights = {
-            kind: active_weights(self.arch[kind].edge_weights(sample, arch_grad=arch_grad), sample)
+        primitives = self.search_space.primitives
+        none_op = primitives.index("none") if "none" in primitives else None
+        nodes = {
+            kind: node_terms(self.arch[kind].edge_weights(sample, arch_grad=arch_grad), sample,
+                             self.search_space.steps, none_op)
             for kind, sample in zip(CELL_TYPES, samples)
         }
-        active = dict(zip(CELL_TYPES, (sample.active_ops for sample in samples)))
         s0 = s1 = self.stem(x)
         for wrapper, kind in zip(self.cells, self.structure.cells):
-            cell_type = "reduce" if kind == "reduction" else "normal"
-            out = wrapper(s0, s1, weights[cell_type], active[cell_type])
+            out = wrapper(s0, s1, nodes["reduce" if kind == "reduction" else "normal"])
             s0, s1 = (s0, out) if kind == "grown" else (s1, out)
         features = mean_over_time(s1.mean(dim=(2, 3)), self.timesteps)
         return self.classifier(features)

@@ -2,6 +2,8 @@
 and that the random cells are ones the search's derivation could have produced."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -35,11 +37,14 @@ def run_benchmark(*args: str, timeout: int = 120) -> subprocess.CompletedProcess
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The --smoke benchmark and its stdout; run in-process (its runs are subprocesses anyway), which spares
+    the benchmark's own start-up. test_a_failed_run_stops_the_benchmark_with_one_line runs it as a script."""
     out = tmp_path_factory.mktemp("bench") / "out dir"  # a space: the run paths must reach Hydra quoted
-    result = run_benchmark("--out", str(out), "--smoke", "--parallel", "2")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out, result
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert bench.main(["--out", str(out), "--smoke", "--parallel", "2"]) == 0
+    return out, stdout.getvalue()
 
 
 def _genotype(value: object) -> Genotype:
@@ -84,7 +89,7 @@ def test_smoke_entropy_matches_the_search_log(smoke):
 
 
 def test_smoke_budget_stats_and_outputs(smoke):
-    out, result = smoke
+    out, stdout = smoke
     summary = json.loads((out / "summary.json").read_text())
     budget = summary["budget"]
     assert budget["train_overrides"] == ["experiment=smoke", "logger=none"] == budget["search_overrides"]
@@ -103,7 +108,7 @@ def test_smoke_budget_stats_and_outputs(smoke):
     # --parallel 2 shares the cores out between the two runs at a time, unless the caller fixed the threads.
     assert budget["omp_num_threads"] == os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 2)))
     assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    lines = result.stdout.strip().splitlines()
+    lines = stdout.strip().splitlines()
     assert lines[-1].startswith("| poor | 1 |") and lines[-6].startswith("| arm | n |")
     assert lines[-8].startswith("searched >= random + 1 std?") and lines[-7].startswith("poor < random - 1 std?")
 

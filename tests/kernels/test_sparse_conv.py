@@ -136,7 +136,8 @@ def test_half_precision(kind, dtype):
     assert_matches_conv2d(x, weight, bias, 2, 1, 1, groups)
 
 
-@pytest.mark.parametrize("size", [(21, 19), (16, 16)], ids=["ragged", "even"])  # even: unmasked planar stores
+# ragged: 15 rows keep 2-row tiles ragged too, with few tiles (the interpreter runs programs one by one)
+@pytest.mark.parametrize("size", [(15, 19), (16, 16)], ids=["ragged", "even"])  # even: unmasked planar stores
 @pytest.mark.parametrize("pixels,block_c,unroll_taps", [
     (16, 4, 100), (64, 2, 100), (1024, 4, 100),
     (64, 2, 0), (1024, 4, 0),  # channel loops not unrolled
@@ -235,7 +236,7 @@ def test_forward_loops_over_channel_chunks_output_blocks_and_tiles(path, stride,
     config = sparse_triton.KernelConfig(forward_pixels=16, forward_block_k=16, forward_block_n=16, packed=packed,
                                         pack_active_pixels=32)
     generator = torch.Generator().manual_seed(8)
-    x = layout(spikes((2, 48, 4, 37), 0.3, generator, plane_silence=0.2), memory)
+    x = layout(spikes((2, 48, 2, 37), 0.3, generator, plane_silence=0.2), memory)  # 2 rows: half the programs of 4
     weight, bias = torch.randn((20, 48, 3, 3), generator=generator), torch.randn(20, generator=generator)
     geometry = conv_geometry(x, weight, [stride] * 2, [dilation] * 2, [dilation] * 2, 1)
     lists = sparse_triton.forward_lists(x, sparse_prescan.block_activity(x), geometry, config)

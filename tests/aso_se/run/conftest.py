@@ -1,16 +1,13 @@
 """Running search.py / train.py inside the test process, as ``python <script>.py ...`` does."""
 from __future__ import annotations
 
-import os
-import runpy
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.aso_se.run.helpers import REPO, RunApp
+from tests.aso_se.run.helpers import SMOKE, RunApp, run_in_process
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -26,24 +23,22 @@ def _one_thread() -> Iterator[None]:
 @pytest.fixture
 def run_app(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
             tmp_path: Path) -> RunApp:
-    """``run_app("search", *overrides)`` -> (exit code, stderr), run in ``tmp_path``.
-
-    ``runpy`` runs the script as ``__main__`` with a patched argv, so Hydra finds conf/ next to
-    it exactly as for ``python search.py``; main_guard's HYDRA_FULL_ERROR does not leak out.
-    """
+    """``run_app("search", *overrides)`` -> (exit code, stderr), run in ``tmp_path`` (helpers.run_in_process)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
 
     def run(entry_point: str, *overrides: str) -> tuple[int, str]:
-        script = str(REPO / f"{entry_point}.py")
-        monkeypatch.setattr(sys, "argv", [script, *overrides])
-        code = 0
-        try:
-            runpy.run_path(script, run_name="__main__")
-        except SystemExit as exited:
-            code = exited.code
-        finally:  # main_guard sets it for Hydra; subprocesses of later tests must not inherit it
-            os.environ.pop("HYDRA_FULL_ERROR", None)
+        code = run_in_process(entry_point, *overrides, cwd=tmp_path)
         return code, capsys.readouterr().err
 
     return run
+
+
+@pytest.fixture(scope="session")
+def finished_search(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted smoke search (no loader workers), run once in-process for the session: the
+    run test_bad_input.py damages copies of, and the genotype test_signals.py's resumed runs must end with."""
+    run_dir = tmp_path_factory.mktemp("search") / "run"
+    assert run_in_process("search", *SMOKE, f"hydra.run.dir={run_dir}", cwd=run_dir.parent) == 0
+    assert (run_dir / "genotype.json").is_file()
+    return run_dir

@@ -6,9 +6,7 @@ a second; the subprocess tests in test_entry_points.py show the same guard in re
 """
 from __future__ import annotations
 
-import runpy
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ import torch
 
 from aso_se.run import app
 from aso_se.run.checkpoint import load_checkpoint, save_checkpoint
-from tests.aso_se.run.helpers import REPO, SMOKE, RunApp
+from tests.aso_se.run.helpers import SMOKE, RunApp
 
 
 def assert_one_line(stderr: str, *fragments: str) -> None:
@@ -26,20 +24,9 @@ def assert_one_line(stderr: str, *fragments: str) -> None:
         assert fragment in stderr
 
 
-@pytest.fixture(scope="module")
-def finished_search(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished smoke search, copied by the tests that damage it."""
-    run_dir = tmp_path_factory.mktemp("search") / "run"
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-        monkeypatch.setattr(sys, "argv", ["search.py", *SMOKE, f"hydra.run.dir={run_dir}"])
-        runpy.run_path(str(REPO / "search.py"), run_name="__main__")
-    assert (run_dir / "genotype.json").is_file()
-    return run_dir
-
-
 @pytest.fixture
 def damaged_copy(finished_search: Path, tmp_path: Path) -> Path:
+    """A copy of the session's finished smoke search (conftest.py), for the tests that damage it."""
     return Path(shutil.copytree(finished_search, tmp_path / "copy"))
 
 

@@ -1,7 +1,9 @@
-"""search.py and train.py end to end, as users run them: real subprocesses, real mnist5k digits.
+"""search.py and train.py end to end, as users run them, on real mnist5k digits.
 
 One smoke search (``experiment=smoke``) is shared by the module; the other runs are a retrain
-of its genotype, a search stopped by Ctrl-C and resumed, and 2-process DDP runs.
+of its genotype, a search stopped by Ctrl-C and resumed, and 2-process DDP runs. What depends on
+the process (a signal to its group, torchrun) runs in real subprocesses; runs judged only by what
+they write run in this process (helpers.run_in_process), which spares each the start-up's imports.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from aso_se.run.checkpoint import load_checkpoint
 from search_space.genotypes import Genotype
-from tests.aso_se.run.helpers import REPO
+from tests.aso_se.run.helpers import REPO, run_in_process
 
 SMOKE = ["experiment=smoke"]
 
@@ -26,11 +28,6 @@ SMOKE = ["experiment=smoke"]
 def _env() -> dict[str, str]:
     # One thread per process: the tests run several processes on two cores.
     return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-
-
-def run_entry(script: str, *overrides: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(REPO / script), *overrides], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=300)
 
 
 def _only_run_dir(root: Path) -> Path:
@@ -46,8 +43,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def smoke_search(workdir: Path) -> Path:
-    result = run_entry("search.py", *SMOKE, cwd=workdir)
-    assert result.returncode == 0, result.stderr
+    assert run_in_process("search", *SMOKE, cwd=workdir) == 0
     return _only_run_dir(workdir / "outputs" / "search")
 
 
@@ -72,8 +68,7 @@ def test_search_writes_genotype_checkpoint_and_tensorboard(smoke_search: Path) -
 
 
 def test_train_retrains_the_newest_searched_genotype(workdir: Path, smoke_search: Path) -> None:
-    result = run_entry("train.py", *SMOKE, cwd=workdir)
-    assert result.returncode == 0, result.stderr
+    assert run_in_process("train", *SMOKE, cwd=workdir) == 0
     run_dir = _only_run_dir(workdir / "outputs" / "train")
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert 0.0 <= metrics["test_acc"] <= 1.0 and metrics["epochs"] == 1
@@ -112,8 +107,7 @@ def test_ctrl_c_then_resume_gives_the_uninterrupted_genotype(tmp_path: Path,
     assert stderr.count("\n") == 1 and f"resume={run_dir}" in stderr
     assert not (run_dir / "genotype.json").exists()
 
-    resumed = run_entry("search.py", f"resume={run_dir}", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
+    assert run_in_process("search", f"resume={run_dir}", cwd=tmp_path) == 0
     # The same batches with or without workers: the data order depends on (seed, epoch) only.
     assert (json.loads((run_dir / "genotype.json").read_text())
             == json.loads((smoke_search / "genotype.json").read_text()))
@@ -152,11 +146,9 @@ def test_ddp_retrain_on_two_cpu_processes(tmp_path: Path) -> None:
 def test_a_qann_search_and_retrain_report_the_exact_snn(tmp_path: Path) -> None:
     """neuron=st_bif_qann: the search runs the QANN supernet; the retrain of its genotype reports the
     SNN built from the trained QANN, whose summed logits equal the QANN's (fp32 rounding)."""
-    search = run_entry("search.py", *SMOKE, "neuron=st_bif_qann", f"hydra.run.dir={tmp_path / 's'}", cwd=tmp_path)
-    assert search.returncode == 0, search.stderr
-    train = run_entry("train.py", *SMOKE, "neuron=st_bif_qann", f"genotype={tmp_path / 's' / 'genotype.json'}",
-                      f"hydra.run.dir={tmp_path / 't'}", cwd=tmp_path)
-    assert train.returncode == 0, train.stderr
+    assert run_in_process("search", *SMOKE, "neuron=st_bif_qann", f"hydra.run.dir={tmp_path / 's'}", cwd=tmp_path) == 0
+    assert run_in_process("train", *SMOKE, "neuron=st_bif_qann", f"genotype={tmp_path / 's' / 'genotype.json'}",
+                          f"hydra.run.dir={tmp_path / 't'}", cwd=tmp_path) == 0
     metrics = json.loads((tmp_path / "t" / "metrics.json").read_text())
     assert metrics["snn_silent"] and metrics["snn_timesteps"] >= 1
     assert metrics["snn_test_acc"] == metrics["test_acc"] and metrics["snn_prediction_agreement"] == 1.0

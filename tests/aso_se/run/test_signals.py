@@ -45,11 +45,6 @@ def _finish(process: subprocess.Popen[bytes], script: str, cwd: Path) -> tuple[i
     return code, (cwd / f"{script}.err").read_text()
 
 
-def _run(script: str, *overrides: str, cwd: Path) -> None:
-    code, stderr = _finish(_start(script, *overrides, cwd=cwd), script, cwd)
-    assert code == 0, stderr[-3000:]
-
-
 def _children(pid: int) -> list[int]:
     """Live child processes of ``pid`` (zombies excluded)."""
     found = []
@@ -91,16 +86,15 @@ def _genotype(run_dir: Path) -> dict:
     return json.loads((run_dir / "genotype.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted smoke search, without workers (the data order depends on (seed, epoch) only)."""
-    cwd = tmp_path_factory.mktemp("straight")
-    _run("search.py", *SMOKE, "data.num_workers=0", f"hydra.run.dir={cwd / 'run'}", cwd=cwd)
-    return cwd / "run"
+@pytest.fixture
+def straight(finished_search: Path) -> Path:
+    """An uninterrupted smoke search without workers (the data order depends on (seed, epoch) only):
+    the session's one, shared with test_bad_input.py (conftest.py)."""
+    return finished_search
 
 
 def test_sigterm_to_the_group_stops_the_search_and_it_resumes_to_the_same_genotype(
-        tmp_path: Path, straight: Path) -> None:
+        tmp_path: Path, straight: Path, run_app: RunApp) -> None:
     run_dir = tmp_path / "run"
     search = _start("search.py", *SMOKE, WORKERS, f"hydra.run.dir={run_dir}", cwd=tmp_path)
     workers = _wait_for(lambda: kids if len(kids := _children(search.pid)) >= 4 else None, "4 workers", search)
@@ -113,7 +107,8 @@ def test_sigterm_to_the_group_stops_the_search_and_it_resumes_to_the_same_genoty
     log = (run_dir / "search.log").read_text()
     assert log.count("SIGTERM received") == 1  # the workers ignored it
 
-    _run("search.py", f"resume={run_dir}", cwd=tmp_path)
+    code, stderr = run_app("search", f"resume={run_dir}")  # in-process: the resume needs no process of its own
+    assert code == 0, stderr[-3000:]
     assert _genotype(run_dir) == _genotype(straight)
 
 
@@ -133,7 +128,8 @@ def test_sigusr1_to_the_group_stops_the_retrain(tmp_path: Path) -> None:
     assert not any(_alive(pid) for pid in workers)
 
 
-def test_sigkill_after_a_timed_checkpoint_loses_at_most_the_interval(tmp_path: Path, straight: Path) -> None:
+def test_sigkill_after_a_timed_checkpoint_loses_at_most_the_interval(tmp_path: Path, straight: Path,
+                                                                    run_app: RunApp) -> None:
     """trainer.checkpoint_every_min tiny: a checkpoint after every step. SIGKILL (to the main process
     alone, as when the node's OOM killer picks it) after a mid-epoch one: the workers die with it
     (torch's watchdog), and the resumed run ends with the uninterrupted genotype."""
@@ -154,12 +150,12 @@ def test_sigkill_after_a_timed_checkpoint_loses_at_most_the_interval(tmp_path: P
     assert search.wait(timeout=30) == -signal.SIGKILL
     assert workers and load_checkpoint(path, kind="search")["engine"]["step"] > 0
 
-    resumed = _start("search.py", f"resume={run_dir}", cwd=tmp_path)
+    # In-process (the resume needs no process of its own), while the workers notice their parent's death.
+    code, stderr = run_app("search", f"resume={run_dir}")
     deadline = time.monotonic() + 30
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in workers)  # they ignore SIGTERM but not their parent's death
-    code, stderr = _finish(resumed, "search.py", tmp_path)
     assert code == 0, stderr[-3000:]
     assert _genotype(run_dir) == _genotype(straight)
 
