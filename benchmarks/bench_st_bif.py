@@ -12,6 +12,7 @@ torch.compile. N = 64·128·32·32 neurons. --sweep also times the kernels' laun
 import argparse
 import cProfile
 import datetime
+import functools
 import pstats
 import time
 from importlib.metadata import version
@@ -359,8 +360,14 @@ def host_rows(num_steps: int, dtype_name: str) -> list[tuple]:
 
         return run
 
+    def chain_of_8(module):  # one autograd.grad call over 8 neurons: its fixed cost shared out (divide by 8)
+        return lambda: torch.autograd.grad(
+            functools.reduce(lambda h, _: module(h), range(8), x), (x, theta), grad_out)
+
     candidates = {
+        ("floor: one native op (x * θ)", "fwd+bwd"): lambda: torch.autograd.grad(x * theta, (x, theta), grad_out),
         ("ours eager (STBIFNeuron, learnable θ)", "fwd+bwd"): fwd_bwd(neuron),
+        ("ours eager, a chain of 8 neurons (per call of 8)", "fwd+bwd"): chain_of_8(neuron),
         ("ours eager (STBIFNeuron, learnable θ)", "forward"): forward(neuron),
         ("ours under torch.compile", "fwd+bwd"): fwd_bwd(compiled_neuron),
         ("torch.compile, reference", "fwd+bwd"): fwd_bwd(lambda x_seq: compiled_reference(x_seq, theta)),

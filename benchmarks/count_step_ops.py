@@ -2,9 +2,10 @@
 
 The step is ``bench_search_step.py``'s row "top-2, ST-BIF" (8 cells, C = 16, T = 4, firing-rate recording
 off) with a tiny batch, so device compute is small and what is left is host work: Python, the dispatcher,
-autograd, launches. The op count is a proxy for kernel launches and does not depend on batch or image size;
-the time is the median of ``--steps`` synced steps after ``--warmup``. Run it on CUDA for the real count:
-on CPU the ST-BIF "auto" backend is the torch reference, a Python loop over T of many small ops.
+autograd, launches. The op count (and among them the compute ops, those that are not views or
+allocations) is a proxy for kernel launches and does not depend on batch or image size; the time is
+the median of ``--steps`` synced steps after ``--warmup``. Run it on CUDA for the real count: on CPU the
+ST-BIF "auto" backend is the torch reference, a Python loop over T of many small ops.
 
     PYTHONPATH=. python benchmarks/count_step_ops.py
 """
@@ -19,6 +20,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.bench_search_step import Row, make_engine, step_times_ms, synchronize
 from kernels.st_bif import STBIFNeuron
+
+
+# Ops that only make a view or an allocation: host work, but no kernel launch.
+NO_KERNEL = frozenset(f"aten.{name}" for name in (
+    "detach", "view", "_unsafe_view", "reshape", "select", "slice", "unsqueeze", "squeeze", "squeeze_",
+    "unsqueeze_", "t", "transpose", "permute", "expand", "as_strided", "alias", "unbind", "split",
+    "split_with_sizes", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_reshape_alias",
+))
 
 
 class OpCounter(TorchDispatchMode):
@@ -90,6 +99,8 @@ def main() -> None:
     for name in list(per_step)[:args.top]:
         print(f"{name:40s} {per_step[name]:9.1f}")
     print(f"{'total':40s} {sum(per_step.values()):9.1f}")
+    print(f"{'  of which compute (may launch a kernel)':40s} "
+          f"{sum(count for name, count in per_step.items() if name not in NO_KERNEL):9.1f}")
     print(f"host ms per step: median {statistics.median(times):.1f} (min {min(times):.1f}, {args.steps} steps)")
 
 
