@@ -59,10 +59,11 @@ def main(cfg: DictConfig) -> None:
         if ctx.is_main:
             metrics = trainer.metrics()
             _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)  # the full test set on rank 0
-            if is_qann(network):
+            if is_qann(network):  # minutes on a CPU: a stop signal ends it (the last epoch is saved; resume redoes it)
                 metrics.update(snn_metrics(network, full_test, device=ctx.device,
                                            max_timesteps=cfg.snn_max_timesteps, dtype=cfg.snn_eval_dtype,
-                                           board=board, step=trainer.global_step))
+                                           board=board, step=trainer.global_step, before_batch=run.raise_if_stopped))
+                run.raise_if_stopped()
             metrics.update(energy_metrics(network, full_test, device=ctx.device, board=board,
                                           step=trainer.global_step, snn_timesteps=metrics.get("snn_timesteps")))
             checkpoint.save_json({**metrics, "wall_time_s": run.wall_time_s,

@@ -18,6 +18,7 @@ import functools
 import importlib.util
 import statistics
 import time
+import unittest.mock
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,10 @@ import triton
 from PIL import Image
 from torchvision.transforms.functional import normalize, pil_to_tensor
 
+from aso_se.search import supernet as supernet_module
 from aso_se.search.arch_params import SamplingConfig
 from aso_se.search.engine import ASOSEEngine
+from aso_se.search.mixed_op import sum_terms
 from aso_se.search.schedule import SearchSchedule
 from aso_se.search.supernet import build_supernet
 from kernels.sparse_conv import SparseConv2d
@@ -55,6 +58,7 @@ class Row:
     checkpointing: bool = False
     sparse_conv: bool = False
     precision: str = "fp32"
+    per_term_sum: bool = False  # a node summed as before: a multiply per term and an add per pair
 
 
 ROWS = (
@@ -69,7 +73,14 @@ ROWS = (
     Row("top-2, ST-BIF QANN (T = 1)", "st_bif_qann", 1, 2),
     Row("top-2, ST-BIF QANN (T = 1), bf16", "st_bif_qann", 1, 2, precision="bf16"),
     Row("top-2, ReLU (ANN), bf16", "relu", 1, 2, precision="bf16"),
+    Row("top-2, ST-BIF, per-term node sums", "st_bif", 4, 2, per_term_sum=True),
+    Row("top-2, ST-BIF QANN, per-term node sums", "st_bif_qann", 1, 2, per_term_sum=True),
 )
+
+
+def per_term_sum(terms: list[torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
+    """The node sum as it was before ``weighted_sum``: the baseline of rows with ``per_term_sum``."""
+    return sum_terms(w * term for w, term in zip(weights.unbind(), terms))
 
 
 def load_images(folder: Path | None, count: int) -> torch.Tensor:
@@ -144,6 +155,15 @@ def profile_step(step, device: torch.device) -> tuple[int, float, int]:
 
 
 def bench_row(
+    row: Row, images: torch.Tensor, labels: torch.Tensor, args: argparse.Namespace, device: torch.device
+) -> dict:
+    if not row.per_term_sum:
+        return _bench_row(row, images, labels, args, device)
+    with unittest.mock.patch.object(supernet_module, "weighted_sum", per_term_sum):
+        return _bench_row(row, images, labels, args, device)
+
+
+def _bench_row(
     row: Row, images: torch.Tensor, labels: torch.Tensor, args: argparse.Namespace, device: torch.device
 ) -> dict:
     engine = make_engine(row, args.channels, args.layers, device)
@@ -229,6 +249,9 @@ def main() -> None:
         ("peak memory, no ckpt / ckpt (ST-BIF)", "top-2, ST-BIF", "top-2, ST-BIF, checkpointing", "peak_gib"),
         ("spiking (ST-BIF top-2) / ANN (ReLU top-2)", "top-2, ST-BIF", "top-2, ReLU (ANN)", "ms"),
         ("baseline / best engine row", "DARTS MixedOp all ops, LIF", None, "ms"),
+        ("per-term / one-shot node sums (ST-BIF)", "top-2, ST-BIF, per-term node sums", "top-2, ST-BIF", "ms"),
+        ("per-term / one-shot node sums (QANN)", "top-2, ST-BIF QANN, per-term node sums",
+         "top-2, ST-BIF QANN (T = 1)", "ms"),
     ]
     best = min(results, key=lambda result: result["ms"])["row"] if results else None
     for label, numerator, denominator, key in ratios:

@@ -18,9 +18,9 @@ import statistics
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.bench_search_step import Row, make_engine, step_times_ms, synchronize
+from aso_se.search import supernet as supernet_module
+from benchmarks.bench_search_step import Row, make_engine, per_term_sum, step_times_ms, synchronize
 from kernels.st_bif import STBIFNeuron
-
 
 # Ops that only make a view or an allocation: host work, but no kernel launch.
 NO_KERNEL = frozenset(f"aten.{name}" for name in (
@@ -60,10 +60,14 @@ def main() -> None:
     parser.add_argument("--count-steps", type=int, default=3, help="steps counted (the sampled ops vary per step)")
     parser.add_argument("--steps", type=int, default=10, help="steps timed")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--per-term-sum", action="store_true",
+                        help="sum each node as before: a multiply per term and an add per pair (the baseline)")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
+    if args.per_term_sum:
+        supernet_module.weighted_sum = per_term_sum
     device = torch.device(args.device)
     torch.backends.cudnn.benchmark = True
     row = Row("count", args.neuron, 1 if args.neuron == "relu" else 4, args.k or None)
@@ -94,6 +98,7 @@ def main() -> None:
 
     per_step = {name: count / args.count_steps for name, count in counter.counts.most_common()}
     print(f"{torch.__version__} | {device} | neuron {args.neuron} ({args.neuron_backend}) | k={args.k or 'all'} | "
+          f"{'per-term node sums | ' if args.per_term_sum else ''}"
           f"batch {args.batch} | C={args.channels} | {args.layers} cells | {args.image_size}x{args.image_size}")
     print(f"{'op (mean of ' + str(args.count_steps) + ' steps)':40s} {'per step':>9s}")
     for name in list(per_step)[:args.top]:

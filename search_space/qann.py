@@ -13,7 +13,7 @@ import contextlib
 import copy
 import logging
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -206,7 +206,15 @@ def _full_fp32() -> Iterator[None]:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
 
 
-def _run_snn(snn: nn.Module, batches: list[tuple[Tensor, Tensor]], timesteps: int) -> tuple[list[Tensor], int]:
+def _each(batches: list[tuple[Tensor, Tensor]], before_batch: Callable[[], None]) -> Iterator[Tensor]:
+    """The inputs of ``batches``, calling ``before_batch()`` before each one."""
+    for x, _ in batches:
+        before_batch()
+        yield x
+
+
+def _run_snn(snn: nn.Module, batches: list[tuple[Tensor, Tensor]], timesteps: int,
+             before_batch: Callable[[], None]) -> tuple[list[Tensor], int]:
     """The SNN's summed logits per batch, and the last step (1-based, 0 if none) at which any neuron fired."""
     last_active = torch.zeros((), dtype=torch.long)
 
@@ -218,7 +226,7 @@ def _run_snn(snn: nn.Module, batches: list[tuple[Tensor, Tensor]], timesteps: in
 
     handles = [m.register_forward_hook(record) for m in snn.modules() if isinstance(m, SpikingNeuron)]
     try:
-        logits = [_logits(snn(x)) for x, _ in batches]
+        logits = [_logits(snn(x)) for x in _each(batches, before_batch)]
     finally:
         for handle in handles:
             handle.remove()
@@ -228,7 +236,8 @@ def _run_snn(snn: nn.Module, batches: list[tuple[Tensor, Tensor]], timesteps: in
 @torch.no_grad()
 @_full_fp32()
 def evaluate_snn(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, device: torch.device | str = "cpu",
-                 max_timesteps: int = 64, dtype: torch.dtype | None = None) -> SNNEvaluation:
+                 max_timesteps: int = 64, dtype: torch.dtype | None = None,
+                 before_batch: Callable[[], None] = lambda: None) -> SNNEvaluation:
     """Runs the QANN and its SNN at T = 1, 2, 4, ... (fresh state each time, the image at t = 0) until a
     run's last step has no spike anywhere, or T reaches ``max_timesteps`` (a warning then).
 
@@ -236,6 +245,8 @@ def evaluate_snn(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, d
     makes them equal to rounding; in float32 (the Triton neuron on CUDA) the convs' rounding differs
     between the summed and the per-step inputs, and a neuron whose input sits on a rounding boundary
     can flip a level, so a few predictions of a large network may differ. The QANN is left as it was.
+    ``before_batch()`` runs before every batch of every run and may raise to stop the evaluation (a
+    long one: about 2·T_silent passes over the set); train.py stops on a signal there.
     """
     if isinstance(max_timesteps, bool) or not isinstance(max_timesteps, int) or max_timesteps < 1:
         raise UserInputError(f"max_timesteps={max_timesteps!r} must be a positive integer, e.g. 64")
@@ -244,22 +255,22 @@ def evaluate_snn(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, d
     was_training = qann.training
     qann.eval()
     try:
-        return _evaluate(qann, batches, torch.device(device), max_timesteps)
+        return _evaluate(qann, batches, torch.device(device), max_timesteps, before_batch)
     finally:
         qann.train(was_training)
 
 
 def _evaluate(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], device: torch.device,
-              max_timesteps: int) -> SNNEvaluation:
+              max_timesteps: int, before_batch: Callable[[], None]) -> SNNEvaluation:
     data_dtype = next(qann.parameters()).dtype
     batches = [(x.to(device, data_dtype), y.to(device)) for x, y in batches]
-    qann_logits = [_logits(qann(x)) for x, _ in batches]
+    qann_logits = [_logits(qann(x)) for x in _each(batches, before_batch)]
     labels = torch.cat([y for _, y in batches])
     qann_predictions = torch.cat(qann_logits).argmax(1)
     accuracy_at: dict[int, float] = {}
     timesteps = 1
     while True:
-        snn_logits, last = _run_snn(convert_to_snn(qann, timesteps).to(device), batches, timesteps)
+        snn_logits, last = _run_snn(convert_to_snn(qann, timesteps).to(device), batches, timesteps, before_batch)
         snn_predictions = torch.cat(snn_logits).argmax(1)
         accuracy_at[timesteps] = _fraction(snn_predictions == labels)
         silent = last < timesteps  # no spike in the last step: nothing can change afterwards

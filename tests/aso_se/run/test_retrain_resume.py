@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from aso_se.run.checkpoint import load_checkpoint
+from aso_se.train import snn_eval
 from aso_se.train.retrain import Retrainer
 from tests.aso_se.run.helpers import SMOKE, RunApp
 
@@ -52,3 +53,36 @@ def test_sigint_mid_epoch_then_resume_equals_uninterrupted(
                for run in ("straight", "stopped")]
     assert metrics[0]["test_loss"] == metrics[1]["test_loss"]
     assert metrics[0]["test_acc"] == metrics[1]["test_acc"]
+
+
+def test_sigterm_during_the_snn_evaluation_stops_it_and_resume_redoes_only_the_evaluation(
+        run_app: RunApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """neuron=st_bif_qann: after training, the SNN's evaluation (minutes on a CPU) ends at the next batch
+    when a stop signal comes; the last epoch's checkpoint is kept, and the resumed run only evaluates."""
+    qann = [*SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann"]
+    real_evaluate = snn_eval.evaluate_snn
+    batches_seen = []
+
+    def evaluate_with_a_signal(*args, before_batch, **kwargs):
+        def before():
+            batches_seen.append(1)
+            if len(batches_seen) == 2:  # during the QANN's pass over the test set
+                os.kill(os.getpid(), signal.SIGTERM)
+            before_batch()
+
+        return real_evaluate(*args, before_batch=before, **kwargs)
+
+    with monkeypatch.context() as interrupt:
+        interrupt.setattr(snn_eval, "evaluate_snn", evaluate_with_a_signal)
+        code, stderr = run_app("train", *qann, "hydra.run.dir=stopped")
+    assert code == 128 + signal.SIGTERM and stderr.count("\n") == 1 and "resume=" in stderr
+    assert len(batches_seen) == 2  # no batch ran after the signal
+    run_dir = tmp_path / "stopped"
+    assert not (run_dir / "metrics.json").exists()
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt", kind="train")["trainer"]["epoch"] == 1
+
+    code, stderr = run_app("train", f"resume={run_dir}")
+    assert code == 0, stderr
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["snn_silent"] and metrics["snn_test_acc"] == metrics["test_acc"]
+    assert "retrain epoch" not in (run_dir / "train.log").read_text().split("resumed from")[-1]  # no training
