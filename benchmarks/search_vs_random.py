@@ -313,23 +313,23 @@ def _state_entry(state: Mapping[str, torch.Tensor], suffix: str) -> torch.Tensor
     return state[matches[0]]
 
 
-def _read_json(path: Path, job: Job) -> Any:
+def read_run_json(path: Path, job: Job) -> Any:
     if not path.is_file():
         raise BenchmarkError(f"run {job.name} finished without writing {path}; its log is {job.log}")
     return json.loads(path.read_text())
 
 
-def _run_config(job: Job) -> dict[str, Any]:
+def run_config(job: Job) -> dict[str, Any]:
     return yaml.safe_load((job.run_dir / ".hydra" / "config.yaml").read_text())
 
 
 def collect_search(result: JobResult, rules: SpaceRules) -> dict[str, Any]:
     """A finished search: its genotype, per-cycle genotypes, final α entropy (from checkpoints/last.pt)."""
     job = result.job
-    genotype = Genotype.from_json(json.dumps(_read_json(job.run_dir / "genotype.json", job)))
-    if space_config(_run_config(job)) != rules.config:
+    genotype = Genotype.from_json(json.dumps(read_run_json(job.run_dir / "genotype.json", job)))
+    if space_config(run_config(job)) != rules.config:
         raise BenchmarkError(f"run {job.name} searched another space than the random cells are drawn from "
-                             f"({space_config(_run_config(job))} vs {rules.config}); its log is {job.log}")
+                             f"({space_config(run_config(job))} vs {rules.config}); its log is {job.log}")
     state = load_checkpoint(job.run_dir / "checkpoints" / "last.pt", kind="search")
     cycles = sorted((job.run_dir / "genotypes").glob("cycle_*.json"), key=lambda p: int(p.stem.split("_")[1]))
     return {"seed": job.seed, "run_dir": str(job.run_dir), "genotype": json.loads(genotype.to_json()),
@@ -340,7 +340,7 @@ def collect_search(result: JobResult, rules: SpaceRules) -> dict[str, Any]:
 
 def collect_retrain(result: JobResult) -> dict[str, Any]:
     job = result.job
-    metrics = _read_json(job.run_dir / "metrics.json", job)
+    metrics = read_run_json(job.run_dir / "metrics.json", job)
     return {"test_acc": metrics["test_acc"], "best_test_acc": metrics.get("best_test_acc"),
             "params_m": metrics["params_m"], "firing_rate_mean": metrics.get("firing_rate_mean"),
             "genotype": json.loads(metrics["genotype"]), "run_dir": str(job.run_dir), "source": job.source,
@@ -352,7 +352,7 @@ def retrain_budget(plan: Plan, results: Sequence[JobResult]) -> dict[str, Any]:
     """What every retrain got, read back from each run's composed config; they must be identical."""
     configs = {}
     for result in results:
-        config = _run_config(result.job)
+        config = run_config(result.job)
         config.pop("genotype"), config.pop("seed")
         configs[result.job.name] = config
     first_name, first = next(iter(configs.items()))

@@ -1,0 +1,214 @@
+"""QANN vs ReLU vs BPTT: one cell retrained with each neuron under one budget, several seeds each.
+
+Every run is ``train.py`` with the same overrides but ``neuron=<arm>`` and ``seed=<s>`` (spiking BPTT arms
+also get ``neuron.timesteps=--timesteps``). Writes DIR/summary.json (every run: test accuracy, the QANN's SNN
+accuracy, steps to silence and accuracy at T = 4 and 8, train images/s), summary.md (mean ± std per arm and
+the verdicts: QANN and its SNN within 1 point of ReLU, QANN above BPTT); prints the table last.
+
+    python benchmarks/qann_vs_relu.py --out DIR --seeds 3 data=cifar10 data.root=<cifar10> model=small \\
+        genotype=DARTS_V2 epochs=5 batch_size=128 cuda_graph=true
+    python benchmarks/qann_vs_relu.py --out DIR --smoke    # every code path in about a minute on a CPU
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: the packages live beside benchmarks/
+    sys.path.insert(0, str(REPO))
+
+from aso_se.run.checkpoint import save_json  # noqa: E402
+from benchmarks.search_vs_random import (  # noqa: E402
+    SMOKE,
+    BenchmarkError,
+    Job,
+    JobResult,
+    Runner,
+    child_env,
+    compose_config,
+    mean_std,
+    quoted,
+    read_run_json,
+    run_config,
+)
+from search_space.errors import UserInputError  # noqa: E402
+
+ARMS = ("relu", "st_bif_qann", "st_bif")
+BPTT = ("st_bif", "lif")  # arms trained through time: they get --timesteps
+TOLERANCE = 0.01  # "within 1 point" of ReLU's mean test accuracy
+RESERVED_KEYS = ("neuron", "seed", "resume", "hydra.run.dir")  # set by the benchmark for every run
+
+
+def check_overrides(overrides: Sequence[str]) -> tuple[str, ...]:
+    """The user's Hydra overrides, refusing the keys the benchmark sets for every run."""
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if "=" not in override and not override.startswith("~"):
+            raise UserInputError(f"{override!r} is not a Hydra override; write key=value (e.g. data=cifar10)")
+        if key in RESERVED_KEYS:
+            raise UserInputError(f"the override {override!r} sets {key}, which the benchmark sets for every run; "
+                                 "drop it (neurons: --arms, seeds: --seeds)")
+    return tuple(overrides)
+
+
+def plan_jobs(out: Path, arms: Sequence[str], seeds: int, timesteps: int, common: Sequence[str]) -> list[Job]:
+    jobs = []
+    for arm in arms:
+        for seed in range(seeds):
+            name = f"{arm}_s{seed}"
+            run_dir = out / name
+            steps = (f"neuron.timesteps={timesteps}",) if arm in BPTT else ()
+            jobs.append(Job(name=name, arm=arm, script="train.py", run_dir=run_dir, seed=seed, source=arm,
+                            log=out / "logs" / f"{name}.log",
+                            overrides=(*common, f"neuron={arm}", *steps, f"seed={seed}",
+                                       f"hydra.run.dir={quoted(run_dir)}")))
+    return jobs
+
+
+def collect(result: JobResult) -> dict[str, Any]:
+    job = result.job
+    metrics = read_run_json(job.run_dir / "metrics.json", job)
+    snn_at = metrics.get("snn_acc_at_t", {})
+    return {"arm": job.arm, "seed": job.seed, "test_acc": metrics["test_acc"], "params_m": metrics["params_m"],
+            "train_images_per_second": metrics["train_images_per_second"],
+            "snn_test_acc": metrics.get("snn_test_acc"), "snn_timesteps": metrics.get("snn_timesteps"),
+            "snn_acc_t4": snn_at.get("4"), "snn_acc_t8": snn_at.get("8"),
+            "energy_per_image_uj": metrics.get("energy_per_image_uj"), "run_dir": str(job.run_dir),
+            "wall_minutes": result.wall_s / 60}
+
+
+def check_one_budget(results: Sequence[JobResult]) -> dict[str, Any]:
+    """The composed configs of all runs, less neuron and seed, must be identical: one budget."""
+    configs = {}
+    for result in results:
+        config = run_config(result.job)
+        config.pop("neuron"), config.pop("seed")
+        configs[result.job.name] = config
+    first_name, first = next(iter(configs.items()))
+    for name, config in configs.items():
+        if config != first:
+            raise BenchmarkError(f"runs {first_name} and {name} ran with different budgets; compare their "
+                                 f".hydra/config.yaml")
+    return first
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return mean_std(present)[0] if present else None
+
+
+def arm_rows(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[dict[str, Any]]:
+    rows = []
+    for arm in arms:
+        mine = [run for run in runs if run["arm"] == arm]
+        acc, acc_std = mean_std([run["test_acc"] for run in mine])
+        snn = [run["snn_test_acc"] for run in mine if run["snn_test_acc"] is not None]
+        snn_mean, snn_std = mean_std(snn) if snn else (None, None)
+        rows.append({"arm": arm, "n": len(mine), "test_acc": acc, "test_acc_std": acc_std,
+                     "snn_test_acc": snn_mean, "snn_test_acc_std": snn_std,
+                     **{key: _mean([run[key] for run in mine]) for key in (
+                         "snn_timesteps", "snn_acc_t4", "snn_acc_t8", "train_images_per_second", "params_m")}})
+    return rows
+
+
+def verdicts(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    by_arm = {row["arm"]: row for row in rows}
+    relu, qann = by_arm.get("relu"), by_arm.get("st_bif_qann")
+    bptt = next((by_arm[arm] for arm in BPTT if arm in by_arm), None)
+    lines = []
+    if relu and qann:
+        qann_ok = qann["test_acc"] >= relu["test_acc"] - TOLERANCE
+        lines.append(f"QANN within 1 point of ReLU? {'YES' if qann_ok else 'NO'}"
+                     f" ({100 * (qann['test_acc'] - relu['test_acc']):+.2f} points)")
+        if qann["snn_test_acc"] is not None:
+            snn_ok = qann["snn_test_acc"] >= relu["test_acc"] - TOLERANCE
+            lines.append(f"its SNN within 1 point of ReLU? {'YES' if snn_ok else 'NO'}"
+                         f" ({100 * (qann['snn_test_acc'] - relu['test_acc']):+.2f} points)")
+        ratio = relu["train_images_per_second"] / qann["train_images_per_second"]
+        lines.append(f"QANN train time per image: {ratio:.2f}x ReLU's")
+    if qann and bptt:
+        lines.append(f"QANN above BPTT {bptt['arm']}? {'YES' if qann['test_acc'] > bptt['test_acc'] else 'NO'}"
+                     f" ({100 * (qann['test_acc'] - bptt['test_acc']):+.2f} points)")
+    return lines
+
+
+def _pct(value: float | None, std: float | None = None) -> str:
+    if value is None:
+        return "—"
+    return f"{100 * value:.2f}%" + ("" if std is None else f" ± {100 * std:.2f}")
+
+
+def table(rows: Sequence[Mapping[str, Any]]) -> str:
+    lines = ["| arm | n | test acc | SNN test acc | steps to silence | SNN at T = 4 / 8 | train images/s "
+             "| params (M) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        steps = "—" if row["snn_timesteps"] is None else f"{row['snn_timesteps']:.1f}"
+        lines.append(f"| {row['arm']} | {row['n']} | {_pct(row['test_acc'], row['test_acc_std'])} | "
+                     f"{_pct(row['snn_test_acc'], row['snn_test_acc_std'])} | {steps} | "
+                     f"{_pct(row['snn_acc_t4'])} / {_pct(row['snn_acc_t8'])} | "
+                     f"{row['train_images_per_second']:.0f} | {row['params_m']:.4f} |")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    common = (*(SMOKE if args.smoke else ()), *check_overrides(args.overrides))
+    if args.smoke and not any(o.startswith("genotype=") for o in common):
+        common = (*common, "genotype=DARTS_V2")
+    for arm in args.arms:  # bad overrides or arms are refused before any run
+        compose_config("train", (*common, f"neuron={arm}"))
+    out = args.out.resolve()
+    jobs = plan_jobs(out, args.arms, args.seeds, args.timesteps, common)
+    results = Runner(args.parallel, child_env(args.parallel), args.resume).run_all(jobs, lambda result: [])
+    budget = check_one_budget(results)
+    runs = [collect(result) for result in sorted(results, key=lambda r: r.job.name)]
+    rows = arm_rows(runs, args.arms)
+    summary = {"runs": runs, "rows": rows, "verdicts": verdicts(rows), "overrides": list(common),
+               "timesteps_bptt": args.timesteps, "budget": budget}
+    save_json(summary, out / "summary.json")
+    (out / "summary.md").write_text(f"# QANN vs ReLU vs BPTT under one budget\n\n`{' '.join(common)}`, "
+                                    f"BPTT at T = {args.timesteps}.\n\n{table(rows)}\n\n"
+                                    + "\n".join(f"- {line}" for line in summary["verdicts"]) + "\n")
+    return summary
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="a new or empty directory: every run and the summary")
+    parser.add_argument("--arms", default=",".join(ARMS), help="neurons (conf/neuron/), comma-separated")
+    parser.add_argument("--seeds", type=int, default=3, help="runs per arm (seeds 0..N-1)")
+    parser.add_argument("--timesteps", type=int, default=4, help="T of the BPTT arms (st_bif, lif)")
+    parser.add_argument("--smoke", action="store_true", help="experiment=smoke for every run: seconds each on a CPU")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once")
+    parser.add_argument("--resume", action="store_true", help="continue a stopped benchmark in --out")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. data=cifar10 epochs=5")
+    args = parser.parse_args(argv)
+    for name in ("seeds", "parallel", "timesteps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    args.arms = tuple(arm for arm in args.arms.split(",") if arm)
+    if not args.arms or len(set(args.arms)) != len(args.arms):
+        parser.error(f"--arms {','.join(args.arms)!r}: need distinct neuron names")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.out.exists() and any(args.out.iterdir()) and not args.resume:
+            raise UserInputError(f"--out {args.out} is not empty; pass a new directory or --resume")
+        summary = run(args)
+    except (UserInputError, BenchmarkError) as error:
+        print(f"qann_vs_relu: {error}", file=sys.stderr)
+        return 2 if isinstance(error, UserInputError) else 1
+    print(f"summary: {args.out / 'summary.json'}, {args.out / 'summary.md'}")
+    print("\n".join(summary["verdicts"]))
+    print(table(summary["rows"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
