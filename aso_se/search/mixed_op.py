@@ -34,7 +34,9 @@ class FastMixedOp(nn.Module):
     ``weights`` in the same order (``aso_se.search.arch_params.active_weights``) once for all edges; the
     other ops cost nothing. ``none`` terms are skipped unless alone: they add ``w * 0``, so values (up to
     the sign of a zero) and gradients are unchanged. With every op active this is DARTS's MixedOp term
-    for term, so outputs and gradients match it.
+    for term, so outputs and gradients match it. The supernet runs an edge's ops itself and sums all
+    edges of a node at once (``supernet.node_terms``, :func:`weighted_sum`); this per-edge ``forward`` is
+    the reference that path is tested against.
     """
 
     def __init__(self, ops: Iterable[nn.Module]) -> None:
