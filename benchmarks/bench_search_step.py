@@ -133,8 +133,9 @@ def step_times_ms(step, device: torch.device, steps: int) -> list[float]:
     return times
 
 
-def profile_step(step, device: torch.device) -> tuple[int, float, int]:
-    """(CUDA kernels launched, their summed GPU time in ms, host syncs) of one step."""
+def profile_step(step, device: torch.device, top_kernels: int = 0) -> tuple[int, float, int]:
+    """(CUDA kernels launched, their summed GPU time in ms, host syncs) of one step; with ``top_kernels``
+    also prints the kernels that took the most GPU time (name, calls, ms)."""
     if device.type != "cuda":
         return 0, 0.0, 0
     with warnings.catch_warnings(record=True) as caught:
@@ -151,6 +152,11 @@ def profile_step(step, device: torch.device) -> tuple[int, float, int]:
         event for event in prof.events()
         if event.device_type == torch.autograd.DeviceType.CUDA and not event.name.startswith(("Memcpy", "Memset"))
     ]
+    by_name: dict[str, list[float]] = {}
+    for event in kernels:
+        by_name.setdefault(event.name, []).append(event.device_time / 1000)
+    for name, times in sorted(by_name.items(), key=lambda item: -sum(item[1]))[:top_kernels]:
+        print(f"KERNEL | {sum(times):8.2f} ms | {len(times):5d} calls | {name[:110]}", flush=True)
     return len(kernels), sum(e.device_time for e in kernels) / 1000, syncs
 
 
@@ -177,7 +183,7 @@ def _bench_row(
     for _ in range(args.warmup):
         step()
     synchronize(device)
-    kernels, gpu_ms, syncs = profile_step(step, device)
+    kernels, gpu_ms, syncs = profile_step(step, device, args.top_kernels)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times = step_times_ms(step, device, args.steps)
@@ -212,6 +218,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rows", type=str, default=None, help="comma-separated row numbers (1-based) to run")
     parser.add_argument("--batch", type=int, default=64, help="images per split (the step reads two splits)")
+    parser.add_argument("--top-kernels", type=int, default=0, help="print each row's N costliest CUDA kernels")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: C=4, 3 cells, batch 2, 1 step")
     args = parser.parse_args()
     args.channels, args.layers = (4, 3) if args.tiny else (16, 8)
