@@ -32,7 +32,7 @@ from benchmarks.search_vs_random import (  # noqa: E402
     mean_std,
     quoted,
     read_run_json,
-    run_config,
+    same_config,
 )
 from search_space.errors import UserInputError  # noqa: E402
 
@@ -78,21 +78,6 @@ def collect(result: JobResult) -> dict[str, Any]:
             "snn_acc_t4": snn_at.get("4"), "snn_acc_t8": snn_at.get("8"),
             "energy_per_image_uj": metrics.get("energy_per_image_uj"), "run_dir": str(job.run_dir),
             "wall_minutes": result.wall_s / 60}
-
-
-def check_one_budget(results: Sequence[JobResult]) -> dict[str, Any]:
-    """The composed configs of all runs, less neuron and seed, must be identical: one budget."""
-    configs = {}
-    for result in results:
-        config = run_config(result.job)
-        config.pop("neuron"), config.pop("seed")
-        configs[result.job.name] = config
-    first_name, first = next(iter(configs.items()))
-    for name, config in configs.items():
-        if config != first:
-            raise BenchmarkError(f"runs {first_name} and {name} ran with different budgets; compare their "
-                                 f".hydra/config.yaml")
-    return first
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -163,7 +148,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = args.out.resolve()
     jobs = plan_jobs(out, args.arms, args.seeds, args.timesteps, common)
     results = Runner(args.parallel, child_env(args.parallel), args.resume).run_all(jobs, lambda result: [])
-    budget = check_one_budget(results)
+    budget = same_config(results, ignore=("neuron", "seed"))  # one budget: only the neuron and seed differ
     runs = [collect(result) for result in sorted(results, key=lambda r: r.job.name)]
     rows = arm_rows(runs, args.arms)
     summary = {"runs": runs, "rows": rows, "verdicts": verdicts(rows), "overrides": list(common),

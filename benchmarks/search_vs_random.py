@@ -348,18 +348,25 @@ def collect_retrain(result: JobResult) -> dict[str, Any]:
             "seed": job.seed, "wall_minutes": result.wall_s / 60, "cpu_minutes": result.cpu_s / 60}
 
 
-def retrain_budget(plan: Plan, results: Sequence[JobResult]) -> dict[str, Any]:
-    """What every retrain got, read back from each run's composed config; they must be identical."""
+def same_config(results: Sequence[JobResult], ignore: Sequence[str]) -> dict[str, Any]:
+    """The composed config every run got, less the keys in ``ignore``: one budget, or a BenchmarkError."""
     configs = {}
     for result in results:
         config = run_config(result.job)
-        config.pop("genotype"), config.pop("seed")
-        configs[result.job.name] = config
-    first_name, first = next(iter(configs.items()))
-    for name, config in configs.items():
+        for key in ignore:
+            config.pop(key)
+        configs[result.job] = config
+    (first_job, first), *_ = configs.items()
+    for job, config in configs.items():
         if config != first:
-            raise BenchmarkError(f"retrains {first_name} and {name} ran with different configs; "
-                                 f"compare {plan.out / name / '.hydra' / 'config.yaml'} with {first_name}'s")
+            raise BenchmarkError(f"runs {first_job.name} and {job.name} ran with different configs; compare "
+                                 f"{job.run_dir / '.hydra' / 'config.yaml'} with {first_job.name}'s")
+    return first
+
+
+def retrain_budget(plan: Plan, results: Sequence[JobResult]) -> dict[str, Any]:
+    """What every retrain got, read back from each run's composed config; they must be identical."""
+    first = same_config(results, ignore=("genotype", "seed"))
     return {"search_overrides": list(plan.search_overrides), "train_overrides": list(plan.train_overrides),
             "search_seeds": list(plan.search_seeds), "random_seeds": list(plan.random_seeds),
             "retrain_seeds": list(plan.retrain_seeds), "device": plan.device or "auto (CUDA when present)",
