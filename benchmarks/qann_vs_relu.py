@@ -34,6 +34,7 @@ from benchmarks.search_vs_random import (  # noqa: E402
     read_run_json,
     same_config,
 )
+from benchmarks.search_vs_random import check_overrides as check_run_overrides  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 
 ARMS = ("relu", "st_bif_qann", "st_bif")
@@ -44,14 +45,7 @@ RESERVED_KEYS = ("neuron", "seed", "resume", "hydra.run.dir")  # set by the benc
 
 def check_overrides(overrides: Sequence[str]) -> tuple[str, ...]:
     """The user's Hydra overrides, refusing the keys the benchmark sets for every run."""
-    for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+~")
-        if "=" not in override and not override.startswith("~"):
-            raise UserInputError(f"{override!r} is not a Hydra override; write key=value (e.g. data=cifar10)")
-        if key in RESERVED_KEYS:
-            raise UserInputError(f"the override {override!r} sets {key}, which the benchmark sets for every run; "
-                                 "drop it (neurons: --arms, seeds: --seeds)")
-    return tuple(overrides)
+    return check_run_overrides(overrides, RESERVED_KEYS, "neurons: --arms, seeds: --seeds")
 
 
 def plan_jobs(out: Path, arms: Sequence[str], seeds: int, timesteps: int, common: Sequence[str]) -> list[Job]:

@@ -98,16 +98,20 @@ def quoted(value: str | Path) -> str:
     return f"'{text}'"
 
 
-def check_overrides(overrides: Iterable[str]) -> tuple[str, ...]:
-    """The user's Hydra overrides, refusing the keys the benchmark sets for every run."""
+def check_overrides(
+    overrides: Iterable[str], reserved: Sequence[str] = RESERVED_KEYS,
+    instead: str = "seeds: --searches, --randoms, --retrain-seeds",
+) -> tuple[str, ...]:
+    """The user's Hydra overrides, refusing the ``reserved`` keys the benchmark sets for every run
+    (``instead``: the benchmark's options that set them)."""
     checked = []
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         if "=" not in override and not override.startswith("~"):
             raise UserInputError(f"{override!r} is not a Hydra override; write key=value (e.g. data=cifar10)")
-        if key in RESERVED_KEYS:
+        if key in reserved:
             raise UserInputError(f"the override {override!r} sets {key}, which the benchmark sets for every run; "
-                                 "drop it (seeds: --searches, --randoms, --retrain-seeds)")
+                                 f"drop it ({instead})")
         checked.append(override)
     return tuple(checked)
 
