@@ -18,6 +18,7 @@ import functools
 import importlib.util
 import statistics
 import time
+import traceback
 import unittest.mock
 import warnings
 from dataclasses import dataclass
@@ -36,9 +37,10 @@ from aso_se.search.schedule import SearchSchedule
 from aso_se.search.supernet import build_supernet
 from kernels.sparse_conv import SparseConv2d
 from search_space.neurons import NeuronFactory, set_firing_rate_recording
-from search_space.ops import DARTS_PRIMITIVES
+from search_space.ops import DARTS_PRIMITIVES, UnitAffineBatchNorm2d
 from search_space.space import SearchSpace
 
+REPO = str(Path(__file__).resolve().parents[1])
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 # conf/neuron/*.yaml defaults
 NEURON_PARAMS = {
@@ -59,6 +61,7 @@ class Row:
     sparse_conv: bool = False
     precision: str = "fp32"
     per_term_sum: bool = False  # a node summed as before: a multiply per term and an add per pair
+    native_bn: bool = False  # the supernet's BatchNorms without a weight, as before: PyTorch's native kernels
 
 
 ROWS = (
@@ -75,6 +78,10 @@ ROWS = (
     Row("top-2, ReLU (ANN), bf16", "relu", 1, 2, precision="bf16"),
     Row("top-2, ST-BIF, per-term node sums", "st_bif", 4, 2, per_term_sum=True),
     Row("top-2, ST-BIF QANN, per-term node sums", "st_bif_qann", 1, 2, per_term_sum=True),
+    Row("top-2, ST-BIF, native BN", "st_bif", 4, 2, native_bn=True),
+    Row("top-2, ST-BIF QANN, native BN", "st_bif_qann", 1, 2, native_bn=True),
+    Row("top-2, ReLU (ANN), native BN", "relu", 1, 2, native_bn=True),
+    Row("FastMixedOp top-2, LIF, native BN", "lif", 4, 2, native_bn=True),
 )
 
 
@@ -106,6 +113,8 @@ def make_engine(row: Row, channels: int, layers: int, device: torch.device) -> A
     for module in supernet.modules():
         if isinstance(module, SparseConv2d):
             module.backend = "auto" if row.sparse_conv else "torch"
+        if row.native_bn and isinstance(module, UnitAffineBatchNorm2d):
+            module.weight = module.bias = None  # F.batch_norm without a weight: PyTorch's native kernels
     return ASOSEEngine(
         supernet,
         weights_optimizer=functools.partial(torch.optim.SGD, lr=0.025, momentum=0.9, weight_decay=3e-4),
@@ -138,12 +147,24 @@ def profile_step(step, device: torch.device, top_kernels: int = 0) -> tuple[int,
     also prints the kernels that took the most GPU time (name, calls, ms)."""
     if device.type != "cuda":
         return 0, 0.0, 0
-    with warnings.catch_warnings(record=True) as caught:
+    sites: list[str] = []
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchroniz" in str(message):  # where in our code: the innermost repo frame that is not this file
+            frames = [f for f in traceback.extract_stack()[:-1]
+                      if f.filename.startswith(REPO) and not f.filename.endswith("bench_search_step.py")]
+            sites.append(f"{frames[-1].filename}:{frames[-1].lineno}" if frames else f"{filename}:{lineno}")
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         step()
         torch.cuda.set_sync_debug_mode("default")
-    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    syncs = len(sites)
+    if top_kernels:
+        for site in sites:
+            print(f"SYNC | {site}", flush=True)
     synchronize(device)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         step()
@@ -259,6 +280,10 @@ def main() -> None:
         ("per-term / one-shot node sums (ST-BIF)", "top-2, ST-BIF, per-term node sums", "top-2, ST-BIF", "ms"),
         ("per-term / one-shot node sums (QANN)", "top-2, ST-BIF QANN, per-term node sums",
          "top-2, ST-BIF QANN (T = 1)", "ms"),
+        ("native / cuDNN BN (ST-BIF)", "top-2, ST-BIF, native BN", "top-2, ST-BIF", "ms"),
+        ("native / cuDNN BN (QANN)", "top-2, ST-BIF QANN, native BN", "top-2, ST-BIF QANN (T = 1)", "ms"),
+        ("native / cuDNN BN (ReLU)", "top-2, ReLU (ANN), native BN", "top-2, ReLU (ANN)", "ms"),
+        ("native / cuDNN BN (LIF)", "FastMixedOp top-2, LIF, native BN", "FastMixedOp top-2, LIF", "ms"),
     ]
     best = min(results, key=lambda result: result["ms"])["row"] if results else None
     for label, numerator, denominator, key in ratios:

@@ -55,6 +55,26 @@ class Zero(nn.Module):
         return f"stride={self.stride}"
 
 
+class UnitAffineBatchNorm2d(nn.BatchNorm2d):
+    """``nn.BatchNorm2d(affine=False)`` that hands the kernel a constant unit scale and zero shift.
+
+    The same function, state_dict and running statistics, but PyTorch picks cuDNN's batch norm only
+    when a weight and a bias are given; its native NCHW kernels reduce one channel per thread block,
+    which leaves most of the GPU idle at the supernet's 16-64 channels (RESULTS.md, search step).
+    """
+
+    def __init__(self, num_features: int, **kwargs) -> None:
+        super().__init__(num_features, affine=False, **kwargs)
+        del self.weight, self.bias  # the None parameters affine=False registers
+        self.register_buffer("weight", torch.ones(num_features), persistent=False)
+        self.register_buffer("bias", torch.zeros(num_features), persistent=False)
+
+
+def batch_norm(C: int, affine: bool) -> nn.BatchNorm2d:
+    """The ops' BatchNorm: learned scale and shift when ``affine``, else fixed ones (DARTS's supernet)."""
+    return nn.BatchNorm2d(C) if affine else UnitAffineBatchNorm2d(C)
+
+
 def neuron_then_conv(neuron: nn.Module, conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """conv(neuron(x)); where the neuron's kernel can write the block map of its spikes and the
     conv would use it, the conv gets it and skips its prescan (same result)."""
@@ -76,7 +96,7 @@ class NeuronConvBN(nn.Module):
         self.op = nn.Sequential(
             neuron(),
             SparseConv2d(C_in, C_out, kernel_size, stride=stride, padding=padding, bias=False),
-            nn.BatchNorm2d(C_out, affine=affine),
+            batch_norm(C_out, affine),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,7 +117,7 @@ class DilConv(nn.Module):
             SparseConv2d(C_in, C_in, kernel_size, stride=stride, padding=padding, dilation=dilation,
                          groups=C_in, bias=False),
             nn.Conv2d(C_in, C_out, kernel_size=1, padding=0, bias=False),
-            nn.BatchNorm2d(C_out, affine=affine),
+            batch_norm(C_out, affine),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -117,11 +137,11 @@ class SepConv(nn.Module):
             neuron(),
             SparseConv2d(C_in, C_in, kernel_size, stride=stride, padding=padding, groups=C_in, bias=False),
             nn.Conv2d(C_in, C_in, kernel_size=1, padding=0, bias=False),
-            nn.BatchNorm2d(C_in, affine=affine),
+            batch_norm(C_in, affine),
             neuron(),
             SparseConv2d(C_in, C_in, kernel_size, stride=1, padding=padding, groups=C_in, bias=False),
             nn.Conv2d(C_in, C_out, kernel_size=1, padding=0, bias=False),
-            nn.BatchNorm2d(C_out, affine=affine),
+            batch_norm(C_out, affine),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -143,7 +163,7 @@ class FactorizedReduce(nn.Module):
         self.neuron = neuron()
         self.conv_1 = SparseConv2d(C_in, C_out // 2, 1, stride=2, padding=0, bias=False)
         self.conv_2 = SparseConv2d(C_in, C_out // 2, 1, stride=2, padding=0, bias=False)
-        self.bn = nn.BatchNorm2d(C_out, affine=affine)
+        self.bn = batch_norm(C_out, affine)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.neuron(x)
@@ -169,7 +189,7 @@ def _conv_7x1_1x7(C: int, stride: int, affine: bool, neuron: NeuronFactoryFn) ->
         neuron(),
         SparseConv2d(C, C, (1, 7), stride=(1, stride), padding=(0, 3), bias=False),
         nn.Conv2d(C, C, (7, 1), stride=(stride, 1), padding=(3, 0), bias=False),
-        nn.BatchNorm2d(C, affine=affine),
+        batch_norm(C, affine),
     )
 
 

@@ -51,3 +51,18 @@ def test_overrides_the_benchmark_sets_are_refused(override):
 def test_an_unknown_arm_is_refused_before_any_run(tmp_path, capsys):
     assert bench.main(["--out", str(tmp_path / "out"), "--smoke", "--arms", "relu,sigmoid"]) == 2
     assert "neuron=sigmoid" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_an_arm_with_neuron_options_runs_them_and_gets_its_own_verdicts():
+    assert bench.arm_overrides("st_bif_qann:level=16:q_threshold=0.25", 4) == (
+        "neuron=st_bif_qann", "neuron.level=16", "neuron.q_threshold=0.25")
+    assert bench.arm_overrides("st_bif", 2) == ("neuron=st_bif", "neuron.timesteps=2")
+    jobs = bench.plan_jobs(bench.Path("/o"), ["st_bif_qann:level=16"], 1, 4, ("epochs=1",))
+    assert jobs[0].name == "st_bif_qann_level16_s0" and "neuron.level=16" in jobs[0].overrides
+    rows = [{"arm": "relu", "test_acc": 0.775, "snn_test_acc": None, "train_images_per_second": 6000.0},
+            {"arm": "st_bif_qann:level=16", "test_acc": 0.770, "snn_test_acc": 0.771,
+             "train_images_per_second": 5000.0}]
+    assert bench.verdicts(rows) == [
+        "QANN (st_bif_qann:level=16) within 1 point of ReLU? YES (-0.50 points)",
+        "its SNN within 1 point of ReLU? YES (-0.40 points)",
+        "QANN (st_bif_qann:level=16) train time per image: 1.20x ReLU's"]

@@ -17,6 +17,7 @@ from search_space.ops import (
     SPIKING_PRIMITIVES,
     FactorizedReduce,
     NeuronConvBN,
+    UnitAffineBatchNorm2d,
     check_primitives,
     register_op,
 )
@@ -199,3 +200,29 @@ def test_st_bif_ops_hand_the_kernel_written_block_map_to_their_convs(name, monke
     y.sum().backward()
     torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_unit_affine_batch_norm_is_batch_norm_without_affine(dtype):
+    torch.manual_seed(0)
+    plain, unit = nn.BatchNorm2d(5, affine=False).to(dtype), UnitAffineBatchNorm2d(5).to(dtype)
+    assert list(unit.parameters()) == [] and list(unit.state_dict()) == list(plain.state_dict())
+    assert unit.weight is not None and unit.bias is not None  # what makes PyTorch pick cuDNN on a GPU
+    for _ in range(2):  # training (batch statistics, running averages), then eval
+        x = (3 * torch.randn(3, 5, 7, 6, dtype=dtype) + 1).requires_grad_()
+        upstream = torch.randn(3, 5, 7, 6, dtype=dtype)
+        outputs = [norm(x) for norm in (plain, unit)]
+        grads = [torch.autograd.grad(out, x, upstream)[0] for out in outputs]
+        torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
+        torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+        torch.testing.assert_close(unit.running_var, plain.running_var, rtol=0, atol=0)
+        plain.eval(), unit.eval()
+    unit.load_state_dict(plain.state_dict())  # checkpoints of either load into the other
+
+
+def test_supernet_ops_use_the_unit_affine_batch_norm():
+    op = OPS["sep_conv_3x3"](C, 1, False, factory("relu"))
+    norms = [m for m in op.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert norms and all(type(m) is UnitAffineBatchNorm2d for m in norms)
+    retrain = OPS["sep_conv_3x3"](C, 1, True, factory("relu"))
+    assert all(type(m) is nn.BatchNorm2d and m.affine for m in retrain.modules() if isinstance(m, nn.BatchNorm2d))
