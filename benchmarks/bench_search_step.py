@@ -47,7 +47,7 @@ NEURON_PARAMS = {
     "lif": {"tau": 2.0, "v_threshold": 1.0, "v_reset": 0.0, "surrogate": "sigmoid"},
     "st_bif": {"q_threshold": 1.0, "level": 8, "sym": True, "learn_threshold": True, "surrogate": "sigmoid"},
     "relu": {},
-    "st_bif_qann": {"q_threshold": 0.5, "level": 8, "sym": False, "learn_threshold": True},
+    "st_bif_qann": {"q_threshold": 0.5, "level": 16, "sym": False, "learn_threshold": True},
 }
 
 

@@ -55,7 +55,7 @@ class QuantizedActivation(nn.Module):
 
 @register_neuron("st_bif_qann")
 def st_bif_qann(
-    timesteps: int, q_threshold: float = 0.5, level: int = 8, sym: bool = False, learn_threshold: bool = True,
+    timesteps: int, q_threshold: float = 0.5, level: int = 16, sym: bool = False, learn_threshold: bool = True,
     backend: str = "auto",
 ) -> nn.Module:
     if timesteps != 1:
