@@ -62,6 +62,7 @@ class Row:
     precision: str = "fp32"
     per_term_sum: bool = False  # a node summed as before: a multiply per term and an add per pair
     native_bn: bool = False  # the supernet's BatchNorms without a weight, as before: PyTorch's native kernels
+    channels_last: bool = False  # supernet weights and images in channels_last (NHWC) memory
 
 
 ROWS = (
@@ -82,6 +83,9 @@ ROWS = (
     Row("top-2, ST-BIF QANN, native BN", "st_bif_qann", 1, 2, native_bn=True),
     Row("top-2, ReLU (ANN), native BN", "relu", 1, 2, native_bn=True),
     Row("FastMixedOp top-2, LIF, native BN", "lif", 4, 2, native_bn=True),
+    Row("top-2, ST-BIF, channels_last", "st_bif", 4, 2, channels_last=True),
+    Row("top-2, ST-BIF QANN, channels_last", "st_bif_qann", 1, 2, channels_last=True),
+    Row("top-2, ReLU (ANN), channels_last", "relu", 1, 2, channels_last=True),
 )
 
 
@@ -110,6 +114,8 @@ def make_engine(row: Row, channels: int, layers: int, device: torch.device) -> A
         num_classes=10, timesteps=row.timesteps, checkpointing=row.checkpointing,
     )
     set_firing_rate_recording(supernet, False)  # a logging option, not part of the search step
+    if row.channels_last:
+        supernet = supernet.to(memory_format=torch.channels_last)
     for module in supernet.modules():
         if isinstance(module, SparseConv2d):
             module.backend = "auto" if row.sparse_conv else "torch"
@@ -195,8 +201,9 @@ def _bench_row(
 ) -> dict:
     engine = make_engine(row, args.channels, args.layers, device)
     batch = args.batch
-    weights_batch = (images[:batch].to(device), labels[:batch].to(device))
-    arch_batch = (images[batch:].to(device), labels[batch:].to(device))
+    layout = torch.channels_last if row.channels_last else torch.contiguous_format
+    weights_batch = (images[:batch].to(device, memory_format=layout), labels[:batch].to(device))
+    arch_batch = (images[batch:].to(device, memory_format=layout), labels[batch:].to(device))
 
     def step() -> None:
         engine.train_step(weights_batch, arch_batch, temperature=1.0, entropy_weight=0.0)
@@ -284,6 +291,9 @@ def main() -> None:
         ("native / cuDNN BN (QANN)", "top-2, ST-BIF QANN, native BN", "top-2, ST-BIF QANN (T = 1)", "ms"),
         ("native / cuDNN BN (ReLU)", "top-2, ReLU (ANN), native BN", "top-2, ReLU (ANN)", "ms"),
         ("native / cuDNN BN (LIF)", "FastMixedOp top-2, LIF, native BN", "FastMixedOp top-2, LIF", "ms"),
+        ("NCHW / channels_last (ST-BIF)", "top-2, ST-BIF", "top-2, ST-BIF, channels_last", "ms"),
+        ("NCHW / channels_last (QANN)", "top-2, ST-BIF QANN (T = 1)", "top-2, ST-BIF QANN, channels_last", "ms"),
+        ("NCHW / channels_last (ReLU)", "top-2, ReLU (ANN)", "top-2, ReLU (ANN), channels_last", "ms"),
     ]
     best = min(results, key=lambda result: result["ms"])["row"] if results else None
     for label, numerator, denominator, key in ratios:
