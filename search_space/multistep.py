@@ -58,7 +58,10 @@ class Stem(nn.Sequential):
                 )
             return super().forward(x.flatten(0, 1))
         if x.dim() == 4:
-            return super().forward(x).repeat(self.timesteps, 1, 1, 1)
+            drive = super().forward(x)
+            if drive.is_contiguous():
+                return drive.repeat(self.timesteps, 1, 1, 1)
+            return torch.cat([drive] * self.timesteps)  # the same values; keeps a channels_last layout
         raise ValueError(
             f"expected images [B, C, H, W] or time-first frames [T, B, C, H, W], got shape {tuple(x.shape)}"
         )

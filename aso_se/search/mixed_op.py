@@ -24,7 +24,12 @@ def weighted_sum(terms: Sequence[Tensor], weights: Tensor) -> Tensor:
     """
     if len(terms) == 1:
         return weights[0] * terms[0]
-    return (weights @ torch.stack(terms).flatten(1)).view_as(terms[0])
+    first = terms[0]
+    if first.dim() == 4 and not first.is_contiguous() and first.is_contiguous(memory_format=torch.channels_last):
+        # channels_last terms: flatten them in memory order (a view) and keep that layout for the sum
+        nhwc = [term.permute(0, 2, 3, 1) for term in terms]
+        return (weights @ torch.stack(nhwc).flatten(1)).view_as(nhwc[0]).permute(0, 3, 1, 2)
+    return (weights @ torch.stack(terms).flatten(1)).view_as(first)
 
 
 class FastMixedOp(nn.Module):

@@ -122,7 +122,7 @@ def test_threshold_of_another_dtype_and_shape():
 
 
 # Views of a [4, 3, 14] input that the kernels take as they are ([T, N] views: neuron stride 2,
-# an offset start), and one they must copy to [T, N] (transposed).
+# an offset start), and one they run permuted to its memory order (transposed).
 LAYOUTS = {
     "every other neuron": lambda x: x[:, :, ::2],
     "offset by one element": lambda x: x.flatten()[1:157].view(4, 3, 13),
@@ -148,9 +148,35 @@ def test_layouts_of_input_and_gradient(name):
         got = out_and_grads(eager, x_base, theta, grad_out, "sigmoid", layout)
         want = out_and_grads(reference, x_base, theta, grad_out, "sigmoid", layout)
         assert_matches_reference(got, want, torch.float32, grad_out.numel())
-    plan = get_plan(layout(x_base), POS_MAX, NEG_MIN, "sigmoid")
-    assert (plan.x_strides is None) == (name == "transposed")
+    x = layout(x_base)
+    order = st_bif_api.storage_order(x)  # a dense permutation runs in its memory order, no copy
+    assert (order is not None) == (name == "transposed")
+    plan = get_plan(x if order is None else x.permute(order), POS_MAX, NEG_MIN, "sigmoid")
+    assert plan.x_strides is not None
     assert len(plan.grad_strides) == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_channels_last_input_runs_in_its_memory_order_and_keeps_its_strides(dtype):
+    """A channels_last [T*B, C, H, W] viewed as [T, B, C, H, W] (the networks' layout with
+    channels_last weights): no copy to contiguous, the output has the input's strides, and values
+    and gradients equal the reference's, under a channels_last and a contiguous gradient."""
+    steps, batch, channels, height, width = 3, 2, 5, 4, 3
+    flat = random_tensor((steps * batch, channels, height, width), dtype, seed=21)
+    to_layout = lambda x: x.contiguous(memory_format=torch.channels_last).unflatten(0, (steps, batch))  # noqa: E731
+    x_seq = to_layout(flat)
+    assert st_bif_api.storage_order(x_seq) == (0, 1, 3, 4, 2)
+    assert st_bif_api.storage_order(flat.unflatten(0, (steps, batch))) is None  # contiguous: as it is
+    out = eager(x_seq, torch.tensor(0.4), "sigmoid")
+    assert out.stride() == x_seq.stride()
+    gen = torch.Generator().manual_seed(22)
+    upstream = torch.randn(x_seq.shape, generator=gen).to(dtype)
+    theta = torch.tensor(0.4)
+    for grad_out in (upstream, to_layout(upstream.flatten(0, 1))):
+        got = out_and_grads(eager, flat.unflatten(0, (steps, batch)), theta, grad_out, "sigmoid",
+                            lambda x: to_layout(x.flatten(0, 1)))
+        want = out_and_grads(reference, flat.unflatten(0, (steps, batch)), theta, grad_out, "sigmoid")
+        assert_matches_reference(got, want, dtype, x_seq.numel())
 
 
 def test_calls_of_one_kind_share_a_route_and_a_plan():

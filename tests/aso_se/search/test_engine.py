@@ -14,6 +14,7 @@ from aso_se.search.arch_params import SamplingConfig
 from aso_se.search.engine import ASOSEEngine
 from aso_se.search.evolution import EvolutionConfig
 from aso_se.search.schedule import SearchSchedule
+from aso_se.search.supernet import SearchCell
 from search_space.errors import UserInputError
 from search_space.network import build_network
 from search_space.neurons import NeuronFactory, SpikingNeuron, firing_rates
@@ -164,3 +165,52 @@ def test_firing_rates_are_recorded_in_the_last_step_of_each_epoch_only() -> None
     engine.run(*loaders(), on_epoch_end=lambda e, info: rates.append(firing_rates(e.supernet)))
     assert recording == [False, True] * 5  # 5 epochs of 2 steps
     assert all(0 < max(epoch.values()) < 1 for epoch in rates)
+
+
+def test_channels_last_step_equals_the_nchw_step_and_keeps_nhwc_activations() -> None:
+    """engine channels_last: the same losses and α as NCHW (fp64: both layouts round alike up to
+    summation order), and NHWC activations at every BatchNorm's input, neuron's output and cell's
+    output (the node sums keep the layout), also in the supernet grown and widened by a search."""
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(4, 3, 8, 8, generator=gen, dtype=torch.float64), torch.randint(0, 10, (4,), generator=gen))
+               for _ in range(2)]
+    results, layouts = [], []
+    for channels_last in (False, True):
+        engine = make_engine(tiny_supernet("st_bif", in_channels=3), sampling=SamplingConfig(k=2),
+                             channels_last=channels_last, seed=3)
+        engine.supernet.double()
+        seen = set()
+        hooks = record_layouts(engine.supernet, seen)
+        metrics = engine.train_step(*batches, temperature=1.0, entropy_weight=0.01)
+        for hook in hooks:
+            hook.remove()
+        layouts.append(seen - {None})
+        results.append((metrics["loss"], metrics["arch_loss"], engine._stacked_logits()))
+    for plain, last in zip(*results):
+        torch.testing.assert_close(torch.as_tensor(last), torch.as_tensor(plain), rtol=1e-9, atol=1e-12)
+    assert layouts == [{"nchw"}, {"nhwc"}]
+    engine = new_engine(channels_last=True)
+    engine.run(*loaders())
+    assert engine.supernet.structure.cells == ("normal", "grown", "reduction", "reduction")  # grown and widened
+    seen = set()
+    hooks = record_layouts(engine.supernet, seen)
+    engine.train_step(*(next(iter(loader)) for loader in loaders()), temperature=1.0, entropy_weight=0.0)
+    assert seen - {None} == {"nhwc"}
+
+
+def record_layouts(supernet, seen: set) -> list:
+    """Hooks adding the layout of every BatchNorm's input and every neuron's and cell's output to ``seen``."""
+    hooks = []
+    for module in supernet.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            hooks.append(module.register_forward_pre_hook(lambda m, inputs: seen.add(layout_of(inputs[0]))))
+        if isinstance(module, (SpikingNeuron, SearchCell)):
+            hooks.append(module.register_forward_hook(lambda m, inputs, out: seen.add(layout_of(out))))
+    return hooks
+
+
+def layout_of(x: torch.Tensor) -> str | None:
+    """"nchw" / "nhwc" / "other" for a 4-d tensor whose layouts differ (C > 1, H*W > 1), else None."""
+    if x.shape[1] == 1 or x.shape[2] * x.shape[3] == 1:
+        return None
+    return "nchw" if x.is_contiguous() else "nhwc" if x.is_contiguous(memory_format=torch.channels_last) else "other"

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from aso_se.search.mixed_op import FastMixedOp
+from aso_se.search.mixed_op import FastMixedOp, weighted_sum
 from search_space.neurons import NeuronFactory
 from search_space.ops import DARTS_PRIMITIVES, OPS
 
@@ -85,3 +85,19 @@ def test_none_is_left_out_of_the_sum_unless_it_is_alone(stride: int) -> None:
     alone = fast(x, (weights[none],), (none,))
     assert calls == [4, none, 4, none]
     assert torch.equal(alone, torch.zeros_like(out))
+
+
+def test_weighted_sum_of_channels_last_terms_keeps_their_layout():
+    torch.manual_seed(0)
+    terms = [torch.randn(2, 5, 4, 3, dtype=torch.float64) for _ in range(3)]
+    weights = torch.rand(3, dtype=torch.float64, requires_grad=True)
+    last = [t.contiguous(memory_format=torch.channels_last).requires_grad_() for t in terms]
+    plain = [t.clone().requires_grad_() for t in terms]
+    got, want = weighted_sum(last, weights), weighted_sum(plain, weights)
+    assert got.is_contiguous(memory_format=torch.channels_last) and not got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    upstream = torch.randn_like(want)
+    grads_got = torch.autograd.grad(got, [*last, weights], upstream)
+    grads_want = torch.autograd.grad(want, [*plain, weights], upstream)
+    for g, w in zip(grads_got, grads_want):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
