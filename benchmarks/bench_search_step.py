@@ -86,6 +86,7 @@ ROWS = (
     Row("top-2, ST-BIF, channels_last", "st_bif", 4, 2, channels_last=True),
     Row("top-2, ST-BIF QANN, channels_last", "st_bif_qann", 1, 2, channels_last=True),
     Row("top-2, ReLU (ANN), channels_last", "relu", 1, 2, channels_last=True),
+    Row("FastMixedOp top-2, LIF, channels_last", "lif", 4, 2, channels_last=True),
 )
 
 
@@ -294,6 +295,7 @@ def main() -> None:
         ("NCHW / channels_last (ST-BIF)", "top-2, ST-BIF", "top-2, ST-BIF, channels_last", "ms"),
         ("NCHW / channels_last (QANN)", "top-2, ST-BIF QANN (T = 1)", "top-2, ST-BIF QANN, channels_last", "ms"),
         ("NCHW / channels_last (ReLU)", "top-2, ReLU (ANN)", "top-2, ReLU (ANN), channels_last", "ms"),
+        ("NCHW / channels_last (LIF)", "FastMixedOp top-2, LIF", "FastMixedOp top-2, LIF, channels_last", "ms"),
     ]
     best = min(results, key=lambda result: result["ms"])["row"] if results else None
     for label, numerator, denominator, key in ratios:

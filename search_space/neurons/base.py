@@ -16,6 +16,7 @@ from spikingjelly.activation_based import base as sj_base
 from torch import nn
 
 from kernels.block_map import BlockMap
+from kernels.st_bif import storage_order
 from search_space.errors import UserInputError
 
 NeuronFactoryFn = Callable[[], nn.Module]
@@ -89,10 +90,15 @@ class SpikingNeuron(nn.Module):
                 "which is not T*B: flatten multi-step tensors time-first to [T*B, ...]"
             )
         x_seq = x.unflatten(0, (self.timesteps, -1))
+        # A spikingjelly neuron copies a channels_last input to NCHW: hand it the memory order instead
+        # (a contiguous view; the neuron is elementwise but for time) and give the output x's strides.
+        order = storage_order(x_seq) if self.stateful and not x_seq.is_contiguous() else None
         block_map = None
         try:
             if with_block_map:
                 out, block_map = self.neuron.forward_with_block_map(x_seq)
+            elif order is not None:
+                out = self.neuron(x_seq.permute(order)).permute(tuple(order.index(d) for d in range(len(order))))
             else:
                 out = self.neuron(x_seq)
         finally:  # back to the initial state (also after an error), dropping the sequence's graph

@@ -52,6 +52,27 @@ def test_lif_runs_time_first_from_rest():
     torch.testing.assert_close(neuron(x), torch.cat(expected), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("kind", ["lif", "st_bif"])
+def test_channels_last_input_reaches_the_neuron_in_memory_order_and_keeps_its_layout(kind):
+    """A channels_last [T*B, C, H, W]: a spikingjelly neuron (LIF) gets a contiguous [T, B, H, W, C] view
+    (its kernels would copy anything else; ST-BIF does this inside kernels.st_bif), the output is
+    channels_last, values and gradients as for NCHW."""
+    neuron = make_neuron(kind, timesteps=T)
+    x = drive(T * B, 4, 3, 5)
+    layouts = []
+    neuron.neuron.register_forward_pre_hook(lambda m, inputs: layouts.append(inputs[0].is_contiguous()))
+    x_last = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+    x_plain = x.clone().requires_grad_()
+    out_last, out_plain = neuron(x_last), neuron(x_plain)
+    assert layouts == ([True, True] if kind == "lif" else [False, True])
+    assert out_last.is_contiguous(memory_format=torch.channels_last)
+    assert not out_last.is_contiguous() and (out_plain != 0).any()
+    torch.testing.assert_close(out_last, out_plain, rtol=0, atol=0)
+    upstream = torch.randn_like(x)
+    grads = [torch.autograd.grad(out, inp, upstream)[0] for out, inp in ((out_last, x_last), (out_plain, x_plain))]
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-6, atol=1e-6)
+
+
 def test_relu_is_plain_relu():
     neuron = make_neuron("relu", timesteps=T)
     assert type(neuron) is nn.ReLU and not neuron.inplace
