@@ -6,7 +6,7 @@ shapes ([T*B, C, H, W]), one process times each way PyTorch offers to run them: 
 (no weight vs a unit weight), NCHW or channels_last, and as plain torch ops; depthwise 3x3/5x5 convs in
 NCHW (native kernels) or channels_last (cuDNN). Each row: median ms per forward+backward and its ratio to
 one copy of the input (2 passes over its bytes; a BatchNorm forward+backward needs about 8), and the max
-difference of output and input gradient from the first row of its group (the same function).
+difference of output and gradients (input; a conv's weight too) from the first row of its group.
 
     python benchmarks/bench_norm_conv.py [--batch 256 --timesteps 4]
     python benchmarks/bench_norm_conv.py --tiny     # CPU smoke run of the script itself
@@ -48,6 +48,7 @@ def conv_variants(channels: int, kernel: int, device: torch.device) -> dict[str,
         return F.conv2d(x, weight if x.is_contiguous() else weight.to(memory_format=torch.channels_last),
                         padding=kernel // 2, groups=channels)
 
+    depthwise.weight = weight  # run_group also takes the weight's gradient, as training does
     return {f"depthwise {kernel}x{kernel}, NCHW": depthwise, f"depthwise {kernel}x{kernel}, channels_last": depthwise}
 
 
@@ -76,16 +77,17 @@ def run_group(name: str, variants: dict, x: torch.Tensor, device: torch.device, 
         xin = x.to(memory_format=layout).requires_grad_()
         grad_out = upstream.to(memory_format=layout)
 
-        def step() -> tuple[torch.Tensor, torch.Tensor]:
-            out = fn(xin)
-            (grad,) = torch.autograd.grad(out, xin, grad_out)
-            return out, grad
+        learned = [fn.weight] if hasattr(fn, "weight") else []
 
-        out, grad = step()
+        def step() -> tuple[torch.Tensor, ...]:
+            out = fn(xin)
+            return (out, *torch.autograd.grad(out, [xin, *learned], grad_out))
+
+        results = step()
         if reference is None:
-            reference, diff = (out.detach(), grad), 0.0
+            reference, diff = [t.detach() for t in results], 0.0
         else:
-            diff = max((out - reference[0]).abs().max().item(), (grad - reference[1]).abs().max().item())
+            diff = max((got - want).abs().max().item() for got, want in zip(results, reference))
         ms = median_ms(step, device, reps)
         rows.append(f"| {name} | {label} | {ms:.3f} | {ms / copy_ms:.1f} | {diff:.1e} |")
     return rows
