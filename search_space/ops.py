@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kernels.sparse_conv import SparseConv2d
@@ -61,6 +62,8 @@ class UnitAffineBatchNorm2d(nn.BatchNorm2d):
     The same function, state_dict and running statistics, but PyTorch picks cuDNN's batch norm only
     when a weight and a bias are given; its native NCHW kernels reduce one channel per thread block,
     which leaves most of the GPU idle at the supernet's 16-64 channels (RESULTS.md, search step).
+    With a momentum, ``num_batches_tracked`` is not counted: PyTorch reads it only without one, and
+    counting costs a kernel launch per norm and training forward (~400 per search step).
     """
 
     def __init__(self, num_features: int, **kwargs) -> None:
@@ -68,6 +71,13 @@ class UnitAffineBatchNorm2d(nn.BatchNorm2d):
         del self.weight, self.bias  # the None parameters affine=False registers
         self.register_buffer("weight", torch.ones(num_features), persistent=False)
         self.register_buffer("bias", torch.zeros(num_features), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.momentum is None or not self.track_running_stats:  # the counter is read, or no statistics
+            return super().forward(x)
+        self._check_input_dim(x)
+        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
+                            self.momentum, self.eps)
 
 
 def batch_norm(C: int, affine: bool) -> nn.BatchNorm2d:

@@ -216,8 +216,20 @@ def test_unit_affine_batch_norm_is_batch_norm_without_affine(dtype):
         torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
         torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
         torch.testing.assert_close(unit.running_var, plain.running_var, rtol=0, atol=0)
+        torch.testing.assert_close(unit.running_mean, plain.running_mean, rtol=0, atol=0)
         plain.eval(), unit.eval()
+    assert plain.num_batches_tracked == 1 and unit.num_batches_tracked == 0  # not counted: read only without momentum
     unit.load_state_dict(plain.state_dict())  # checkpoints of either load into the other
+
+
+def test_unit_affine_batch_norm_without_momentum_keeps_the_cumulative_average():
+    torch.manual_seed(1)
+    plain, unit = nn.BatchNorm2d(3, affine=False, momentum=None), UnitAffineBatchNorm2d(3, momentum=None)
+    for _ in range(3):
+        x = torch.randn(4, 3, 5, 5) * 2 + 1
+        torch.testing.assert_close(unit(x), plain(x), rtol=0, atol=0)
+    assert unit.num_batches_tracked == plain.num_batches_tracked == 3
+    torch.testing.assert_close(unit.running_var, plain.running_var, rtol=0, atol=0)
 
 
 def test_supernet_ops_use_the_unit_affine_batch_norm():
