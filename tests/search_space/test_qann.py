@@ -76,6 +76,15 @@ def test_snn_summed_logits_equal_the_qann_logits_in_fp64(genotype: Genotype) -> 
     assert network(x)[0].std() > 1e-3  # logits that differ, so equal predictions mean something
 
 
+def test_the_default_sixteen_unsigned_levels_convert_exactly_in_fp64() -> None:
+    network = qann_network(ALL_OPS, seed=4, level=16, sym=False).double()
+    assert NeuronFactory("st_bif_qann", timesteps=1)().pos_max == 15  # the default the test stands for
+    x = torch.randn(6, 2, 12, 12, dtype=torch.float64)
+    result = evaluate_snn(network, [(x, torch.arange(6) % 5)], max_timesteps=256)
+    assert result.silent and result.snn_timesteps > 1 and result.logit_max_abs_diff <= 1e-9
+    assert result.prediction_agreement == 1.0 and network(x)[0].std() > 1e-3
+
+
 def test_snn_equals_qann_in_fp32_with_unsigned_levels() -> None:
     network = qann_network(ALL_OPS, seed=2, level=4, sym=False)
     x = torch.randn(4, 2, 12, 12)
