@@ -87,6 +87,7 @@ ROWS = (
     Row("top-2, ST-BIF QANN, channels_last", "st_bif_qann", 1, 2, channels_last=True),
     Row("top-2, ReLU (ANN), channels_last", "relu", 1, 2, channels_last=True),
     Row("FastMixedOp top-2, LIF, channels_last", "lif", 4, 2, channels_last=True),
+    Row("top-2, ST-BIF, channels_last, bf16", "st_bif", 4, 2, channels_last=True, precision="bf16"),
 )
 
 

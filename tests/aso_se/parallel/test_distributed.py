@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -11,16 +12,17 @@ from aso_se.parallel.distributed import broadcast_module, check_identical_across
 from tests.aso_se.helpers import make_engine, tiny_supernet
 
 
-def _search_steps(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+def _search_steps(rank: int, world_size: int, init_file: str, out_dir: str, channels_last: bool) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         torch.manual_seed(100 + rank)  # different global RNG per rank: the engine must not depend on it
-        engine = make_engine(tiny_supernet("relu", timesteps=1, seed=100 + rank), seed=7)
+        engine = make_engine(tiny_supernet("relu", timesteps=1, in_channels=3, seed=100 + rank), seed=7,
+                             channels_last=channels_last)
         broadcast_module(engine.supernet)  # what run() does first: rank 0's initial weights everywhere
         generator = torch.Generator().manual_seed(rank)  # each rank its own data
         for _ in range(2):
-            images = torch.randn(4, 1, 28, 28, generator=generator)
+            images = torch.randn(4, 3, 16, 16, generator=generator)
             labels = torch.randint(0, 10, (4,), generator=generator)
             engine.train_step((images, labels), (images.flip(0), labels.flip(0)), temperature=1.0)
         torch.save(engine.supernet.state_dict(), f"{out_dir}/rank{rank}.pt")
@@ -28,14 +30,15 @@ def _search_steps(rank: int, world_size: int, init_file: str, out_dir: str) -> N
         dist.destroy_process_group()
 
 
-def test_ranks_stay_identical(tmp_path: Path) -> None:
-    mp.spawn(_search_steps, args=(2, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=2, join=True)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_ranks_stay_identical(tmp_path: Path, channels_last: bool) -> None:
+    mp.spawn(_search_steps, args=(2, str(tmp_path / "rendezvous"), str(tmp_path), channels_last), nprocs=2, join=True)
     states = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
     for name, value in states[0].items():
         if "running" in name or "num_batches" in name:  # BatchNorm statistics are per rank, as in DARTS
             continue
         assert torch.equal(value, states[1][name]), name
-    initial = tiny_supernet("relu", timesteps=1, seed=100).state_dict()
+    initial = tiny_supernet("relu", timesteps=1, in_channels=3, seed=100).state_dict()
     moved = sum(not torch.equal(initial[name], value) for name, value in states[0].items() if "arch." in name)
     assert moved == 2  # both α sets were updated
 

@@ -71,13 +71,14 @@ def roundtrip(state: dict) -> dict:
     return torch.load(buffer, weights_only=True)
 
 
-def test_interrupted_and_resumed_search_ends_exactly_like_an_uninterrupted_one() -> None:
-    reference = new_engine()
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_interrupted_and_resumed_search_ends_exactly_like_an_uninterrupted_one(channels_last: bool) -> None:
+    reference = new_engine(channels_last=channels_last)
     expected = reference.run(*loaders())
     # Stop mid-epoch in cycle 0's search phase, then in cycle 1's warm-up (after the growth).
     state, genotype = None, None
     for stop_at in (3, 7, None):
-        engine = new_engine()
+        engine = new_engine(channels_last=channels_last)
         if state is not None:
             engine.load_state_dict(roundtrip(state))
         genotype = engine.run(*loaders(), should_stop=lambda: engine.progress["global_step"] == stop_at)
@@ -89,6 +90,13 @@ def test_interrupted_and_resumed_search_ends_exactly_like_an_uninterrupted_one()
     expected_state = reference.supernet.state_dict()
     for name, value in engine.supernet.state_dict().items():
         assert torch.equal(value, expected_state[name]), name
+    if channels_last:  # the resumed, regrown supernet still runs in NHWC
+        seen = set()
+        hooks = record_layouts(engine.supernet, seen)
+        engine.train_step(*(next(iter(loader)) for loader in loaders()), temperature=1.0, entropy_weight=0.0)
+        for hook in hooks:
+            hook.remove()
+        assert seen - {None} == {"nhwc"}
 
 
 def test_resuming_with_another_schedule_is_refused() -> None:
