@@ -63,7 +63,7 @@ class UnitAffineBatchNorm2d(nn.BatchNorm2d):
     when a weight and a bias are given; its native NCHW kernels reduce one channel per thread block,
     which leaves most of the GPU idle at the supernet's 16-64 channels (RESULTS.md, search step).
     With a momentum, ``num_batches_tracked`` is not counted: PyTorch reads it only without one, and
-    counting costs a kernel launch per norm and training forward (~400 per search step).
+    counting costs a kernel launch per norm and training forward.
     """
 
     def __init__(self, num_features: int, **kwargs) -> None:
