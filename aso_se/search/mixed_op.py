@@ -8,6 +8,7 @@ from typing import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
+from kernels.memory_order import inverse_order, storage_order
 from search_space.ops import Zero
 
 
@@ -25,10 +26,9 @@ def weighted_sum(terms: Sequence[Tensor], weights: Tensor) -> Tensor:
     if len(terms) == 1:
         return weights[0] * terms[0]
     first = terms[0]
-    if first.dim() == 4 and not first.is_contiguous() and first.is_contiguous(memory_format=torch.channels_last):
-        # channels_last terms: flatten them in memory order (a view) and keep that layout for the sum
-        nhwc = [term.permute(0, 2, 3, 1) for term in terms]
-        return (weights @ torch.stack(nhwc).flatten(1)).view_as(nhwc[0]).permute(0, 3, 1, 2)
+    order = None if first.is_contiguous() else storage_order(first)
+    if order is not None:  # e.g. channels_last terms: sum them as contiguous views in memory order
+        return weighted_sum([term.permute(order) for term in terms], weights).permute(inverse_order(order))
     return (weights @ torch.stack(terms).flatten(1)).view_as(first)
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from kernels.block_map import BlockMap
+from kernels.memory_order import in_storage_order, storage_order
 
 from .function import STBIFFunction, st_bif_triton
 from .reference import st_bif_reference
@@ -102,8 +103,8 @@ def _run(
     if isinstance(x_seq, Tensor) and not x_seq.is_contiguous():
         order = storage_order(x_seq)
         if order is not None:  # e.g. channels_last: run on the memory order and hand back x_seq's strides
-            out = _run(x_seq.permute(order), q_threshold, pos_max, neg_min, surrogate, backend, False)[0]
-            return out.permute(tuple(order.index(dim) for dim in range(len(order)))), None
+            run = lambda x: _run(x, q_threshold, pos_max, neg_min, surrogate, backend, False)[0]  # noqa: E731
+            return in_storage_order(run, x_seq, order), None
     if not isinstance(q_threshold, Tensor):
         check_sequence(x_seq)
         check_threshold(q_threshold, x_seq)
@@ -122,15 +123,6 @@ def _run(
         return _st_bif_torch(x_seq, q_threshold, pos_max, neg_min, surrogate), None
     block_map = block_map_of(plan.map_shapes, x_seq) if with_block_map and plan.map_shapes is not None else None
     return STBIFFunction.apply(x_seq, q_threshold, plan, block_map), block_map
-
-
-def storage_order(x: Tensor) -> tuple[int, ...] | None:
-    """Time first, then the other dims by falling stride, when that permutation of a dense ``x`` is
-    contiguous (a channels_last ``[T, B, C, H, W]``: (0, 1, 3, 4, 2)); else None. The neuron is
-    elementwise but for time, so it may run on that view and give its output ``x``'s strides."""
-    strides = x.stride()
-    order = (0, *sorted(range(1, x.dim()), key=lambda dim: -strides[dim]))
-    return order if order != tuple(range(x.dim())) and x.permute(order).is_contiguous() else None
 
 
 # Eager calls: the checks and the backend choice made once per kind of call (every input's

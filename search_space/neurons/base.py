@@ -16,7 +16,7 @@ from spikingjelly.activation_based import base as sj_base
 from torch import nn
 
 from kernels.block_map import BlockMap
-from kernels.st_bif import storage_order
+from kernels.memory_order import in_storage_order, storage_order
 from search_space.errors import UserInputError
 
 NeuronFactoryFn = Callable[[], nn.Module]
@@ -98,7 +98,7 @@ class SpikingNeuron(nn.Module):
             if with_block_map:
                 out, block_map = self.neuron.forward_with_block_map(x_seq)
             elif order is not None:
-                out = self.neuron(x_seq.permute(order)).permute(tuple(order.index(d) for d in range(len(order))))
+                out = in_storage_order(self.neuron, x_seq, order)
             else:
                 out = self.neuron(x_seq)
         finally:  # back to the initial state (also after an error), dropping the sequence's graph
