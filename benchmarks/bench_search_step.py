@@ -63,6 +63,7 @@ class Row:
     per_term_sum: bool = False  # a node summed as before: a multiply per term and an add per pair
     native_bn: bool = False  # the supernet's BatchNorms without a weight, as before: PyTorch's native kernels
     channels_last: bool = False  # supernet weights and images in channels_last (NHWC) memory
+    draw_ahead: bool = True  # the next step's ops drawn during the step, as the engine's loop does
 
 
 ROWS = (
@@ -88,6 +89,10 @@ ROWS = (
     Row("top-2, ReLU (ANN), channels_last", "relu", 1, 2, channels_last=True),
     Row("FastMixedOp top-2, LIF, channels_last", "lif", 4, 2, channels_last=True),
     Row("top-2, ST-BIF, channels_last, bf16", "st_bif", 4, 2, channels_last=True, precision="bf16"),
+    Row("FastMixedOp top-2, LIF, channels_last, bf16", "lif", 4, 2, channels_last=True, precision="bf16"),
+    Row("top-2, ST-BIF, draw at step start", "st_bif", 4, 2, draw_ahead=False),
+    Row("top-2, ST-BIF QANN, draw at step start", "st_bif_qann", 1, 2, draw_ahead=False),
+    Row("top-2, ST-BIF, channels_last, draw at step start", "st_bif", 4, 2, channels_last=True, draw_ahead=False),
 )
 
 
@@ -150,6 +155,17 @@ def step_times_ms(step, device: torch.device, steps: int) -> list[float]:
     return times
 
 
+def back_to_back_ms(step, device: torch.device, steps: int) -> float:
+    """Mean wall time of ``steps`` calls of ``step`` run as the engine's loop runs them: no wait for the
+    GPU between steps (the host runs ahead until the step's own syncs), one at the end (ms)."""
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    synchronize(device)
+    return (time.perf_counter() - start) * 1000 / steps
+
+
 def profile_step(step, device: torch.device, top_kernels: int = 0) -> tuple[int, float, int]:
     """(CUDA kernels launched, their summed GPU time in ms, host syncs) of one step; with ``top_kernels``
     also prints the kernels that took the most GPU time (name, calls, ms)."""
@@ -189,6 +205,17 @@ def profile_step(step, device: torch.device, top_kernels: int = 0) -> tuple[int,
     return len(kernels), sum(e.device_time for e in kernels) / 1000, syncs
 
 
+def profile_host(step, device: torch.device, top_ops: int) -> None:
+    """Prints the ``top_ops`` ops with the most host (CPU) time in one step, self time and total time."""
+    synchronize(device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+        synchronize(device)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top_ops, max_name_column_width=60)
+    for line in table.splitlines():
+        print(f"HOST | {line}", flush=True)
+
+
 def bench_row(
     row: Row, images: torch.Tensor, labels: torch.Tensor, args: argparse.Namespace, device: torch.device
 ) -> dict:
@@ -208,21 +235,27 @@ def _bench_row(
     arch_batch = (images[batch:].to(device, memory_format=layout), labels[batch:].to(device))
 
     def step() -> None:
-        engine.train_step(weights_batch, arch_batch, temperature=1.0, entropy_weight=0.0)
+        engine.train_step(weights_batch, arch_batch, temperature=1.0, entropy_weight=0.0,
+                          next_temperature=1.0 if row.draw_ahead else None)
 
     for _ in range(args.warmup):
         step()
     synchronize(device)
     kernels, gpu_ms, syncs = profile_step(step, device, args.top_kernels)
+    if args.host_ops:
+        profile_host(step, device, args.host_ops)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times = step_times_ms(step, device, args.steps)
+    loop_ms = back_to_back_ms(step, device, args.steps)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
     result = {"row": row.name, "ms": statistics.median(times), "peak_gib": peak, "kernels": kernels,
-              "gpu_ms": gpu_ms, "syncs": syncs}
+              "gpu_ms": gpu_ms, "syncs": syncs, "loop_ms": loop_ms}
     result["images_per_s"] = 2 * batch / result["ms"] * 1000
+    result["loop_images_per_s"] = 2 * batch / loop_ms * 1000
     print(f"ROW | {row.name:36s} | batch {batch} | {result['ms']:8.1f} ms | {result['images_per_s']:7.0f} images/s | "
-          f"{peak:6.2f} GiB | {kernels:6d} kernels | {gpu_ms:7.1f} ms GPU | {syncs} syncs", flush=True)
+          f"{peak:6.2f} GiB | {kernels:6d} kernels | {gpu_ms:7.1f} ms GPU | {syncs} syncs | "
+          f"back to back {loop_ms:8.1f} ms, {result['loop_images_per_s']:7.0f} images/s", flush=True)
     engine = None  # frees the supernet (the step closure holds it) before the next row
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -249,6 +282,7 @@ def main() -> None:
     parser.add_argument("--rows", type=str, default=None, help="comma-separated row numbers (1-based) to run")
     parser.add_argument("--batch", type=int, default=64, help="images per split (the step reads two splits)")
     parser.add_argument("--top-kernels", type=int, default=0, help="print each row's N costliest CUDA kernels")
+    parser.add_argument("--host-ops", type=int, default=0, help="print each row's N ops with the most host time")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: C=4, 3 cells, batch 2, 1 step")
     args = parser.parse_args()
     args.channels, args.layers = (4, 3) if args.tiny else (16, 8)
@@ -276,11 +310,13 @@ def main() -> None:
         run_anchor(args.anchor)
     by_name = {result["row"]: result for result in results}
     print(f"\nbatch {args.batch} per split")
-    print("| row | step (ms) | images/s (both splits) | peak (GiB) | kernels/step | GPU busy (ms) | host syncs |")
-    print("|---|---|---|---|---|---|---|")
+    print("| row | step (ms) | images/s (both splits) | back to back (ms) | images/s | peak (GiB) | kernels/step "
+          "| GPU busy (ms) | host syncs |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for result in results:
-        print(f"| {result['row']} | {result['ms']:.1f} | {result['images_per_s']:.0f} | {result['peak_gib']:.2f} | "
-              f"{result['kernels']} | {result['gpu_ms']:.1f} | {result['syncs']} |")
+        print(f"| {result['row']} | {result['ms']:.1f} | {result['images_per_s']:.0f} | {result['loop_ms']:.1f} | "
+              f"{result['loop_images_per_s']:.0f} | {result['peak_gib']:.2f} | {result['kernels']} | "
+              f"{result['gpu_ms']:.1f} | {result['syncs']} |")
     ratios = [
         ("all ops / top-2 (LIF)", "DARTS MixedOp all ops, LIF", "FastMixedOp top-2, LIF", "ms"),
         ("peak memory, no ckpt / ckpt (ST-BIF)", "top-2, ST-BIF", "top-2, ST-BIF, checkpointing", "peak_gib"),
@@ -297,6 +333,12 @@ def main() -> None:
         ("NCHW / channels_last (QANN)", "top-2, ST-BIF QANN (T = 1)", "top-2, ST-BIF QANN, channels_last", "ms"),
         ("NCHW / channels_last (ReLU)", "top-2, ReLU (ANN)", "top-2, ReLU (ANN), channels_last", "ms"),
         ("NCHW / channels_last (LIF)", "FastMixedOp top-2, LIF", "FastMixedOp top-2, LIF, channels_last", "ms"),
+        ("draw at step start / ahead, back to back (ST-BIF)", "top-2, ST-BIF, draw at step start", "top-2, ST-BIF",
+         "loop_ms"),
+        ("draw at step start / ahead, back to back (QANN)", "top-2, ST-BIF QANN, draw at step start",
+         "top-2, ST-BIF QANN (T = 1)", "loop_ms"),
+        ("draw at step start / ahead, back to back (ST-BIF NHWC)", "top-2, ST-BIF, channels_last, draw at step start",
+         "top-2, ST-BIF, channels_last", "loop_ms"),
     ]
     best = min(results, key=lambda result: result["ms"])["row"] if results else None
     for label, numerator, denominator, key in ratios:

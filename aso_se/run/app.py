@@ -259,6 +259,7 @@ class Run:
                                  f"use fp32 or bf16")
         self._checkpoint_every_s = _checkpoint_interval_s(trainer.get("checkpoint_every_min"))
         self.ctx = init_distributed(ddp=trainer.ddp, device=trainer.device)
+        torch.backends.cudnn.benchmark = bool(trainer.get("cudnn_benchmark", False))
         self.run_dir = broadcast_from_main(self.run_dir, self.ctx)
         seed_everything(self.cfg.seed)
         if not self.ctx.is_main:  # rank 0 reports progress; the others only warnings and errors

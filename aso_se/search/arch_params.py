@@ -105,6 +105,63 @@ def draw_samples(
     noise), minus those whose ``softmax((α + g) / τ)`` is under ``weight_threshold`` (the best is
     always kept). All cell types must have the same shape. One host sync in total.
     """
+    return start_draw(
+        archs, num_samples, k=k, weight_threshold=weight_threshold, temperature=temperature, generator=generator
+    ).samples()
+
+
+class PendingDraw:
+    """A draw whose chosen ops are on their way to the host (:func:`start_draw`); ``samples()`` waits for them.
+
+    On a GPU the copy is queued right behind the draw's kernels, so ``samples()`` waits for those alone,
+    not for the work the host queued after them (the rest of a step): a draw started one step early
+    costs the next step no wait for the GPU to drain.
+    """
+
+    def __init__(self, noise: Tensor, chosen: Tensor, temperature: float) -> None:
+        self.noise, self.chosen, self.temperature = noise, chosen, temperature
+        self._ready: torch.cuda.Event | None = None
+        if chosen.device.type == "cuda":
+            self._host = torch.empty(chosen.shape, dtype=chosen.dtype, pin_memory=True)
+            self._host.copy_(chosen, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host = chosen
+
+    @property
+    def num_samples(self) -> int:
+        return self.chosen.shape[0]
+
+    def samples(self) -> list[list[ArchSample]]:
+        """``[sample][cell type]`` ArchSamples; the draw's one host sync."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        chosen_host = self._host.tolist()
+        return [
+            [
+                ArchSample(
+                    noise=self.noise[s, t],
+                    chosen=self.chosen[s, t],
+                    active_ops=tuple(tuple(op for op in edge if op >= 0) for edge in chosen_host[s][t]),
+                    temperature=self.temperature,
+                )
+                for t in range(len(chosen_host[s]))
+            ]
+            for s in range(len(chosen_host))
+        ]
+
+
+def start_draw(
+    archs: Sequence[BatchedArchitectureUpdate],
+    num_samples: int,
+    *,
+    k: int | None,
+    weight_threshold: float,
+    temperature: float,
+    generator: torch.Generator | None,
+) -> PendingDraw:
+    """:func:`draw_samples` without waiting: the draw is queued and its choice starts for the host."""
     logits = torch.stack([arch.logits().detach() for arch in archs])  # [types, edges, ops]
     shape = (num_samples, *logits.shape)
     if generator is None:
@@ -118,20 +175,7 @@ def draw_samples(
     soft = torch.softmax(perturbed / temperature, dim=-1).gather(-1, top_ops)
     keep = torch.isfinite(top_values) & (soft >= weight_threshold)
     keep[..., 0] = True
-    chosen = top_ops.masked_fill(~keep, -1)
-    chosen_host = chosen.tolist()  # the one host sync of the draw
-    return [
-        [
-            ArchSample(
-                noise=noise[s, t],
-                chosen=chosen[s, t],
-                active_ops=tuple(tuple(op for op in edge if op >= 0) for edge in chosen_host[s][t]),
-                temperature=temperature,
-            )
-            for t in range(len(archs))
-        ]
-        for s in range(num_samples)
-    ]
+    return PendingDraw(noise, top_ops.masked_fill(~keep, -1), temperature)
 
 
 @dataclass(frozen=True)

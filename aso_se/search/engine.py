@@ -33,7 +33,7 @@ from aso_se.parallel.distributed import (
 )
 from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
 from aso_se.search import fast_math
-from aso_se.search.arch_params import ArchSample, SamplingConfig
+from aso_se.search.arch_params import ArchSample, PendingDraw, SamplingConfig
 from aso_se.search.architect import first_order_arch_step, second_order_arch_step
 from aso_se.search.energy_cost import expected_energy, measure_op_costs, uniform_energy
 from aso_se.search.evolution import EvolutionConfig, derive_genotype, prune_weak_ops, track_weak_ops
@@ -138,6 +138,9 @@ class ASOSEEngine:
         self.temperature = schedule.temperature_start
         self._metrics = AsyncStepMetrics()
         self._pending_rng: dict[str, Any] | None = None
+        # The next step's draw, started early (train_step's next_temperature), and the Gumbel
+        # generator's state before it: what a checkpoint saves, as if the draw had not started.
+        self._next_draw: tuple[PendingDraw, Tensor | None] | None = None
 
     # ----------------------------------------------------------------------------- the loop
     def run(
@@ -198,9 +201,14 @@ class ASOSEEngine:
             last_step = self._step == steps_per_epoch - 1
             if last_step:  # the firing rates that on_epoch_end reads (module docstring)
                 set_firing_rate_recording(self.supernet, True)
+            # The next step's ops are drawn during this one (not across an epoch's end: evolution and
+            # pruning come between epochs), so the host never waits for the GPU to drain.
+            next_temperature = None if last_step else self.schedule.temperature(
+                entry.phase, self.schedule.search_progress(entry.epoch_in_phase, self._step + 1, steps_per_epoch)
+            )
             scalars = self.train_step(
                 batches[0], batches[1] if searching else None,
-                temperature=self.temperature, entropy_weight=entropy_weight,
+                temperature=self.temperature, entropy_weight=entropy_weight, next_temperature=next_temperature,
             )
             if last_step:
                 set_firing_rate_recording(self.supernet, False)
@@ -227,6 +235,7 @@ class ASOSEEngine:
         return True
 
     def _end_epoch(self, entry: PlanEntry, on_epoch_end: Callable[[ASOSEEngine, dict[str, Any]], None] | None) -> None:
+        self._undo_draw()  # none is started across an epoch's end; this keeps it so for any caller
         if self.weights_scheduler is not None:
             self.weights_scheduler.step()
         if entry.phase is Phase.SEARCH and self.evolution.prune_threshold > 0:
@@ -269,15 +278,20 @@ class ASOSEEngine:
 
     # ----------------------------------------------------------------------------- the steps
     def train_step(
-        self, weights_batch: Batch, arch_batch: Batch | None, *, temperature: float, entropy_weight: float = 0.0
+        self, weights_batch: Batch, arch_batch: Batch | None, *, temperature: float, entropy_weight: float = 0.0,
+        next_temperature: float | None = None,
     ) -> dict[str, Tensor]:
         """One step: an α step on ``arch_batch`` (skipped when None: α frozen), then a weight step on
         ``weights_batch``, each with its own ops from ONE batched draw (the step's only host sync).
-        Returns the step's scalars as 0-dim device tensors (nothing is synchronized)."""
-        samples = self.supernet.draw(
-            1 if arch_batch is None else 2, k=self.sampling.k, weight_threshold=self.sampling.weight_threshold,
-            temperature=temperature, generator=self.generator if self.sampling.gumbel else None,
-        )
+        Returns the step's scalars as 0-dim device tensors (nothing is synchronized).
+
+        ``next_temperature``: the next step's temperature, if the next step is a ``train_step`` with
+        the same kind of batches: its draw then starts after this step's α update and before its weight
+        step (the same draw, from the same α and generator), and the next step takes it without waiting
+        for this step's weight step to finish on the GPU.
+        """
+        num_samples = 1 if arch_batch is None else 2
+        samples = self._take_draw(num_samples, temperature)
         weights_batch = self._to_device(weights_batch)
         scalars: dict[str, Tensor] = {}
         if arch_batch is None:
@@ -285,8 +299,37 @@ class ASOSEEngine:
                 scalars["entropy"] = self._mean_entropy(self._stacked_logits())
         else:  # DARTS's order: the α step, then the weight step
             scalars.update(self._arch_step(self._to_device(arch_batch), weights_batch, samples[1], entropy_weight))
+        if next_temperature is not None:  # α is final for the next step: draw its ops now
+            self._next_draw = self._start_draw(num_samples, next_temperature)
         scalars.update(self._weight_step(weights_batch, samples[0]))
         return scalars
+
+    def _start_draw(self, num_samples: int, temperature: float) -> tuple[PendingDraw, Tensor | None]:
+        """A queued draw and the Gumbel generator's state before it (None without Gumbel noise)."""
+        gumbel = self.sampling.gumbel
+        state_before = self.generator.get_state() if gumbel else None
+        pending = self.supernet.start_draw(
+            num_samples, k=self.sampling.k, weight_threshold=self.sampling.weight_threshold,
+            temperature=temperature, generator=self.generator if gumbel else None,
+        )
+        return pending, state_before
+
+    def _take_draw(self, num_samples: int, temperature: float) -> list[list[ArchSample]]:
+        """This step's samples: the draw started last step if it is this one, else a new draw."""
+        pending = self._next_draw
+        self._next_draw = None
+        if pending is not None:
+            if pending[0].num_samples == num_samples and pending[0].temperature == temperature:
+                return pending[0].samples()
+            self._undo_draw(pending)
+        return self._start_draw(num_samples, temperature)[0].samples()
+
+    def _undo_draw(self, pending: tuple[PendingDraw, Tensor | None] | None = None) -> None:
+        """Drops the early draw (or ``pending``), the generator set back as if it had not been drawn."""
+        pending = pending or self._next_draw
+        self._next_draw = None
+        if pending is not None and pending[1] is not None:
+            self.generator.set_state(pending[1])
 
     def _autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
@@ -450,9 +493,15 @@ class ASOSEEngine:
             "epoch_start_logits": self._epoch_start_logits.cpu(),
             "genotypes": [genotype.to_json() for genotype in self.genotypes],
             "rng": capture_rng_state(),
-            "gumbel_rng": self.generator.get_state(),
+            "gumbel_rng": self._gumbel_state(),
             "op_costs": None if self._op_costs is None else self._op_costs.cpu(),
         }
+
+    def _gumbel_state(self) -> Tensor:
+        """The Gumbel generator's state, before the next step's early draw if one is pending."""
+        if self._next_draw is not None and self._next_draw[1] is not None:
+            return self._next_draw[1]
+        return self.generator.get_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a ``state_dict()``; the global RNGs are set when ``run`` reaches the saved step."""
@@ -478,6 +527,7 @@ class ASOSEEngine:
         self._epoch_totals = dict(state["epoch_totals"])
         self._epoch_start_logits = state["epoch_start_logits"].to(self.device)
         self.genotypes = [Genotype.from_json(text) for text in state["genotypes"]]
+        self._next_draw = None
         self.generator.set_state(state["gumbel_rng"])
         self._pending_rng = state["rng"]
         costs = state.get("op_costs")  # absent in checkpoints from before the energy-aware loss

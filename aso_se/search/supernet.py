@@ -15,7 +15,14 @@ from typing import Callable, Iterator, Literal, Sequence
 import torch
 from torch import Tensor, nn
 
-from aso_se.search.arch_params import ArchSample, BatchedArchitectureUpdate, active_weights, draw_samples
+from aso_se.search.arch_params import (
+    ArchSample,
+    BatchedArchitectureUpdate,
+    PendingDraw,
+    active_weights,
+    draw_samples,
+    start_draw,
+)
 from aso_se.search.mixed_op import FastMixedOp, weighted_sum
 from aso_se.search.recompute import MemoryEfficientCell
 from search_space.cell import CellLayout, cell_layouts, cell_preprocessing, edge_stride, reduction_indices
@@ -191,6 +198,16 @@ class SearchNetwork(nn.Module):
         """``num_samples`` draws for both cell types, one host sync (``aso_se.search.arch_params.draw_samples``)."""
         archs = [self.arch[kind] for kind in CELL_TYPES]
         return draw_samples(
+            archs, num_samples, k=k, weight_threshold=weight_threshold, temperature=temperature, generator=generator
+        )
+
+    def start_draw(
+        self, num_samples: int, *, k: int | None, weight_threshold: float, temperature: float,
+        generator: torch.Generator | None,
+    ) -> PendingDraw:
+        """``draw`` queued without waiting; ``.samples()`` of the result gives the same samples."""
+        archs = [self.arch[kind] for kind in CELL_TYPES]
+        return start_draw(
             archs, num_samples, k=k, weight_threshold=weight_threshold, temperature=temperature, generator=generator
         )
 

@@ -26,7 +26,8 @@ def test_weighted_sum_equals_the_sum_of_products_forward_and_backward(count: int
     got, got_grads = run(lambda: weighted_sum(terms, weights))
     want, want_grads = run(lambda: sum_terms(w * t for w, t in zip(weights, terms)))
     assert got.shape == want.shape and got.dtype == dtype
-    tolerance = {"rtol": 1e-12, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+    # fp32: the weights' gradients are dot products over 945 elements, summed in another order by a matmul
+    tolerance = {"rtol": 1e-12, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-4}
     torch.testing.assert_close(got, want, **tolerance)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, **tolerance)
