@@ -161,3 +161,14 @@ def test_a_qann_search_and_retrain_report_the_exact_snn(tmp_path: Path) -> None:
     events = EventAccumulator(str(tmp_path / "t" / "tb")).Reload()
     assert "snn/accuracy_vs_timesteps" in events.Tags()["images"]
     assert events.Scalars("snn/test_acc")[-1].value == pytest.approx(metrics["snn_test_acc"])
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_trainer_cudnn_benchmark_sets_cudnns_autotuner(tmp_path: Path, enabled: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", not enabled)
+    overrides = (*SMOKE, "logger=none", "genotype=DARTS_V2", f"trainer.cudnn_benchmark={enabled}")
+    assert run_in_process("train", *overrides, cwd=tmp_path) == 0
+    assert torch.backends.cudnn.benchmark is enabled

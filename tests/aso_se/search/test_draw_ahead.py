@@ -25,7 +25,8 @@ def run_steps(digits, *, ahead: bool, arch_steps: bool = True, device: str = "cp
     return engine, drawn
 
 
-def assert_same_search(first, second) -> None:
+def assert_same_search(first, second, exact: bool = True) -> None:
+    """Same ops and noise drawn at every step, same supernet state (to rounding where not ``exact``)."""
     (engine_a, drawn_a), (engine_b, drawn_b) = first, second
     assert [[[s.active_ops for s in kinds] for kinds in step] for step in drawn_a] == \
         [[[s.active_ops for s in kinds] for kinds in step] for step in drawn_b]
@@ -35,7 +36,10 @@ def assert_same_search(first, second) -> None:
             assert sample_a.temperature == sample_b.temperature
     state_b = engine_b.supernet.state_dict()
     for name, value in engine_a.supernet.state_dict().items():
-        assert torch.equal(value, state_b[name]), name
+        if exact:
+            assert torch.equal(value, state_b[name]), name
+        else:
+            torch.testing.assert_close(value, state_b[name], rtol=1e-4, atol=1e-5, msg=name)
     assert torch.equal(engine_a.generator.get_state(), engine_b.generator.get_state())
 
 
@@ -120,4 +124,7 @@ def test_start_draw_then_samples_equals_draw_samples() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_drawing_ahead_on_the_gpu_gives_the_same_search(digits) -> None:
-    assert_same_search(run_steps(digits, ahead=True, device="cuda"), run_steps(digits, ahead=False, device="cuda"))
+    """The choice reaches the host through a pinned copy and an event there; cuDNN's backward kernels sum
+    in no fixed order, so the weights agree to rounding."""
+    assert_same_search(run_steps(digits, ahead=True, device="cuda"), run_steps(digits, ahead=False, device="cuda"),
+                       exact=False)
