@@ -40,7 +40,7 @@ def _quantize_fwd_kernel(x_ptr, y_ptr, theta_ptr, n, NEG_MIN: tl.constexpr, POS_
 
 
 @triton.jit
-def _quantize_bwd_kernel(x_ptr, grad_ptr, grad_x_ptr, theta_ptr, partials_ptr, n, NEG_MIN: tl.constexpr,
+def _quantize_bwd_kernel(x_ptr, grad_ptr, grad_x_ptr, theta_ptr, partials_ptr, n, theta_scale, NEG_MIN: tl.constexpr,
                          POS_MAX: tl.constexpr, GRAD_THETA: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -53,7 +53,7 @@ def _quantize_bwd_kernel(x_ptr, grad_ptr, grad_x_ptr, theta_ptr, partials_ptr, n
     if GRAD_THETA:
         level = tl.minimum(tl.maximum(tl.floor(v + 0.5), NEG_MIN), POS_MAX)
         contribution = grad * tl.where(inside, level - v, level)
-        tl.store(partials_ptr + tl.program_id(0), tl.sum(tl.where(mask, contribution, 0.0), axis=0))
+        tl.store(partials_ptr + tl.program_id(0), tl.sum(tl.where(mask, contribution, 0.0), axis=0) * theta_scale)
 
 
 _FWD_HANDLES: dict[Hashable, Handle] = {}
@@ -85,9 +85,10 @@ def quantize_fwd(x: Tensor, theta: Tensor, neg_min: int, pos_max: int) -> Tensor
 
 
 def quantize_bwd(
-    grad: Tensor, x: Tensor, theta: Tensor, neg_min: int, pos_max: int, grad_theta: bool
+    grad: Tensor, x: Tensor, theta: Tensor, neg_min: int, pos_max: int, grad_theta: bool, theta_scale: float = 1.0
 ) -> tuple[Tensor, Tensor | None]:
-    """(grad_x with x's strides, the θ gradient's per-program fp32 partials or None); grad must have x's strides."""
+    """(grad_x with x's strides, the θ gradient's per-program fp32 partials, each times ``theta_scale``, or None);
+    grad must have x's strides. The scale is applied in the kernel: the caller's sum is the scaled gradient."""
     grad_x = torch.empty_like(x)
     n = x.numel()
     num_programs = _num_programs(n)
@@ -102,5 +103,5 @@ def quantize_bwd(
         key = (x.dtype, grad.dtype, theta.dtype, n, neg_min, pos_max, grad_theta,
                *(None if p is None else p % _ALIGN for p in pointers))
     launch(_quantize_bwd_kernel, _BWD_HANDLES, key, device_index, num_programs, (x, grad, grad_x, theta, partials),
-           pointers, (n, neg_min, pos_max, grad_theta, BLOCK), NUM_WARPS)
+           pointers, (n, float(theta_scale), neg_min, pos_max, grad_theta, BLOCK), NUM_WARPS)
     return grad_x, partials
