@@ -300,36 +300,31 @@ class ASOSEEngine:
         else:  # DARTS's order: the α step, then the weight step
             scalars.update(self._arch_step(self._to_device(arch_batch), weights_batch, samples[1], entropy_weight))
         if next_temperature is not None:  # α is final for the next step: draw its ops now
-            self._next_draw = self._start_draw(num_samples, next_temperature)
+            state_before = self.generator.get_state() if self.sampling.gumbel else None
+            self._next_draw = (self._draw(num_samples, next_temperature), state_before)
         scalars.update(self._weight_step(weights_batch, samples[0]))
         return scalars
 
-    def _start_draw(self, num_samples: int, temperature: float) -> tuple[PendingDraw, Tensor | None]:
-        """A queued draw and the Gumbel generator's state before it (None without Gumbel noise)."""
-        gumbel = self.sampling.gumbel
-        state_before = self.generator.get_state() if gumbel else None
-        pending = self.supernet.start_draw(
+    def _draw(self, num_samples: int, temperature: float) -> PendingDraw:
+        return self.supernet.start_draw(
             num_samples, k=self.sampling.k, weight_threshold=self.sampling.weight_threshold,
-            temperature=temperature, generator=self.generator if gumbel else None,
+            temperature=temperature, generator=self.generator if self.sampling.gumbel else None,
         )
-        return pending, state_before
 
     def _take_draw(self, num_samples: int, temperature: float) -> list[list[ArchSample]]:
         """This step's samples: the draw started last step if it is this one, else a new draw."""
         pending = self._next_draw
-        self._next_draw = None
-        if pending is not None:
-            if pending[0].num_samples == num_samples and pending[0].temperature == temperature:
-                return pending[0].samples()
-            self._undo_draw(pending)
-        return self._start_draw(num_samples, temperature)[0].samples()
+        if pending is not None and pending[0].num_samples == num_samples and pending[0].temperature == temperature:
+            self._next_draw = None
+            return pending[0].samples()
+        self._undo_draw()
+        return self._draw(num_samples, temperature).samples()
 
-    def _undo_draw(self, pending: tuple[PendingDraw, Tensor | None] | None = None) -> None:
-        """Drops the early draw (or ``pending``), the generator set back as if it had not been drawn."""
-        pending = pending or self._next_draw
+    def _undo_draw(self) -> None:
+        """Drops the early draw, if any, the generator set back as if it had not been drawn."""
+        if self._next_draw is not None and self._next_draw[1] is not None:
+            self.generator.set_state(self._next_draw[1])
         self._next_draw = None
-        if pending is not None and pending[1] is not None:
-            self.generator.set_state(pending[1])
 
     def _autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
