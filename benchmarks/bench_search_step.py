@@ -64,6 +64,7 @@ class Row:
     native_bn: bool = False  # the supernet's BatchNorms without a weight, as before: PyTorch's native kernels
     channels_last: bool = False  # supernet weights and images in channels_last (NHWC) memory
     draw_ahead: bool = True  # the next step's ops drawn during the step, as the engine's loop does
+    graph_ops: bool = False  # each sampled op's forward and backward replayed from CUDA graphs
 
 
 ROWS = (
@@ -93,6 +94,13 @@ ROWS = (
     Row("top-2, ST-BIF, draw at step start", "st_bif", 4, 2, draw_ahead=False),
     Row("top-2, ST-BIF QANN, draw at step start", "st_bif_qann", 1, 2, draw_ahead=False),
     Row("top-2, ST-BIF, channels_last, draw at step start", "st_bif", 4, 2, channels_last=True, draw_ahead=False),
+    Row("top-2, ST-BIF QANN, op graphs", "st_bif_qann", 1, 2, graph_ops=True),
+    Row("top-2, ST-BIF, op graphs", "st_bif", 4, 2, graph_ops=True),
+    Row("top-2, ST-BIF, channels_last, op graphs", "st_bif", 4, 2, channels_last=True, graph_ops=True),
+    Row("top-2, ST-BIF QANN, channels_last, op graphs", "st_bif_qann", 1, 2, channels_last=True, graph_ops=True),
+    Row("top-2, ReLU (ANN), op graphs", "relu", 1, 2, graph_ops=True),
+    Row("FastMixedOp top-2, LIF, op graphs", "lif", 4, 2, graph_ops=True),
+    Row("FastMixedOp top-2, LIF, channels_last, op graphs", "lif", 4, 2, channels_last=True, graph_ops=True),
 )
 
 
@@ -136,6 +144,7 @@ def make_engine(row: Row, channels: int, layers: int, device: torch.device) -> A
         sampling=SamplingConfig(k=row.k, gumbel=row.k is not None),
         device=device,
         precision=row.precision,
+        graph_ops=row.graph_ops,
     )
 
 
@@ -256,6 +265,13 @@ def _bench_row(
     print(f"ROW | {row.name:36s} | batch {batch} | {result['ms']:8.1f} ms | {result['images_per_s']:7.0f} images/s | "
           f"{peak:6.2f} GiB | {kernels:6d} kernels | {gpu_ms:7.1f} ms GPU | {syncs} syncs | "
           f"back to back {loop_ms:8.1f} ms, {result['loop_images_per_s']:7.0f} images/s", flush=True)
+    graphs = engine.supernet.op_graphs
+    if graphs is not None:
+        print(f"GRAPHS | {row.name:36s} | {graphs.captured} op graph pairs captured, {graphs.replays} calls replayed "
+              f"(of {len(graphs._warm)} ops warmed up), {graphs.failed} captures failed", flush=True)
+    if device.type == "cuda":  # graph pools hold memory that is reserved but not allocated between replays
+        print(f"MEMORY | {row.name:36s} | peak reserved {torch.cuda.max_memory_reserved(device) / 2**30:.2f} GiB",
+              flush=True)
     engine = None  # frees the supernet (the step closure holds it) before the next row
     if device.type == "cuda":
         torch.cuda.empty_cache()

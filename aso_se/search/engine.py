@@ -108,6 +108,7 @@ class ASOSEEngine:
         seed: int = 0,
         energy_weight: float = 0.0,
         channels_last: bool = False,
+        graph_ops: bool = False,
     ) -> None:
         if precision not in ("fp32", "bf16"):
             raise UserInputError(f"precision {precision!r}: expected 'fp32' or 'bf16'; fix trainer.precision")
@@ -124,6 +125,8 @@ class ASOSEEngine:
         # channels_last: conv weights and image batches in NHWC memory, where cuDNN's batch norm and
         # depthwise convs are several times faster than in NCHW (benchmarks/bench_norm_conv.py)
         self.memory_format = torch.channels_last if channels_last else torch.preserve_format
+        # graph_ops: on CUDA, each op's forward and backward replayed from CUDA graphs (host-bound steps)
+        self.graph_ops = bool(graph_ops) and self.device.type == "cuda"
         self._use_supernet(supernet.to(self.device))
         # One generator for all Gumbel draws, seeded alike on every rank (aso_se.parallel.distributed).
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -423,6 +426,7 @@ class ASOSEEngine:
     def _use_supernet(self, supernet: SearchNetwork) -> None:
         """Makes ``supernet`` the searched one, with fresh optimizers (and scheduler) over it."""
         self.supernet = supernet.to(memory_format=self.memory_format)  # keeps the Parameter objects
+        supernet.use_op_graphs(self.graph_ops)
         set_firing_rate_recording(supernet, False)  # on for each epoch's last step only
         self._weight_params = list(supernet.weight_parameters())
         self.weights_optimizer = self._make_weights_optimizer(self._weight_params)
@@ -534,7 +538,7 @@ def build_engine(
     evolution: EvolutionConfig, second_order: bool, grad_clip: float | None, search_space: Any,
     neuron: Callable[[], nn.Module], num_classes: int, in_channels: int, optim: dict[str, Any],
     device: str | torch.device = "cpu", precision: Precision = "fp32", seed: int = 0, energy_weight: float = 0.0,
-    channels_last: bool = False,
+    channels_last: bool = False, graph_ops: bool = False,
 ) -> ASOSEEngine:
     """The engine of a composed ``search`` config node (Hydra ``_partial_``), completed by search.py
     with the search space, neuron, data shapes, optimizers (``optim``: weights, arch, weights_scheduler)
@@ -547,5 +551,5 @@ def build_engine(
         weights_scheduler=None if scheduler is None else functools.partial(scheduler, T_max=schedule.total_epochs),
         schedule=schedule, sampling=sampling, evolution=evolution, second_order=second_order,
         grad_clip=grad_clip, device=device, precision=precision, seed=seed, energy_weight=energy_weight,
-        channels_last=channels_last,
+        channels_last=channels_last, graph_ops=graph_ops,
     )

@@ -23,6 +23,7 @@ from aso_se.search.arch_params import (
     draw_samples,
     start_draw,
 )
+from aso_se.search.graphed_ops import OpGraphs
 from aso_se.search.mixed_op import FastMixedOp, weighted_sum
 from aso_se.search.recompute import MemoryEfficientCell
 from search_space.cell import CellLayout, cell_layouts, cell_preprocessing, edge_stride, reduction_indices
@@ -112,12 +113,25 @@ class SearchCell(nn.Module):
         # A grown cell starts as the identity on s1 (see the module docstring).
         self.gate = nn.Parameter(torch.zeros(())) if grown else None
 
-    def forward(self, s0: Tensor, s1: Tensor, nodes: Sequence[NodeTerms]) -> Tensor:
-        """``nodes``: what each node computes (``node_terms``); each node's terms are summed at once."""
-        states = [self.preprocess0(s0), self.preprocess1(s1)]
-        for node in nodes:
-            outputs = [self.edges[edge].ops[op](states[state]) for edge, state, op in node.terms]
-            states.append(weighted_sum(outputs, node.weights))
+    def forward(self, s0: Tensor, s1: Tensor, nodes: Sequence[NodeTerms], graphs: OpGraphs | None = None) -> Tensor:
+        """``nodes``: what each node computes (``node_terms``); each node's terms are summed at once.
+        ``graphs``: runs the ops from their CUDA graphs where it can (``aso_se.search.graphed_ops``)."""
+        if graphs is None:
+            states = [self.preprocess0(s0), self.preprocess1(s1)]
+            for node in nodes:
+                outputs = [self.edges[edge].ops[op](states[state]) for edge, state, op in node.terms]
+                states.append(weighted_sum(outputs, node.weights))
+        else:  # a slot per (edge, place of the op among the edge's terms): its ops share one memory pool
+            cell = id(self)
+            states = [graphs((cell, "pre0"), (cell, "s0"), self.preprocess0, s0),
+                      graphs((cell, "pre1"), (cell, "s1"), self.preprocess1, s1)]
+            for node in nodes:
+                places: dict[int, int] = {}
+                outputs = []
+                for edge, state, op in node.terms:
+                    place = places[edge] = places.get(edge, -1) + 1
+                    outputs.append(graphs((cell, edge, place), (cell, state), self.edges[edge].ops[op], states[state]))
+                states.append(weighted_sum(outputs, node.weights))
         out = torch.cat(states[-self.multiplier:], dim=1)
         return out if self.gate is None else s1 + self.gate * out
 
@@ -167,6 +181,11 @@ class SearchNetwork(nn.Module):
         self.arch = nn.ModuleDict(
             {kind: BatchedArchitectureUpdate(edges, search_space.primitives) for kind in CELL_TYPES}
         )
+        self.op_graphs: OpGraphs | None = None
+
+    def use_op_graphs(self, enabled: bool) -> None:
+        """Training forwards on CUDA replay each op from CUDA graphs (``aso_se.search.graphed_ops``), or not."""
+        self.op_graphs = OpGraphs() if enabled else None
 
     @property
     def checkpointing(self) -> bool:
@@ -229,9 +248,15 @@ class SearchNetwork(nn.Module):
                              self.search_space.steps, none_op)
             for kind, sample in zip(CELL_TYPES, samples)
         }
+        graphs = self.op_graphs
+        if graphs is not None:
+            if self.checkpointing:  # a recomputation in backward would run a graph twice in one pass
+                graphs = None
+            else:
+                graphs.begin_pass()
         s0 = s1 = self.stem(x)
         for wrapper, kind in zip(self.cells, self.structure.cells):
-            out = wrapper(s0, s1, nodes["reduce" if kind == "reduction" else "normal"])
+            out = wrapper(s0, s1, nodes["reduce" if kind == "reduction" else "normal"], graphs)
             s0, s1 = (s0, out) if kind == "grown" else (s1, out)
         features = mean_over_time(s1.mean(dim=(2, 3)), self.timesteps)
         return self.classifier(features)

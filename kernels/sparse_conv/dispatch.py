@@ -76,6 +76,26 @@ def _capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
+_DENSE_CAPTURES = [False]
+
+
+@contextlib.contextmanager
+def dense_captures() -> Iterator[None]:
+    """Calls captured inside take the path that eager calls take (cuDNN), so that a graph equals the
+    eager op: the searched supernet's op graphs (aso_se.search.graphed_ops)."""
+    before = _DENSE_CAPTURES[0]
+    _DENSE_CAPTURES[0] = True
+    try:
+        yield
+    finally:
+        _DENSE_CAPTURES[0] = before
+
+
+def capturing_sparse() -> bool:
+    """Whether a call now is captured with the sparse path open to it (`_capturing`, outside `dense_captures`)."""
+    return not _DENSE_CAPTURES[0] and _capturing()
+
+
 class DensityTracker:
     """The work fractions last measured at one call site, read back without a host sync."""
 
@@ -311,6 +331,8 @@ def _run_auto(call: ConvCall) -> torch.Tensor:
         return _dense(call, plan.dense_path)
     tracker = call.tracker if call.tracker is not None else _SHARED_TRACKERS[plan.key]
     if _capturing():
+        if _DENSE_CAPTURES[0]:
+            return _dense(call, "dense:eager")
         return _run_captured(call, signature, plan, tracker)
     calibrating = plan.crossover is None and (warming_up() or signature in _CAPTURED_UNCALIBRATED)
     if plan.crossover is None and not calibrating:

@@ -55,7 +55,7 @@ class SparseConv2d(nn.Conv2d):
         used: by the sparse path only ("triton", or an "auto" call captured where it wins)."""
         if self.backend == "triton":
             return x.is_cuda or interpreted()
-        if self.backend != "auto" or not dispatch._on_gpu(x) or not dispatch._capturing():
+        if self.backend != "auto" or not dispatch._on_gpu(x) or not dispatch.capturing_sparse():
             return False
         return dispatch.captured_call_wants_block_map(x, self.weight, self.stride, self.padding, self.dilation,
                                                       self.groups, self.density)
@@ -64,9 +64,9 @@ class SparseConv2d(nn.Conv2d):
         key = (x.shape, x.stride(), x.dtype, x.device, self.weight.dtype, self.backend,
                torch.is_autocast_enabled(x.device.type))
         route = self._dense_route  # route[2]: warm-up and captured calls go through the dispatcher
-        dispatched = route is not None and route[2] and (dispatch.warming_up() or dispatch._capturing())
+        dispatched = route is not None and route[2] and (dispatch.warming_up() or dispatch.capturing_sparse())
         if route is not None and route[0] == key and not dispatched:
-            if route[2]:
+            if route[2] and not dispatch._capturing():
                 self.density.poll()  # read the density measurement now: no event query in a capture
             count_path(route[1])
             return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
