@@ -126,7 +126,7 @@ class ASOSEEngine:
         # depthwise convs are several times faster than in NCHW (benchmarks/bench_norm_conv.py)
         self.memory_format = torch.channels_last if channels_last else torch.preserve_format
         # graph_ops: on CUDA, each op's forward and backward replayed from CUDA graphs (host-bound steps)
-        self.graph_ops = bool(graph_ops) and self.device.type == "cuda"
+        self.graph_ops = bool(graph_ops) and self._graph_ops_apply(supernet)
         self._use_supernet(supernet.to(self.device))
         # One generator for all Gumbel draws, seeded alike on every rank (aso_se.parallel.distributed).
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -423,6 +423,15 @@ class ASOSEEngine:
             rebind_optimizer(old, new, old_net, grown, old_name, width_factor)
 
     # ----------------------------------------------------------------------------- helpers
+    def _graph_ops_apply(self, supernet: SearchNetwork) -> bool:
+        """Whether graph_ops can act here; if not, says why once (the ops run eagerly, with the same results)."""
+        reason = ("the device is not CUDA" if self.device.type != "cuda" else
+                  "bf16 autocast steps run eagerly" if self.precision == "bf16" else
+                  "checkpointed cells recompute ops in backward" if supernet.checkpointing else None)
+        if reason is not None:
+            logger.warning("search.graph_ops=true has no effect here (%s): the ops run eagerly", reason)
+        return reason is None
+
     def _use_supernet(self, supernet: SearchNetwork) -> None:
         """Makes ``supernet`` the searched one, with fresh optimizers (and scheduler) over it."""
         self.supernet = supernet.to(memory_format=self.memory_format)  # keeps the Parameter objects
