@@ -4,7 +4,9 @@ The GPU-bound search step (BPTT at T = 4, batch 256) spends most of its GPU time
 and depthwise convs on NCHW fp32 tensors with 16-64 channels (RESULTS.md, search step). For the step's
 shapes ([T*B, C, H, W]), one process times each way PyTorch offers to run them: BatchNorm native or cuDNN
 (no weight vs a unit weight), NCHW or channels_last, and as plain torch ops; depthwise 3x3/5x5 convs in
-NCHW (native kernels) or channels_last (cuDNN). Each row: median ms per forward+backward and its ratio to
+NCHW (native kernels) or channels_last (cuDNN); 1x1 convs on cuDNN or, in channels_last, as matrix products
+(``MatmulPointwise``, fp32 or TF32); 3x3 average and max pools (stride 1 and 2) in each layout, the average also
+as a depthwise conv of ones. Each row: median ms per forward+backward and its ratio to
 one copy of the input (2 passes over its bytes; a BatchNorm forward+backward needs about 8), and the max
 difference of output and gradients (input; a conv's weight too) from the first row of its group.
 
@@ -14,9 +16,10 @@ difference of output and gradients (input; a conv's weight too) from the first r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +55,82 @@ def conv_variants(channels: int, kernel: int, device: torch.device) -> dict[str,
     return {f"depthwise {kernel}x{kernel}, NCHW": depthwise, f"depthwise {kernel}x{kernel}, channels_last": depthwise}
 
 
+@contextlib.contextmanager
+def _matmul_tf32(enabled: bool) -> Iterator[None]:
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+class MatmulPointwise(torch.autograd.Function):
+    """A 1x1 conv of a channels_last [N, C, H, W] tensor as one matrix product over its [N*H*W, C] rows, and
+    its two gradients as two more (cuBLAS), in full fp32 or TF32 (the product's flag set in both passes)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, tf32: bool) -> torch.Tensor:
+        n, c, h, w = x.shape
+        rows = x.permute(0, 2, 3, 1).reshape(-1, c)  # a view for channels_last memory
+        ctx.save_for_backward(rows, weight)
+        ctx.tf32, ctx.shape = tf32, (n, h, w)
+        with _matmul_tf32(tf32):
+            out = rows @ weight.view(weight.shape[0], c).t()
+        return out.view(n, h, w, -1).permute(0, 3, 1, 2)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        rows, weight = ctx.saved_tensors
+        n, h, w = ctx.shape
+        grad_rows = grad.permute(0, 2, 3, 1).reshape(-1, weight.shape[0])
+        with _matmul_tf32(ctx.tf32):
+            grad_x = grad_rows @ weight.view(weight.shape[0], -1)
+            grad_w = grad_rows.t() @ rows
+        return grad_x.view(n, h, w, -1).permute(0, 3, 1, 2), grad_w.view(weight.shape), None
+
+
+def pointwise_variants(channels: int, device: torch.device) -> dict[str, Way]:
+    """DARTS's 1x1 convs (C -> C, no bias): cuDNN in each layout, and channels_last as matrix products."""
+    weight = torch.randn(channels, channels, 1, 1, device=device, requires_grad=True)
+
+    def cudnn(x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, weight if x.is_contiguous() else weight.to(memory_format=torch.channels_last))
+
+    def matmul(x: torch.Tensor) -> torch.Tensor:
+        return MatmulPointwise.apply(x, weight, False)
+
+    def matmul_tf32(x: torch.Tensor) -> torch.Tensor:
+        return MatmulPointwise.apply(x, weight, True)
+
+    for way in (cudnn, matmul, matmul_tf32):
+        way.weight = weight
+    return {"1x1 cuDNN, NCHW": cudnn, "1x1 cuDNN, channels_last": cudnn, "1x1 matmul fp32, channels_last": matmul,
+            "1x1 matmul TF32, channels_last": matmul_tf32}
+
+
+def pool_variants(channels: int, height: int, width: int, stride: int, device: torch.device) -> dict[str, Way]:
+    """DARTS's 3x3 pools (padding 1; the average over the window's pixels inside the image): native kernels in
+    each layout, and the average as a depthwise conv of ones (cuDNN) times 1 / the window's pixel count."""
+    ones = torch.ones(channels, 1, 3, 3, device=device)
+    counts = F.conv2d(torch.ones(1, 1, height, width, device=device), ones[:1], stride=stride, padding=1)
+
+    def average(x: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(x, 3, stride, 1, count_include_pad=False)
+
+    def box_conv(x: torch.Tensor) -> torch.Tensor:
+        kernel = ones if x.is_contiguous() else ones.to(memory_format=torch.channels_last)
+        return F.conv2d(x, kernel, stride=stride, padding=1, groups=channels) / counts
+
+    def maximum(x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(x, 3, stride, 1)
+
+    name = f"3x3/{stride}"
+    return {f"avg {name} native, NCHW": average, f"avg {name} native, channels_last": average,
+            f"avg {name} ones conv, channels_last": box_conv}, {
+            f"max {name} native, NCHW": maximum, f"max {name} native, channels_last": maximum}
+
+
 def median_ms(fn: Callable[[], None], device: torch.device, reps: int) -> float:
     def sync() -> None:
         if device.type == "cuda":
@@ -69,7 +148,8 @@ def median_ms(fn: Callable[[], None], device: torch.device, reps: int) -> float:
 
 
 def run_group(name: str, variants: dict, x: torch.Tensor, device: torch.device, reps: int) -> list[str]:
-    upstream = torch.randn_like(x)
+    with torch.no_grad():  # the output's shape (a stride-2 pool halves it)
+        upstream = torch.randn_like(next(iter(variants.values()))(x))
     copy_ms = median_ms(lambda: torch.empty_like(x).copy_(x), device, reps)
     rows, reference = [], None
     for label, fn in variants.items():
@@ -115,10 +195,16 @@ def main() -> None:
         name = "x".join(map(str, shape))
         for row in run_group(f"BN {name}", batch_norm_variants(shape[1], device), x, device, args.reps):
             print(row, flush=True)
+        groups = {}
         if shape[1] <= 32:  # the cell's depthwise convs run at C = 16 and 32
-            for kernel in (3, 5):
-                for row in run_group(f"conv {name}", conv_variants(shape[1], kernel, device), x, device, args.reps):
-                    print(row, flush=True)
+            groups.update({f"conv{kernel}": conv_variants(shape[1], kernel, device) for kernel in (3, 5)})
+        if shape[1] != 48:  # cells run at C = 16, 32, 64 (48: the stem's output only)
+            groups["pointwise"] = pointwise_variants(shape[1], device)
+            for stride in (1, 2):
+                groups[f"avg{stride}"], groups[f"max{stride}"] = pool_variants(*shape[1:], stride, device)
+        for group in groups.values():
+            for row in run_group(f"{name}", group, x, device, args.reps):
+                print(row, flush=True)
 
 
 if __name__ == "__main__":

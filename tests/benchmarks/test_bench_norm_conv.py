@@ -7,13 +7,24 @@ import torch
 from benchmarks import bench_norm_conv as bench
 
 
-@pytest.mark.parametrize("group", ["batch norm", "depthwise 3x3", "depthwise 5x5"])
+def variants(group: str, device: torch.device) -> dict:
+    if group == "batch norm":
+        return bench.batch_norm_variants(16, device)
+    if group.startswith("depthwise"):
+        return bench.conv_variants(16, int(group[-1]), device)
+    if group == "pointwise":
+        return bench.pointwise_variants(16, device)
+    average, maximum = bench.pool_variants(16, 7, 5, int(group[-1]), device)
+    return average if group.startswith("avg") else maximum
+
+
+@pytest.mark.parametrize("group", ["batch norm", "depthwise 3x3", "depthwise 5x5", "pointwise", "avg pool /1",
+                                   "avg pool /2", "max pool /1", "max pool /2"])
 def test_every_way_gives_the_same_output_and_input_gradient(group):
     torch.manual_seed(0)
     x = torch.randn(6, 16, 7, 5) * 2 + 0.5
-    upstream = torch.randn_like(x)
-    ways = (bench.batch_norm_variants(16, x.device) if group == "batch norm"
-            else bench.conv_variants(16, int(group[-1]), x.device))
+    ways = variants(group, x.device)
+    upstream = torch.randn_like(next(iter(ways.values()))(x))
     results = []
     for label, way in ways.items():
         layout = torch.channels_last if "channels_last" in label else torch.contiguous_format
@@ -22,7 +33,8 @@ def test_every_way_gives_the_same_output_and_input_gradient(group):
         learned = [way.weight] if hasattr(way, "weight") else []  # the convs' weight gradient too
         results.append((out.detach(), *torch.autograd.grad(out, [xin, *learned], upstream.to(memory_format=layout))))
     assert len(results) >= 2 and (results[0][0] != 0).any()
-    assert len(results[0]) == (2 if group == "batch norm" else 3)
+    assert len(results[0]) == (3 if group.startswith(("depthwise", "pointwise")) else 2)
+    tolerance = 1e-4 if group == "pointwise" else 1e-5  # a 1x1 weight gradient sums N*H*W products in any order
     for got in results[1:]:
         for value, want in zip(got, results[0]):
-            torch.testing.assert_close(value, want, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(value, want, rtol=tolerance, atol=tolerance)
