@@ -220,7 +220,8 @@ class OpGraphs:
                 finally:
                     forward.capture_end()
                 # The backward in the slot's pool too: with one backward pool shared by all slots the weight
-                # gradients came out wrong (RESULTS.md, "Graphs per op"); the cause was not found.
+                # gradients came out wrong (RESULTS.md, "Graphs per op": likely another capture's scratch placed
+                # on a gradient the optimizer had still to read).
                 backward.capture_begin(pool=slot.pool, capture_error_mode="thread_local")
                 try:
                     grads = torch.autograd.grad(out, inputs, grad_outputs=slot.grad_out, allow_unused=True)
