@@ -10,6 +10,7 @@ every RNG; the loaders' ``set_epoch(epoch, start_batch=k)`` makes the data order
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -382,7 +383,9 @@ class ASOSEEngine:
         if self.second_order:
             second_order_arch_step(arch_loss, train_loss, alphas, self._weight_params, self.weights_optimizer)
         else:
-            first_order_arch_step(arch_loss, alphas)
+            graphs = self.supernet.op_graphs  # graphed ops skip the weight gradients eager ops skip here too
+            with graphs.without_weight_grads() if graphs is not None else contextlib.nullcontext():
+                first_order_arch_step(arch_loss, alphas)
         all_reduce_gradients(alphas)
         self.arch_optimizer.step()
         return {name: value.detach() for name, value in outputs.items()}

@@ -23,9 +23,10 @@ A failed capture (logged) ends capturing: the ops not captured by then stay eage
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Iterator
 
 import torch
 from spikingjelly.activation_based.neuron import LIFNode
@@ -65,6 +66,7 @@ class _Entry:
     source: _Slot                    # the buffer of the state the op reads
     forward: torch.cuda.CUDAGraph
     backward: torch.cuda.CUDAGraph
+    input_backward: torch.cuda.CUDAGraph | None  # the input's gradient alone (``OpGraphs.without_weight_grads``)
     input_grad: bool
     param_grads: tuple[Tensor | None, ...]
     pointers: tuple[int, ...]        # the parameters' addresses at capture: a moved parameter means recapture
@@ -74,8 +76,8 @@ class _Replay(torch.autograd.Function):
     """The op as one node of the autograd graph: a forward replay, and a backward replay."""
 
     @staticmethod
-    def forward(ctx, entry: _Entry, pass_id: int, x: Tensor, *params: Tensor) -> Tensor:
-        ctx.entry, ctx.pass_id = entry, pass_id
+    def forward(ctx, entry: _Entry, pass_id: int, weight_grads: bool, x: Tensor, *params: Tensor) -> Tensor:
+        ctx.entry, ctx.pass_id, ctx.weight_grads = entry, pass_id, weight_grads or entry.input_backward is None
         entry.slot.pass_id = pass_id
         entry.forward.replay()
         return entry.slot.out.detach()
@@ -91,9 +93,11 @@ class _Replay(torch.autograd.Function):
             )
         entry.slot.pass_id = -1  # the backward graph may reuse the activations' memory: one backward per forward
         entry.slot.grad_out.copy_(grad)
-        entry.backward.replay()
+        (entry.backward if ctx.weight_grads else entry.input_backward).replay()
         grad_x = entry.slot.grad_in.detach() if entry.input_grad else None
-        return (None, None, grad_x, *(None if g is None else g.detach() for g in entry.param_grads))
+        if not ctx.weight_grads:
+            return (None, None, None, grad_x, *(None for _ in entry.param_grads))
+        return (None, None, None, grad_x, *(None if g is None else g.detach() for g in entry.param_grads))
 
 
 def _capturable(module: nn.Module) -> bool:
@@ -127,9 +131,21 @@ class OpGraphs:
         self._stream: torch.cuda.Stream | None = None  # captures and their warm-ups run here
         self._side_warm: set[int] = set()      # ops warmed up on the capture stream
         self.capturing = True  # False after a failed capture: no new captures (graphs already made still replay)
+        self.weight_grads = True  # False inside without_weight_grads()
         self.captured = 0   # graph pairs captured
         self.replays = 0    # op calls replayed from graphs
         self.failed = 0     # captures that failed
+
+    @contextlib.contextmanager
+    def without_weight_grads(self) -> Iterator[None]:
+        """Ops replayed inside give their input's gradient alone, as eager ops do under ``autograd.grad(loss, α)``
+        (a first-order α step): their backward skips the weights' gradients, which the step would discard."""
+        before = self.weight_grads
+        self.weight_grads = False
+        try:
+            yield
+        finally:
+            self.weight_grads = before
 
     def begin_pass(self) -> None:
         """A new forward of the supernet: later backwards of older passes raise StalePassError."""
@@ -158,7 +174,7 @@ class OpGraphs:
             self._entries[key] = False  # parameters were replaced (e.g. moved): capture again
             return op(x)
         self.replays += 1
-        return _Replay.apply(entry, self.pass_id, x, *params)
+        return _Replay.apply(entry, self.pass_id, self.weight_grads, x, *params)
 
     def _may_replay(self, op: nn.Module, x: Tensor) -> bool:
         if not (x.is_cuda and op.training and torch.is_grad_enabled()) or torch.is_autocast_enabled(x.device.type):
@@ -222,6 +238,16 @@ class OpGraphs:
                 # The backward in the slot's pool too: with one backward pool shared by all slots the weight
                 # gradients came out wrong (RESULTS.md, "Graphs per op": likely another capture's scratch placed
                 # on a gradient the optimizer had still to read).
+                input_backward = None
+                if x.requires_grad and aliases:  # first: it keeps the activations for the full backward
+                    input_backward = torch.cuda.CUDAGraph()
+                    input_backward.capture_begin(pool=slot.pool, capture_error_mode="thread_local")
+                    try:
+                        (grad_x,) = torch.autograd.grad(out, [x_in], grad_outputs=slot.grad_out, retain_graph=True)
+                        slot.grad_in.copy_(grad_x)
+                        del grad_x
+                    finally:
+                        input_backward.capture_end()
                 backward.capture_begin(pool=slot.pool, capture_error_mode="thread_local")
                 try:
                     grads = torch.autograd.grad(out, inputs, grad_outputs=slot.grad_out, allow_unused=True)
@@ -246,7 +272,7 @@ class OpGraphs:
                            type(op).__name__, slot_key, str(error).splitlines()[0])
             return None
         current.wait_stream(self._stream)
-        entry = _Entry(slot, source, forward, backward, x.requires_grad, tuple(grads),
+        entry = _Entry(slot, source, forward, backward, input_backward, x.requires_grad, tuple(grads),
                        tuple(p.data_ptr() for p in params))
         self._entries[key] = entry
         self.captured += 1
@@ -259,6 +285,8 @@ class OpGraphs:
         restored afterwards: the step's real call follows); makes the slot's buffers from their shapes."""
         saved = [buffer.detach().clone() for buffer in op.buffers()]
         out = run(x_in)
+        if x_in.requires_grad:  # the input-only backward too, as captured
+            torch.autograd.grad(out, [x_in], grad_outputs=torch.zeros_like(out), retain_graph=True)
         grads = torch.autograd.grad(out, inputs, grad_outputs=torch.zeros_like(out), allow_unused=True)
         if slot.out is None:
             slot.out, slot.grad_out = torch.empty_like(out), torch.empty_like(out)

@@ -178,3 +178,31 @@ def test_a_graphed_search_resumed_from_its_state_ends_like_the_uninterrupted_one
     assert resumed.supernet.op_graphs.captured > 0
     torch.testing.assert_close(torch.cat([first_losses, torch.stack(losses).cpu()]), straight_losses,
                                rtol=1e-6, atol=1e-7)
+
+
+@needs_cuda
+def test_without_weight_grads_the_replays_give_the_eager_alpha_gradient_and_no_weight_gradient(
+    digits, deterministic_cudnn
+) -> None:
+    """A first-order α step's backward: graphed ops replay their input-only backward graph."""
+    images = digits[0].cuda()
+    supernet = tiny_supernet("st_bif", timesteps=2, space=DARTS_SPACE, channels=8).cuda()
+    set_firing_rate_recording(supernet, False)
+    reference = copy.deepcopy(supernet)
+    supernet.use_op_graphs(True)
+    samples = sample_ops(supernet, k=2, seed=None)
+    for _ in range(3):  # eager warm-up, captures, replays
+        with supernet.op_graphs.without_weight_grads():
+            loss = supernet(images, samples).square().mean()
+            got = torch.autograd.grad(loss, supernet.arch_parameters())
+        want = torch.autograd.grad(reference(images, samples).square().mean(), reference.arch_parameters())
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+        weights = [p for name, p in supernet.named_parameters() if "arch" not in name]
+        loss = supernet(images, samples).square().mean()  # outside: the weights' gradients again
+        loss.backward()
+        reference(images, samples).square().mean().backward()
+        for p, q in zip(weights, [q for name, q in reference.named_parameters() if "arch" not in name]):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
+            p.grad = q.grad = None
+    entries = [entry for entry in supernet.op_graphs._entries.values() if entry]
+    assert len(entries) > 10 and all(entry.input_backward is not None for entry in entries if entry.input_grad)
