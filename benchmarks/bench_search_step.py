@@ -101,6 +101,10 @@ ROWS = (
     Row("top-2, ReLU (ANN), op graphs", "relu", 1, 2, graph_ops=True),
     Row("FastMixedOp top-2, LIF, op graphs", "lif", 4, 2, graph_ops=True),
     Row("FastMixedOp top-2, LIF, channels_last, op graphs", "lif", 4, 2, channels_last=True, graph_ops=True),
+    Row("top-2, ST-BIF, bf16, op graphs", "st_bif", 4, 2, precision="bf16", graph_ops=True),
+    Row("top-2, ST-BIF, bf16", "st_bif", 4, 2, precision="bf16"),
+    Row("top-2, ST-BIF, channels_last, bf16, op graphs", "st_bif", 4, 2, channels_last=True, precision="bf16",
+        graph_ops=True),
 )
 
 

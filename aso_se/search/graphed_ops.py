@@ -15,10 +15,11 @@ outputs and input gradients are copied within the graphs into per-slot buffers, 
 each op's own (they live until the optimizer step). Captures take the convs' eager path (cuDNN;
 ``kernels.sparse_conv.dispatch.dense_captures``).
 
-An op runs eagerly instead (same function) when: not on CUDA, not training, grad disabled, under
-autocast, while a neuron records its firing rate, while a spike-reading conv's path is not fixed yet, when
-the op has no weights (pools, identity: one or two kernels), its neurons are not ST-BIF/QANN/ReLU/LIF, or its
-first call (a warm-up: cuDNN's autotuner and Triton's compiler must not run inside a capture).
+An op runs eagerly instead (same function) when: not on CUDA, not training, grad disabled, under another
+autocast state than its capture's, while a neuron records its firing rate, while a spike-reading conv's path
+is not fixed yet, when the op has no weights (pools, identity: one or two kernels), its neurons are not
+ST-BIF/QANN/ReLU/LIF, its output differs from its slot's other ops', or its first call (a warm-up: cuDNN's
+autotuner and Triton's compiler must not run inside a capture).
 A failed capture (logged) ends capturing: the ops not captured by then stay eager.
 """
 from __future__ import annotations
@@ -41,6 +42,14 @@ logger = logging.getLogger(__name__)
 
 # Neurons whose forward and backward are known to capture (no host state, no host syncs).
 _CAPTURABLE_NEURONS = (STBIFNeuron, QuantizedActivation, nn.ReLU, LIFNode)
+
+
+def _autocast_state() -> tuple[bool, torch.dtype]:
+    return torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+
+
+class _SlotMismatch(Exception):
+    """An op's output differs in shape, layout or dtype from the other ops of its slot (their shared buffer)."""
 
 
 class StalePassError(RuntimeError):
@@ -68,6 +77,7 @@ class _Entry:
     backward: torch.cuda.CUDAGraph
     input_backward: torch.cuda.CUDAGraph | None  # the input's gradient alone (``OpGraphs.without_weight_grads``)
     input_grad: bool
+    autocast: tuple[bool, torch.dtype]  # the autocast state captured (CUDA): replayed under that state only
     param_grads: tuple[Tensor | None, ...]
     pointers: tuple[int, ...]        # the parameters' addresses at capture: a moved parameter means recapture
 
@@ -169,6 +179,8 @@ class OpGraphs:
             entry = self._capture(key, slot_key, source, op, x)
             if entry is None:
                 return op(x)
+        if entry.autocast != _autocast_state():  # e.g. an fp32 evaluation step of a bf16 search: eager
+            return op(x)
         params = [p for p in op.parameters() if p.requires_grad]
         if tuple(p.data_ptr() for p in params) != entry.pointers or x.requires_grad != entry.input_grad:
             self._entries[key] = False  # parameters were replaced (e.g. moved): capture again
@@ -177,7 +189,7 @@ class OpGraphs:
         return _Replay.apply(entry, self.pass_id, self.weight_grads, x, *params)
 
     def _may_replay(self, op: nn.Module, x: Tensor) -> bool:
-        if not (x.is_cuda and op.training and torch.is_grad_enabled()) or torch.is_autocast_enabled(x.device.type):
+        if not (x.is_cuda and op.training and torch.is_grad_enabled()):
             return False
         kind = self._kinds.get(id(op))
         if kind is None:
@@ -211,8 +223,13 @@ class OpGraphs:
         current = torch.cuda.current_stream(x.device)
         self._stream.wait_stream(current)
         forward, backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        autocast = _autocast_state()
         try:
-            with torch.cuda.stream(self._stream), dense_captures():
+            # Under autocast, without its cache of cast weights: a capture must cast the weights inside the graph
+            # (a cached cast from the warm-up would be replayed as that step's weights for good).
+            with torch.cuda.stream(self._stream), dense_captures(), torch.autocast(
+                "cuda", dtype=autocast[1], enabled=autocast[0], cache_enabled=False
+            ):
                 x_in = source.out.detach().requires_grad_(x.requires_grad)
                 # The weights enter as fresh leaves sharing their memory: a parameter's own gradient accumulator
                 # may be kept alive by an older autograd graph on the default stream, and a backward captured
@@ -261,6 +278,11 @@ class OpGraphs:
                 finally:
                     backward.capture_end()
                 del out, x_in, inputs
+        except _SlotMismatch as error:  # found in the warm-up, before any capture: this op alone stays eager
+            current.wait_stream(self._stream)
+            self._entries[key] = None
+            logger.warning("op %s in slot %s stays eager: %s", type(op).__name__, slot_key, error)
+            return None
         except Exception as error:  # the allocator may still be recording into the pool: capture nothing more
             current.wait_stream(self._stream)
             torch.cuda.synchronize(x.device)
@@ -272,7 +294,7 @@ class OpGraphs:
                            type(op).__name__, slot_key, str(error).splitlines()[0])
             return None
         current.wait_stream(self._stream)
-        entry = _Entry(slot, source, forward, backward, input_backward, x.requires_grad, tuple(grads),
+        entry = _Entry(slot, source, forward, backward, input_backward, x.requires_grad, autocast, tuple(grads),
                        tuple(p.data_ptr() for p in params))
         self._entries[key] = entry
         self.captured += 1
@@ -290,6 +312,8 @@ class OpGraphs:
         grads = torch.autograd.grad(out, inputs, grad_outputs=torch.zeros_like(out), allow_unused=True)
         if slot.out is None:
             slot.out, slot.grad_out = torch.empty_like(out), torch.empty_like(out)
+        elif (slot.out.shape, slot.out.stride(), slot.out.dtype) != (out.shape, out.stride(), out.dtype):
+            raise _SlotMismatch(f"its output {tuple(out.shape)} {out.dtype} differs from the slot's other ops'")
         if slot.grad_in is None and x_in.requires_grad:
             slot.grad_in = torch.empty_like(grads[0])
         with torch.no_grad():

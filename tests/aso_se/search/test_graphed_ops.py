@@ -80,10 +80,10 @@ def test_a_copied_supernet_gets_graphs_of_its_own() -> None:
     assert supernet.op_graphs is None
 
 
-def run_search(digits, neuron: str, timesteps: int, graph_ops: bool, steps: int = 6):
+def run_search(digits, neuron: str, timesteps: int, graph_ops: bool, steps: int = 6, precision: str = "fp32"):
     images, labels = digits
     supernet = tiny_supernet(neuron, timesteps=timesteps, space=DARTS_SPACE, channels=8, in_channels=1)
-    engine = make_engine(supernet, device="cuda", graph_ops=graph_ops)
+    engine = make_engine(supernet, device="cuda", graph_ops=graph_ops, precision=precision)
     losses = []
     for step in range(steps):
         scalars = engine.train_step((images[:8], labels[:8]), (images[8:], labels[8:]),
@@ -103,10 +103,13 @@ def deterministic_cudnn():
 
 
 @needs_cuda
-@pytest.mark.parametrize(("neuron", "timesteps"), [("st_bif", 2), ("st_bif_qann", 1), ("relu", 1), ("lif", 2)])
-def test_graphed_ops_give_the_eager_search(digits, deterministic_cudnn, neuron: str, timesteps: int) -> None:
-    graphed, graphed_losses = run_search(digits, neuron, timesteps, graph_ops=True)
-    eager, eager_losses = run_search(digits, neuron, timesteps, graph_ops=False)
+@pytest.mark.parametrize(("neuron", "timesteps", "precision"), [
+    ("st_bif", 2, "fp32"), ("st_bif_qann", 1, "fp32"), ("relu", 1, "fp32"), ("lif", 2, "fp32"), ("st_bif", 2, "bf16"),
+])
+def test_graphed_ops_give_the_eager_search(digits, deterministic_cudnn, neuron: str, timesteps: int,
+                                           precision: str) -> None:
+    graphed, graphed_losses = run_search(digits, neuron, timesteps, graph_ops=True, precision=precision)
+    eager, eager_losses = run_search(digits, neuron, timesteps, graph_ops=False, precision=precision)
     graphs = graphed.supernet.op_graphs
     assert graphs.captured > 20 and graphs.replays > 100  # the graphs did run (first calls are eager)
     assert graphs.failed == 0
