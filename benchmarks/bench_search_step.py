@@ -65,6 +65,7 @@ class Row:
     channels_last: bool = False  # supernet weights and images in channels_last (NHWC) memory
     draw_ahead: bool = True  # the next step's ops drawn during the step, as the engine's loop does
     graph_ops: bool = False  # each sampled op's forward and backward replayed from CUDA graphs
+    triton_pools: bool = False  # channels_last 3x3 pools on kernels.pool3x3
 
 
 ROWS = (
@@ -101,6 +102,7 @@ ROWS = (
     Row("top-2, ReLU (ANN), op graphs", "relu", 1, 2, graph_ops=True),
     Row("FastMixedOp top-2, LIF, op graphs", "lif", 4, 2, graph_ops=True),
     Row("FastMixedOp top-2, LIF, channels_last, op graphs", "lif", 4, 2, channels_last=True, graph_ops=True),
+    Row("top-2, ST-BIF, channels_last, Triton pools", "st_bif", 4, 2, channels_last=True, triton_pools=True),
 )
 
 
@@ -145,6 +147,7 @@ def make_engine(row: Row, channels: int, layers: int, device: torch.device) -> A
         device=device,
         precision=row.precision,
         graph_ops=row.graph_ops,
+        triton_pools=row.triton_pools,
     )
 
 

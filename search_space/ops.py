@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.pool3x3 import pool3x3
 from kernels.sparse_conv import SparseConv2d
 from search_space.errors import UserInputError
 from search_space.neurons import NeuronFactoryFn
@@ -78,6 +79,36 @@ class UnitAffineBatchNorm2d(nn.BatchNorm2d):
         self._check_input_dim(x)
         return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
                             self.momentum, self.eps)
+
+
+class DartsAvgPool(nn.AvgPool2d):
+    """DARTS's avg_pool_3x3: padding 1, the average over the window's pixels inside the image. With ``triton`` on,
+    channels_last CUDA inputs take ``kernels.pool3x3``'s kernels (the same function; PyTorch's elsewhere)."""
+
+    def __init__(self, stride: int) -> None:
+        super().__init__(3, stride=stride, padding=1, count_include_pad=False)
+        self.triton = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return pool3x3(x, "avg", self.stride) if self.triton else super().forward(x)
+
+
+class DartsMaxPool(nn.MaxPool2d):
+    """DARTS's max_pool_3x3 (padding 1); ``triton`` as for DartsAvgPool."""
+
+    def __init__(self, stride: int) -> None:
+        super().__init__(3, stride=stride, padding=1)
+        self.triton = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return pool3x3(x, "max", self.stride) if self.triton else super().forward(x)
+
+
+def use_triton_pools(module: nn.Module, enabled: bool) -> None:
+    """Turns ``kernels.pool3x3`` on or off for every DARTS pool in ``module``."""
+    for sub in module.modules():
+        if isinstance(sub, (DartsAvgPool, DartsMaxPool)):
+            sub.triton = enabled
 
 
 def batch_norm(C: int, affine: bool) -> nn.BatchNorm2d:
@@ -182,8 +213,8 @@ class FactorizedReduce(nn.Module):
 
 # (a) DARTS's operations, exactly as quark0/darts cnn/operations.py defines them.
 register_op("none")(lambda C, stride, affine, neuron: Zero(stride))
-register_op("avg_pool_3x3")(lambda C, stride, affine, neuron: nn.AvgPool2d(3, stride=stride, padding=1, count_include_pad=False))
-register_op("max_pool_3x3")(lambda C, stride, affine, neuron: nn.MaxPool2d(3, stride=stride, padding=1))
+register_op("avg_pool_3x3")(lambda C, stride, affine, neuron: DartsAvgPool(stride))
+register_op("max_pool_3x3")(lambda C, stride, affine, neuron: DartsMaxPool(stride))
 register_op("skip_connect")(lambda C, stride, affine, neuron: nn.Identity() if stride == 1 else FactorizedReduce(C, C, neuron=neuron, affine=affine))
 register_op("sep_conv_3x3")(lambda C, stride, affine, neuron: SepConv(C, C, 3, stride, 1, neuron=neuron, affine=affine))
 register_op("sep_conv_5x5")(lambda C, stride, affine, neuron: SepConv(C, C, 5, stride, 2, neuron=neuron, affine=affine))

@@ -43,6 +43,7 @@ from aso_se.search.supernet import CELL_TYPES, SearchNetwork, SupernetStructure
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype
 from search_space.neurons import set_firing_rate_recording
+from search_space.ops import use_triton_pools
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class ASOSEEngine:
         seed: int = 0,
         energy_weight: float = 0.0,
         channels_last: bool = False,
+        triton_pools: bool = False,
         graph_ops: bool = False,
     ) -> None:
         if precision not in ("fp32", "bf16"):
@@ -125,6 +127,7 @@ class ASOSEEngine:
         # channels_last: conv weights and image batches in NHWC memory, where cuDNN's batch norm and
         # depthwise convs are several times faster than in NCHW (benchmarks/bench_norm_conv.py)
         self.memory_format = torch.channels_last if channels_last else torch.preserve_format
+        self.triton_pools = triton_pools  # channels_last pools on kernels.pool3x3 (search_space.ops)
         # graph_ops: on CUDA, each op's forward and backward replayed from CUDA graphs (host-bound steps)
         self.graph_ops = bool(graph_ops) and self._graph_ops_apply(supernet)
         self._use_supernet(supernet.to(self.device))
@@ -436,6 +439,7 @@ class ASOSEEngine:
         """Makes ``supernet`` the searched one, with fresh optimizers (and scheduler) over it."""
         self.supernet = supernet.to(memory_format=self.memory_format)  # keeps the Parameter objects
         supernet.use_op_graphs(self.graph_ops)
+        use_triton_pools(supernet, self.triton_pools)
         set_firing_rate_recording(supernet, False)  # on for each epoch's last step only
         self._weight_params = list(supernet.weight_parameters())
         self.weights_optimizer = self._make_weights_optimizer(self._weight_params)
@@ -547,7 +551,7 @@ def build_engine(
     evolution: EvolutionConfig, second_order: bool, grad_clip: float | None, search_space: Any,
     neuron: Callable[[], nn.Module], num_classes: int, in_channels: int, optim: dict[str, Any],
     device: str | torch.device = "cpu", precision: Precision = "fp32", seed: int = 0, energy_weight: float = 0.0,
-    channels_last: bool = False, graph_ops: bool = False,
+    channels_last: bool = False, graph_ops: bool = False, triton_pools: bool = False,
 ) -> ASOSEEngine:
     """The engine of a composed ``search`` config node (Hydra ``_partial_``), completed by search.py
     with the search space, neuron, data shapes, optimizers (``optim``: weights, arch, weights_scheduler)
@@ -560,5 +564,5 @@ def build_engine(
         weights_scheduler=None if scheduler is None else functools.partial(scheduler, T_max=schedule.total_epochs),
         schedule=schedule, sampling=sampling, evolution=evolution, second_order=second_order,
         grad_clip=grad_clip, device=device, precision=precision, seed=seed, energy_weight=energy_weight,
-        channels_last=channels_last, graph_ops=graph_ops,
+        channels_last=channels_last, graph_ops=graph_ops, triton_pools=triton_pools,
     )

@@ -18,6 +18,7 @@ from aso_se.search.supernet import SearchCell
 from search_space.errors import UserInputError
 from search_space.network import build_network
 from search_space.neurons import NeuronFactory, SpikingNeuron, firing_rates
+from search_space.ops import DartsMaxPool
 from tests.aso_se.helpers import SMALL_SPACE, darts_optimizers, make_engine, tiny_supernet
 
 SCHEDULE = SearchSchedule(cycles=2, warmup_epochs=1, search_epochs=1, restabilize_epochs=1)
@@ -71,14 +72,16 @@ def roundtrip(state: dict) -> dict:
     return torch.load(buffer, weights_only=True)
 
 
-@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
-def test_interrupted_and_resumed_search_ends_exactly_like_an_uninterrupted_one(channels_last: bool) -> None:
-    reference = new_engine(channels_last=channels_last)
+@pytest.mark.parametrize(("channels_last", "triton_pools"), [(False, False), (True, False), (True, True)],
+                         ids=["nchw", "channels_last", "channels_last_triton_pools"])
+def test_interrupted_and_resumed_search_ends_exactly_like_an_uninterrupted_one(channels_last: bool,
+                                                                              triton_pools: bool) -> None:
+    reference = new_engine(channels_last=channels_last, triton_pools=triton_pools)
     expected = reference.run(*loaders())
     # Stop mid-epoch in cycle 0's search phase, then in cycle 1's warm-up (after the growth).
     state, genotype = None, None
     for stop_at in (3, 7, None):
-        engine = new_engine(channels_last=channels_last)
+        engine = new_engine(channels_last=channels_last, triton_pools=triton_pools)
         if state is not None:
             engine.load_state_dict(roundtrip(state))
         genotype = engine.run(*loaders(), should_stop=lambda: engine.progress["global_step"] == stop_at)
@@ -97,6 +100,8 @@ def test_interrupted_and_resumed_search_ends_exactly_like_an_uninterrupted_one(c
         for hook in hooks:
             hook.remove()
         assert seen - {None} == {"nhwc"}
+        pools = [m for m in engine.supernet.modules() if isinstance(m, DartsMaxPool)]
+        assert pools and all(m.triton == triton_pools for m in pools)  # the regrown cells' too
 
 
 def test_resuming_with_another_schedule_is_refused() -> None:
