@@ -45,6 +45,26 @@ def test_max_pool_ties_send_the_gradient_to_the_first_largest_tap_as_pytorch(str
     torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("grad_format", [torch.channels_last, torch.contiguous_format])
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("kind", ["avg", "max"])
+@pytest.mark.parametrize("shape", [(4, 16, 12, 12), (2, 65, 5, 7)])
+def test_launches_of_several_programs_with_either_gradient_layout_equal_float64_cpu_pools(shape, kind, stride,
+                                                                                          grad_format):
+    # SHAPES above each fit one program (BLOCK_P pixels); these take up to 3 programs a launch, with the upstream
+    # gradient in either layout (randn_like of a channels_last output is channels_last; torch.randn(shape) is NCHW).
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    want_x = x.clone().requires_grad_()
+    want_y = pool3x3_reference(want_x, kind, stride)
+    upstream = torch.randn(want_y.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    (want_grad,) = torch.autograd.grad(want_y, [want_x], upstream)
+    got_x = x.float().to(memory_format=torch.channels_last).requires_grad_()
+    got_y = pool3x3(got_x, kind, stride, "triton")
+    (got_grad,) = torch.autograd.grad(got_y, [got_x], upstream.float().contiguous(memory_format=grad_format))
+    torch.testing.assert_close(got_y.double(), want_y.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_grad.double(), want_grad, rtol=1e-6, atol=1e-6)
+
+
 def test_nchw_gradients_and_inputs_are_taken_and_auto_keeps_pytorchs_pools_on_cpu():
     x = torch.randn(2, 4, 5, 5)  # NCHW: the kernels take a channels_last copy
     want, want_grad, upstream = run(x, "avg", 1, None)
