@@ -5,10 +5,11 @@ and depthwise convs on NCHW fp32 tensors with 16-64 channels (RESULTS.md, search
 shapes ([T*B, C, H, W]), one process times each way PyTorch offers to run them: BatchNorm native or cuDNN
 (no weight vs a unit weight), NCHW or channels_last, and as plain torch ops; depthwise 3x3/5x5 convs in
 NCHW (native kernels) or channels_last (cuDNN); 1x1 convs on cuDNN or, in channels_last, as matrix products
-(``MatmulPointwise``, fp32 or TF32); 3x3 average and max pools (stride 1 and 2) in each layout, the average also
-as a depthwise conv of ones. Each row: median ms per forward+backward and its ratio to
-one copy of the input (2 passes over its bytes; a BatchNorm forward+backward needs about 8), and the max
-difference of output and gradients (input; a conv's weight too) from the first row of its group.
+(``MatmulPointwise``, fp32 or TF32); 3x3 average and max pools (stride 1 and 2) in each layout, the average
+also as a depthwise conv of ones, both also as our Triton kernels (``kernels.pool3x3``). Each row: median ms
+per forward+backward and its ratio to one copy of the input (2 passes over its bytes; a BatchNorm
+forward+backward needs about 8), and the max difference of output and gradients (input; a conv's weight too)
+from the first row of its group.
 
     python benchmarks/bench_norm_conv.py [--batch 256 --timesteps 4]
     python benchmarks/bench_norm_conv.py --tiny     # CPU smoke run of the script itself
@@ -23,6 +24,8 @@ from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+
+from kernels.pool3x3 import pool3x3
 
 Way = Callable[[torch.Tensor], torch.Tensor]
 
@@ -125,10 +128,17 @@ def pool_variants(channels: int, height: int, width: int, stride: int, device: t
     def maximum(x: torch.Tensor) -> torch.Tensor:
         return F.max_pool2d(x, 3, stride, 1)
 
+    def triton_average(x: torch.Tensor) -> torch.Tensor:  # kernels.pool3x3 ("auto": PyTorch's on a CPU)
+        return pool3x3(x, "avg", stride)
+
+    def triton_maximum(x: torch.Tensor) -> torch.Tensor:
+        return pool3x3(x, "max", stride)
+
     name = f"3x3/{stride}"
     return {f"avg {name} native, NCHW": average, f"avg {name} native, channels_last": average,
-            f"avg {name} ones conv, channels_last": box_conv}, {
-            f"max {name} native, NCHW": maximum, f"max {name} native, channels_last": maximum}
+            f"avg {name} ones conv, channels_last": box_conv, f"avg {name} Triton, channels_last": triton_average}, {
+            f"max {name} native, NCHW": maximum, f"max {name} native, channels_last": maximum,
+            f"max {name} Triton, channels_last": triton_maximum}
 
 
 def median_ms(fn: Callable[[], None], device: torch.device, reps: int) -> float:

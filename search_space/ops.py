@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.pool3x3 import pool3x3
 from kernels.sparse_conv import SparseConv2d
 from search_space.errors import UserInputError
 from search_space.neurons import NeuronFactoryFn
@@ -78,6 +79,28 @@ class UnitAffineBatchNorm2d(nn.BatchNorm2d):
         self._check_input_dim(x)
         return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
                             self.momentum, self.eps)
+
+
+class DartsAvgPool(nn.AvgPool2d):
+    """DARTS's avg_pool_3x3: padding 1, the average over the window's pixels inside the image. channels_last CUDA
+    inputs take ``kernels.pool3x3``: PyTorch 2.11's channels_last CUDA backward of this pool is wrong
+    (pytorch/pytorch#188344), and ours is faster."""
+
+    def __init__(self, stride: int) -> None:
+        super().__init__(3, stride=stride, padding=1, count_include_pad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return pool3x3(x, "avg", self.stride)
+
+
+class DartsMaxPool(nn.MaxPool2d):
+    """DARTS's max_pool_3x3 (padding 1); channels_last CUDA inputs take ``kernels.pool3x3`` (faster)."""
+
+    def __init__(self, stride: int) -> None:
+        super().__init__(3, stride=stride, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return pool3x3(x, "max", self.stride)
 
 
 def batch_norm(C: int, affine: bool) -> nn.BatchNorm2d:
@@ -182,8 +205,8 @@ class FactorizedReduce(nn.Module):
 
 # (a) DARTS's operations, exactly as quark0/darts cnn/operations.py defines them.
 register_op("none")(lambda C, stride, affine, neuron: Zero(stride))
-register_op("avg_pool_3x3")(lambda C, stride, affine, neuron: nn.AvgPool2d(3, stride=stride, padding=1, count_include_pad=False))
-register_op("max_pool_3x3")(lambda C, stride, affine, neuron: nn.MaxPool2d(3, stride=stride, padding=1))
+register_op("avg_pool_3x3")(lambda C, stride, affine, neuron: DartsAvgPool(stride))
+register_op("max_pool_3x3")(lambda C, stride, affine, neuron: DartsMaxPool(stride))
 register_op("skip_connect")(lambda C, stride, affine, neuron: nn.Identity() if stride == 1 else FactorizedReduce(C, C, neuron=neuron, affine=affine))
 register_op("sep_conv_3x3")(lambda C, stride, affine, neuron: SepConv(C, C, 3, stride, 1, neuron=neuron, affine=affine))
 register_op("sep_conv_5x5")(lambda C, stride, affine, neuron: SepConv(C, C, 5, stride, 2, neuron=neuron, affine=affine))

@@ -43,7 +43,8 @@ DARTS_V2_TYPE_COUNTS = {
 # Our class names that stand for DARTS's (the rest are the same torch classes).
 DARTS_NAMES = {
     "SparseConv2d": "Conv2d", "NeuronConvBN": "ReLUConvBN", "RetrainNetwork": "NetworkCIFAR",
-    "AuxiliaryHead": "AuxiliaryHeadCIFAR", "Stem": "Sequential",
+    "AuxiliaryHead": "AuxiliaryHeadCIFAR", "Stem": "Sequential", "DartsAvgPool": "AvgPool2d",
+    "DartsMaxPool": "MaxPool2d",
 }
 
 

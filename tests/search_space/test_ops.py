@@ -106,9 +106,13 @@ def darts_relu_count(name: str, stride: int) -> int:
 @pytest.mark.parametrize("stride", [1, 2])
 def test_darts_pools_and_identity(stride):
     avg = OPS["avg_pool_3x3"](C, stride, True, factory("relu"))
-    assert (type(avg), avg.kernel_size, avg.stride, avg.padding, avg.count_include_pad) == (nn.AvgPool2d, 3, stride, 1, False)
+    assert isinstance(avg, nn.AvgPool2d)
+    assert (avg.kernel_size, avg.stride, avg.padding, avg.count_include_pad) == (3, stride, 1, False)
     pool = OPS["max_pool_3x3"](C, stride, True, factory("relu"))
-    assert (type(pool), pool.kernel_size, pool.stride, pool.padding) == (nn.MaxPool2d, 3, stride, 1)
+    assert isinstance(pool, nn.MaxPool2d) and (pool.kernel_size, pool.stride, pool.padding) == (3, stride, 1)
+    x = torch.randn(2, C, 7, 6)
+    for op, reference in ((avg, nn.AvgPool2d(3, stride, 1, count_include_pad=False)), (pool, nn.MaxPool2d(3, stride, 1))):
+        assert torch.equal(op(x), reference(x))  # on a CPU, PyTorch's pools (kernels.pool3x3's "auto")
     skip = OPS["skip_connect"](C, stride, True, factory("relu"))
     assert type(skip) is (nn.Identity if stride == 1 else FactorizedReduce)
 

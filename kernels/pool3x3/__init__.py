@@ -1,0 +1,74 @@
+"""DARTS's 3x3 pools (padding 1, stride 1 or 2; the average over the window's pixels inside the image) as one
+Triton kernel each way on channels_last tensors: public API.
+
+PyTorch's channels_last average-pool backward runs at ~10x its bytes in the BPTT search step (RESULTS.md,
+"Search step"); these kernels read and write each tensor once. ``pool3x3(x, "avg" | "max", stride)`` equals
+``F.avg_pool2d(x, 3, stride, 1, count_include_pad=False)`` / ``F.max_pool2d(x, 3, stride, 1)`` with their
+gradients; "auto" runs the kernels on CUDA channels_last float tensors and PyTorch's pools elsewhere;
+"triton" on CPU tensors needs TRITON_INTERPRET=1.
+"""
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .triton import pool_bwd, pool_fwd
+
+__all__ = ["BACKENDS", "KINDS", "pool3x3", "pool3x3_reference"]
+
+BACKENDS = ("auto", "triton", "torch")
+KINDS = ("avg", "max")
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def pool3x3_reference(x: Tensor, kind: str, stride: int) -> Tensor:
+    """PyTorch's pools, as DARTS defines them.
+
+    Not a reference for gradients on CUDA channels_last tensors: there PyTorch's average-pool backward (its NHWC
+    kernel) leaves out the padding offset and sends each input pixel the wrong windows' gradients
+    (pytorch/pytorch#188344, fixed upstream in mid-2026); compare with the CPU or NCHW CUDA pools instead.
+    """
+    if kind == "avg":
+        return F.avg_pool2d(x, 3, stride, 1, count_include_pad=False)
+    return F.max_pool2d(x, 3, stride, 1)
+
+
+class _Pool3x3(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, kind: str, stride: int) -> Tensor:
+        x = x.contiguous(memory_format=torch.channels_last)
+        y, idx = pool_fwd(x, stride, kind == "max")
+        ctx.save_for_backward(idx)
+        ctx.size, ctx.stride = x.shape[2:], stride
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        (idx,) = ctx.saved_tensors
+        return pool_bwd(grad.contiguous(memory_format=torch.channels_last), idx, ctx.size, ctx.stride), None, None
+
+
+def _use_triton(x: Tensor, backend: str) -> bool:
+    if backend == "torch":
+        return False
+    if backend == "auto":
+        return x.is_cuda and x.dtype in _DTYPES and x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+    if backend != "triton":
+        raise ValueError(f"pool3x3 backend {backend!r}: expected one of {BACKENDS}")
+    if x.dtype not in _DTYPES or x.dim() != 4:
+        raise ValueError(f"the Triton pools take 4-d float16/bfloat16/float32 tensors, got {x.dim()}-d {x.dtype}; "
+                         "use backend='torch'")
+    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"backend 'triton' got a tensor on {x.device}: move it to CUDA, use backend='torch', "
+                         "or set TRITON_INTERPRET=1 before importing triton")
+    return True
+
+
+def pool3x3(x: Tensor, kind: str, stride: int, backend: str = "auto") -> Tensor:
+    """DARTS's 3x3 ``kind`` pool of ``x`` [N, C, H, W] with ``stride`` (1 or 2) and padding 1."""
+    if kind not in KINDS or stride not in (1, 2):
+        raise ValueError(f"pool3x3: kind {kind!r} and stride {stride} must be one of {KINDS} and 1 or 2")
+    if not _use_triton(x, backend) or torch.compiler.is_compiling():
+        return pool3x3_reference(x, kind, stride)
+    return _Pool3x3.apply(x, kind, stride)

@@ -1,0 +1,129 @@
+"""Triton kernels of DARTS's 3x3 pools (padding 1, stride 1 or 2) on channels_last tensors, and their launchers.
+
+Each program takes BLOCK_P pixels × all channels (NHWC: a pixel's channels are contiguous). Forward: per output
+pixel, the 9 taps in row-major order; the average divides by the window's pixels inside the image, the maximum
+keeps the first largest tap (a NaN wins, as in PyTorch) and writes its tap index (int8) for the backward. Backward:
+per input pixel, a gather over the ≤ 9 outputs whose window holds it, in ascending output order (PyTorch's order),
+so no atomics.
+"""
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+NUM_WARPS = 4
+
+
+@triton.jit
+def _window_pixels(o, STRIDE: tl.constexpr, size):
+    """Pixels of the window of output row (or column) o inside [0, size)."""
+    start = o * STRIDE - 1
+    return tl.minimum(start + 2, size - 1) - tl.maximum(start, 0) + 1
+
+
+@triton.jit
+def _pool_fwd_kernel(x_ptr, y_ptr, idx_ptr, P, H, W, OH, OW, C, STRIDE: tl.constexpr, MAX: tl.constexpr,
+                     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    c = tl.arange(0, BLOCK_C)
+    pmask, cmask = p < P, c < C
+    ow = p % OW
+    oh = (p // OW) % OH
+    n = p // (OW * OH)
+    h0, w0 = oh * STRIDE - 1, ow * STRIDE - 1
+    best = tl.full([BLOCK_P, BLOCK_C], float("-inf"), tl.float32)
+    first = tl.where(h0 < 0, 3, 0) + tl.where(w0 < 0, 1, 0)  # the window's first tap inside the image
+    idx = first[:, None] + tl.zeros([BLOCK_P, BLOCK_C], tl.int32)
+    acc = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    for kh in tl.static_range(3):
+        for kw in tl.static_range(3):
+            ih, iw = h0 + kh, w0 + kw
+            inside = pmask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            m = inside[:, None] & cmask[None, :]
+            rows = ((n * H + ih) * W + iw).to(tl.int64) * C
+            v = tl.load(x_ptr + rows[:, None] + c[None, :], mask=m, other=0.0).to(tl.float32)
+            if MAX:
+                take = m & ((v > best) | (v != v))
+                best = tl.where(take, v, best)
+                idx = tl.where(take, kh * 3 + kw, idx)
+            else:
+                acc += v
+    out = p.to(tl.int64)[:, None] * C + c[None, :]
+    mask = pmask[:, None] & cmask[None, :]
+    if MAX:
+        tl.store(y_ptr + out, best.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(idx_ptr + out, idx.to(tl.int8), mask=mask)
+    else:
+        count = (_window_pixels(oh, STRIDE, H) * _window_pixels(ow, STRIDE, W)).to(tl.float32)
+        tl.store(y_ptr + out, (acc / count[:, None]).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _pool_bwd_kernel(g_ptr, idx_ptr, gx_ptr, Q, H, W, OH, OW, C, STRIDE: tl.constexpr, MAX: tl.constexpr,
+                     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    q = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    c = tl.arange(0, BLOCK_C)
+    qmask, cmask = q < Q, c < C
+    w = q % W
+    h = (q // W) % H
+    n = q // (W * H)
+    acc = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    for dh in tl.static_range(3):
+        kh = 2 - dh  # ascending output rows
+        th = h + 1 - kh  # = oh * STRIDE where (h, w) is tap (kh, kw) of output (oh, ow)
+        oh = tl.maximum(th, 0) // STRIDE
+        row_ok = (th >= 0) & (tl.maximum(th, 0) % STRIDE == 0) & (oh < OH)
+        for dw in tl.static_range(3):
+            kw = 2 - dw
+            tw = w + 1 - kw
+            ow = tl.maximum(tw, 0) // STRIDE
+            ok = qmask & row_ok & (tw >= 0) & (tl.maximum(tw, 0) % STRIDE == 0) & (ow < OW)
+            m = ok[:, None] & cmask[None, :]
+            rows = ((n * OH + oh) * OW + ow).to(tl.int64) * C
+            g = tl.load(g_ptr + rows[:, None] + c[None, :], mask=m, other=0.0).to(tl.float32)
+            if MAX:
+                tap = tl.load(idx_ptr + rows[:, None] + c[None, :], mask=m, other=-1).to(tl.int32)
+                acc += tl.where(tap == kh * 3 + kw, g, 0.0)
+            else:
+                count = (_window_pixels(oh, STRIDE, H) * _window_pixels(ow, STRIDE, W)).to(tl.float32)
+                acc += g / count[:, None]
+    out = q.to(tl.int64)[:, None] * C + c[None, :]
+    tl.store(gx_ptr + out, acc.to(gx_ptr.dtype.element_ty), mask=qmask[:, None] & cmask[None, :])
+
+
+def _blocks(channels: int) -> tuple[int, int]:
+    block_c = max(16, triton.next_power_of_2(channels))
+    return max(16, 4096 // block_c), block_c
+
+
+def output_size(size: int, stride: int) -> int:
+    return (size - 1) // stride + 1  # kernel 3, padding 1
+
+
+def pool_fwd(x: Tensor, stride: int, maximum: bool) -> tuple[Tensor, Tensor | None]:
+    """(y, tap index of each maximum or None) of a channels_last x [N, C, H, W]; y is channels_last."""
+    n, c, h, w = x.shape
+    oh, ow = output_size(h, stride), output_size(w, stride)
+    y = torch.empty((n, c, oh, ow), device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
+    idx = torch.empty_like(y, dtype=torch.int8) if maximum else None
+    if y.numel():
+        block_p, block_c = _blocks(c)
+        p = n * oh * ow
+        _pool_fwd_kernel[(triton.cdiv(p, block_p),)](
+            x, y, idx if maximum else y, p, h, w, oh, ow, c, STRIDE=stride, MAX=maximum, BLOCK_P=block_p,
+            BLOCK_C=block_c, num_warps=NUM_WARPS)
+    return y, idx
+
+
+def pool_bwd(grad: Tensor, idx: Tensor | None, size: tuple[int, int], stride: int) -> Tensor:
+    """The gradient of x (channels_last) from the channels_last gradient of y."""
+    n, c, oh, ow = grad.shape
+    h, w = size
+    grad_x = torch.empty((n, c, h, w), device=grad.device, dtype=grad.dtype, memory_format=torch.channels_last)
+    if grad_x.numel():
+        block_p, block_c = _blocks(c)
+        q = n * h * w
+        _pool_bwd_kernel[(triton.cdiv(q, block_p),)](
+            grad, grad if idx is None else idx, grad_x, q, h, w, oh, ow, c, STRIDE=stride, MAX=idx is not None,
+            BLOCK_P=block_p, BLOCK_C=block_c, num_warps=NUM_WARPS)
+    return grad_x
