@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import gc
 import importlib.util
 import statistics
 import time
@@ -324,8 +325,9 @@ def main() -> None:
             results.append(bench_row(row, images, labels, args, device))
         except Exception as error:  # one broken configuration must not cost the other rows their GPU time
             print(f"ROW | {row.name:36s} | FAILED: {type(error).__name__}: {str(error).splitlines()[0]}", flush=True)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        if device.type == "cuda":  # a row's graph pools must not crowd the next row's captures
+            gc.collect()
+            torch.cuda.empty_cache()
     if args.anchor is not None and device.type == "cuda":
         run_anchor(args.anchor)
     by_name = {result["row"]: result for result in results}
