@@ -11,6 +11,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.launch import Handle, launch
+
 NUM_WARPS = 4
 
 
@@ -100,6 +102,25 @@ def output_size(size: int, stride: int) -> int:
     return (size - 1) // stride + 1  # kernel 3, padding 1
 
 
+# Compiled launches kept by key (kernels/launch.py): later calls skip JITFunction.run's per-call binding.
+_FWD_HANDLES: dict[tuple, Handle] = {}
+_BWD_HANDLES: dict[tuple, Handle] = {}
+_ALIGN = 16  # Triton specializes pointers on their alignment to this many bytes
+
+
+def _launch(kernel, handles: dict, tensors: tuple, sizes: tuple, stride: int, maximum: bool, channels: int) -> None:
+    """kernel[grid](*tensors, *sizes, stride, maximum, BLOCK_P, BLOCK_C) on the tensors' device."""
+    block_p, block_c = _blocks(channels)
+    device = tensors[0].device
+    device_index = device.index if device.type == "cuda" else None
+    pointers = tuple(t.data_ptr() for t in tensors)
+    # The key fixes every specialization: the sizes' values, the pointers' alignment, the dtypes.
+    key = (tensors[0].dtype, tensors[1].dtype, tensors[2].dtype, sizes, stride, maximum,
+           tuple(p % _ALIGN for p in pointers))
+    launch(kernel, handles, key, device_index, triton.cdiv(sizes[0], block_p), tensors, pointers,
+           (*sizes, stride, maximum, block_p, block_c), NUM_WARPS)
+
+
 def pool_fwd(x: Tensor, stride: int, maximum: bool) -> tuple[Tensor, Tensor | None]:
     """(y, tap index of each maximum or None) of a channels_last x [N, C, H, W]; y is channels_last."""
     n, c, h, w = x.shape
@@ -107,11 +128,8 @@ def pool_fwd(x: Tensor, stride: int, maximum: bool) -> tuple[Tensor, Tensor | No
     y = torch.empty((n, c, oh, ow), device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
     idx = torch.empty_like(y, dtype=torch.int8) if maximum else None
     if y.numel():
-        block_p, block_c = _blocks(c)
-        p = n * oh * ow
-        _pool_fwd_kernel[(triton.cdiv(p, block_p),)](
-            x, y, idx if maximum else y, p, h, w, oh, ow, c, STRIDE=stride, MAX=maximum, BLOCK_P=block_p,
-            BLOCK_C=block_c, num_warps=NUM_WARPS)
+        _launch(_pool_fwd_kernel, _FWD_HANDLES, (x, y, idx if maximum else y), (n * oh * ow, h, w, oh, ow, c),
+                stride, maximum, c)
     return y, idx
 
 
@@ -121,9 +139,6 @@ def pool_bwd(grad: Tensor, idx: Tensor | None, size: tuple[int, int], stride: in
     h, w = size
     grad_x = torch.empty((n, c, h, w), device=grad.device, dtype=grad.dtype, memory_format=torch.channels_last)
     if grad_x.numel():
-        block_p, block_c = _blocks(c)
-        q = n * h * w
-        _pool_bwd_kernel[(triton.cdiv(q, block_p),)](
-            grad, grad if idx is None else idx, grad_x, q, h, w, oh, ow, c, STRIDE=stride, MAX=idx is not None,
-            BLOCK_P=block_p, BLOCK_C=block_c, num_warps=NUM_WARPS)
+        _launch(_pool_bwd_kernel, _BWD_HANDLES, (grad, grad if idx is None else idx, grad_x),
+                (n * h * w, h, w, oh, ow, c), stride, idx is not None, c)
     return grad_x

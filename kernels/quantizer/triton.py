@@ -3,7 +3,7 @@
 Both treat x as a flat buffer (any dense layout: contiguous or channels_last) and give each program
 BLOCK elements. Forward: read x, write y. Backward: read x and grad, write grad_x and, when θ needs
 a gradient, one fp32 partial per program (summed by the caller in a fixed order: deterministic).
-Launches after the first for a key skip `JITFunction.run` (kernels/st_bif/launch.py).
+Launches after the first for a key skip `JITFunction.run` (kernels/launch.py).
 """
 from typing import Hashable
 
@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.st_bif.launch import Handle, launch
+from kernels.launch import Handle, launch
 
 BLOCK = 1024
 NUM_WARPS = 4

@@ -18,8 +18,8 @@ from torch import Tensor
 
 from kernels.block_map import BlockMap
 from kernels.dependent_launch import use_pdl, wait_then_release
+from kernels.launch import Handle, launch
 
-from .launch import Handle, launch
 from .surrogates import get_surrogate
 
 MAP_BLOCK = 8  # side of a block of the sparse conv's block map (kernels.sparse_conv.geometry.BLOCK)
@@ -296,7 +296,7 @@ def _view_strides(t: Tensor, num_steps: int) -> tuple[int, int] | None:
 class Plan:
     """What launches on one kind of sequence need, worked out once per kind: x_seq's shape,
     strides, dtype and device, the bounds, the surrogate and the launch configurations. It also
-    keeps both kernels' compiled launches (launch.py), keyed by what may still vary per call."""
+    keeps both kernels' compiled launches (kernels/launch.py), keyed by what may still vary per call."""
 
     __slots__ = ("num_steps", "chunk", "n", "x_strides", "device_index", "pos_max", "neg_min", "fwd", "bwd",
                  "surrogate", "alpha", "map_dims", "map_shapes", "grad_strides", "fwd_handles", "bwd_handles")

@@ -329,7 +329,7 @@ _FAKE_GPU = textwrap.dedent('''
                     direct += 1
     # A kept CUDA launcher needing no scratch is called below its __call__: the same C launch.
     from triton.backends.nvidia.driver import CudaLauncher
-    from kernels.st_bif.launch import keep, launch
+    from kernels.launch import keep, launch
 
     def fake_cuda_compiled(pdl):
         launcher = object.__new__(CudaLauncher)
