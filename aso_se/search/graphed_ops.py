@@ -105,9 +105,8 @@ class _Replay(torch.autograd.Function):
         entry.slot.grad_out.copy_(grad)
         (entry.backward if ctx.weight_grads else entry.input_backward).replay()
         grad_x = entry.slot.grad_in.detach() if entry.input_grad else None
-        if not ctx.weight_grads:
-            return (None, None, None, grad_x, *(None for _ in entry.param_grads))
-        return (None, None, None, grad_x, *(None if g is None else g.detach() for g in entry.param_grads))
+        param_grads = entry.param_grads if ctx.weight_grads else (None,) * len(entry.param_grads)
+        return (None, None, None, grad_x, *(None if g is None else g.detach() for g in param_grads))
 
 
 def _capturable(module: nn.Module) -> bool:

@@ -1,11 +1,11 @@
 """DARTS's 3x3 pools (padding 1, stride 1 or 2; the average over the window's pixels inside the image) as one
 Triton kernel each way on channels_last tensors: public API.
 
-PyTorch's channels_last average-pool backward runs at ~10x its bytes in the BPTT search step (RESULTS.md,
-"Search step"); these kernels read and write each tensor once. ``pool3x3(x, "avg" | "max", stride)`` equals
-``F.avg_pool2d(x, 3, stride, 1, count_include_pad=False)`` / ``F.max_pool2d(x, 3, stride, 1)`` with their
-gradients; "auto" runs the kernels on CUDA channels_last float tensors and PyTorch's pools elsewhere;
-"triton" on CPU tensors needs TRITON_INTERPRET=1.
+Why: PyTorch 2.11's channels_last CUDA average-pool backward is wrong with padding (pytorch/pytorch#188344) and
+slow (RESULTS.md, "Search step"); these kernels read and write each tensor once.
+``pool3x3(x, "avg" | "max", stride)`` equals ``F.avg_pool2d(x, 3, stride, 1, count_include_pad=False)`` /
+``F.max_pool2d(x, 3, stride, 1)`` with their gradients; "auto" runs the kernels on CUDA channels_last float
+tensors and PyTorch's pools elsewhere; "triton" on CPU tensors needs TRITON_INTERPRET=1.
 """
 import os
 
