@@ -88,6 +88,7 @@ class _Replay(torch.autograd.Function):
     @staticmethod
     def forward(ctx, entry: _Entry, pass_id: int, weight_grads: bool, x: Tensor, *params: Tensor) -> Tensor:
         ctx.entry, ctx.pass_id, ctx.weight_grads = entry, pass_id, weight_grads or entry.input_backward is None
+        ctx.params = params
         entry.slot.pass_id = pass_id
         entry.forward.replay()
         return entry.slot.out.detach()
@@ -102,11 +103,24 @@ class _Replay(torch.autograd.Function):
                 "forward's backward before the next forward, or set search.graph_ops=false"
             )
         entry.slot.pass_id = -1  # the backward graph may reuse the activations' memory: one backward per forward
+        if ctx.weight_grads:
+            _unshare_grads(ctx.params, entry.param_grads)
         entry.slot.grad_out.copy_(grad)
         (entry.backward if ctx.weight_grads else entry.input_backward).replay()
         grad_x = entry.slot.grad_in.detach() if entry.input_grad else None
         param_grads = entry.param_grads if ctx.weight_grads else (None,) * len(entry.param_grads)
         return (None, None, None, grad_x, *(None if g is None else g.detach() for g in param_grads))
+
+
+def _unshare_grads(params: tuple[Tensor, ...], buffers: tuple[Tensor | None, ...]) -> None:
+    """Autograd keeps a returned weight gradient as the weight's ``.grad`` without a copy (nothing else refers to
+    that tensor), so ``.grad`` may still be the graph's buffer from the last backward. Before the graph writes it
+    again, such a ``.grad`` gets memory of its own: a gradient kept through ``zero_grad(set_to_none=False)`` or
+    accumulated over two backwards would otherwise be overwritten, then doubled."""
+    for param, buffer in zip(params, buffers):
+        grad = param.grad
+        if grad is not None and buffer is not None and grad.data_ptr() == buffer.data_ptr():
+            param.grad = grad.clone()
 
 
 def _capturable(module: nn.Module) -> bool:
@@ -126,7 +140,11 @@ def _routes_known(convs: list[SparseConv2d]) -> bool:
 
 
 class OpGraphs:
-    """The graphs of one supernet's ops (``SearchNetwork.use_op_graphs``)."""
+    """The graphs of one supernet's ops (``SearchNetwork.use_op_graphs``).
+
+    An op's trainable parameters are looked up at its first call (the step's host time): moving them
+    (``.to``, a new data pointer) makes a new capture, but replacing a parameter object or changing its
+    ``requires_grad`` afterwards needs new graphs (``use_op_graphs(True)``)."""
 
     def __init__(self) -> None:
         self.pass_id = 0
@@ -137,6 +155,8 @@ class OpGraphs:
         self._kinds: dict[int, bool] = {}      # id(op) -> _capturable
         self._neurons: dict[int, list[SpikingNeuron]] = {}
         self._convs: dict[int, list[SparseConv2d]] = {}
+        self._named_params: dict[int, list[tuple[str, nn.Parameter]]] = {}  # id(op) -> its trainable parameters
+        self._params: dict[int, list[nn.Parameter]] = {}  # the same, without their names
         self._stream: torch.cuda.Stream | None = None  # captures and their warm-ups run here
         self._side_warm: set[int] = set()      # ops warmed up on the capture stream
         self.capturing = True  # False after a failed capture: no new captures (graphs already made still replay)
@@ -180,7 +200,7 @@ class OpGraphs:
                 return op(x)
         if entry.autocast != _autocast_state():  # e.g. an fp32 evaluation step of a bf16 search: eager
             return op(x)
-        params = [p for p in op.parameters() if p.requires_grad]
+        params = self._params[id(op)]
         if tuple(p.data_ptr() for p in params) != entry.pointers or x.requires_grad != entry.input_grad:
             self._entries[key] = False  # parameters were replaced (e.g. moved): capture again
             return op(x)
@@ -195,6 +215,8 @@ class OpGraphs:
             kind = self._kinds[id(op)] = _capturable(op)
             self._neurons[id(op)] = [m for m in op.modules() if isinstance(m, SpikingNeuron)]
             self._convs[id(op)] = [m for m in op.modules() if isinstance(m, SparseConv2d)]
+            named = self._named_params[id(op)] = [(n, p) for n, p in op.named_parameters() if p.requires_grad]
+            self._params[id(op)] = [p for _, p in named]
         return kind and not any(neuron.record_firing_rate for neuron in self._neurons[id(op)])
 
     def _source(self, source_key: Hashable, x: Tensor) -> _Slot | None:
@@ -218,7 +240,7 @@ class OpGraphs:
             slot = self._slots[slot_key] = _Slot()
         if self._stream is None:
             self._stream = torch.cuda.Stream(x.device)
-        params = [p for p in op.parameters() if p.requires_grad]
+        params = self._params[id(op)]
         current = torch.cuda.current_stream(x.device)
         self._stream.wait_stream(current)
         forward, backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
@@ -233,7 +255,7 @@ class OpGraphs:
                 # The weights enter as fresh leaves sharing their memory: a parameter's own gradient accumulator
                 # may be kept alive by an older autograd graph on the default stream, and a backward captured
                 # through it would make that stream wait on the capture (an error).
-                aliases = {name: p.detach().requires_grad_() for name, p in op.named_parameters() if p.requires_grad}
+                aliases = {name: p.detach().requires_grad_() for name, p in self._named_params[id(op)]}
                 inputs = ([x_in] if x.requires_grad else []) + list(aliases.values())
 
                 def run(inp: Tensor) -> Tensor:

@@ -6,6 +6,8 @@ keeps the first largest tap (a NaN wins, as in PyTorch) and writes its tap index
 per input pixel, a gather over the ≤ 9 outputs whose window holds it, in ascending output order (PyTorch's order),
 so no atomics.
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -93,8 +95,11 @@ def _pool_bwd_kernel(g_ptr, idx_ptr, gx_ptr, Q, H, W, OH, OW, C, STRIDE: tl.cons
     tl.store(gx_ptr + out, acc.to(gx_ptr.dtype.element_ty), mask=qmask[:, None] & cmask[None, :])
 
 
+@functools.lru_cache(maxsize=None)
 def _blocks(channels: int) -> tuple[int, int]:
-    block_c = max(16, triton.next_power_of_2(channels))
+    """(pixels, channels) per program. Plain integer arithmetic and cached: triton.next_power_of_2 and
+    triton.cdiv are constexpr functions, whose wrappers cost host time on every launch."""
+    block_c = max(16, 1 << (channels - 1).bit_length())
     return max(16, 4096 // block_c), block_c
 
 
@@ -113,11 +118,11 @@ def _launch(kernel, handles: dict, tensors: tuple, sizes: tuple, stride: int, ma
     block_p, block_c = _blocks(channels)
     device = tensors[0].device
     device_index = device.index if device.type == "cuda" else None
-    pointers = tuple(t.data_ptr() for t in tensors)
+    pointers = (tensors[0].data_ptr(), tensors[1].data_ptr(), tensors[2].data_ptr())
     # The key fixes every specialization: the sizes' values, the pointers' alignment, the dtypes.
     key = (tensors[0].dtype, tensors[1].dtype, tensors[2].dtype, sizes, stride, maximum,
-           tuple(p % _ALIGN for p in pointers))
-    launch(kernel, handles, key, device_index, triton.cdiv(sizes[0], block_p), tensors, pointers,
+           pointers[0] % _ALIGN, pointers[1] % _ALIGN, pointers[2] % _ALIGN)
+    launch(kernel, handles, key, device_index, -(-sizes[0] // block_p), tensors, pointers,
            (*sizes, stride, maximum, block_p, block_c), NUM_WARPS)
 
 

@@ -209,3 +209,31 @@ def test_without_weight_grads_the_replays_give_the_eager_alpha_gradient_and_no_w
             p.grad = q.grad = None
     entries = [entry for entry in supernet.op_graphs._entries.values() if entry]
     assert len(entries) > 10 and all(entry.input_backward is not None for entry in entries if entry.input_grad)
+
+
+@needs_cuda
+def test_weight_gradients_kept_by_zero_grad_or_summed_over_two_backwards_equal_the_eager_ones(
+    digits, deterministic_cudnn
+) -> None:
+    """A replayed weight gradient becomes ``.grad`` without a copy; the next backward's replay must not overwrite
+    it: gradients zeroed in place (``set_to_none=False``) and accumulated over two backwards, as autograd's."""
+    images = digits[0].cuda()
+    supernet = tiny_supernet("st_bif", timesteps=2, space=DARTS_SPACE, channels=8).cuda()
+    set_firing_rate_recording(supernet, False)
+    reference = copy.deepcopy(supernet)
+    supernet.use_op_graphs(True)
+    samples = sample_ops(supernet, k=2, seed=None)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    for _ in range(4):  # eager warm-up, captures, replays
+        for net in (supernet, reference):
+            for p in net.parameters():
+                if p.grad is not None:
+                    p.grad.zero_()
+        for _ in range(2):
+            out, expected = supernet(images, samples), reference(images, samples)
+            grad = torch.randn(out.shape, device="cuda", generator=generator)
+            out.backward(grad)
+            expected.backward(grad)
+        for (name, p), q in zip(supernet.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-6, msg=name)
+    assert supernet.op_graphs.replays > supernet.op_graphs.captured > 10

@@ -101,3 +101,40 @@ def test_weighted_sum_of_channels_last_terms_keeps_their_layout():
     grads_want = torch.autograd.grad(want, [*plain, weights], upstream)
     for g, w in zip(grads_got, grads_want):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+def stacked_product(terms, weights):
+    """The node sum written out as autograd ops (what ``weighted_sum`` computed before its one autograd node)."""
+    return (weights @ torch.stack(terms).flatten(1)).view_as(terms[0])
+
+
+def test_weighted_sum_under_autocast_computes_in_its_dtype_as_the_written_out_product():
+    generator = torch.Generator().manual_seed(6)
+    terms = [torch.randn(3, 4, 5, 6, generator=generator).bfloat16().requires_grad_() for _ in range(4)]
+    weights = torch.rand(4, generator=generator, requires_grad=True)
+    upstream = torch.randn(3, 4, 5, 6, generator=generator).bfloat16()
+    results = []
+    for combine in (weighted_sum, stacked_product):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = combine(terms, weights)
+        results.append((out, torch.autograd.grad(out, [*terms, weights], upstream)))
+    (got, got_grads), (want, want_grads) = results
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for g, w in zip(got_grads, want_grads):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=1e-2, atol=1e-2)
+
+
+def test_weighted_sum_gives_only_the_gradients_asked_for():
+    generator = torch.Generator().manual_seed(7)
+    terms = [torch.randn(2, 3, 4, 4, generator=generator) for _ in range(3)]
+    terms[1].requires_grad_()
+    weights = torch.rand(3, generator=generator)  # a weight step's detached edge weights
+    out = weighted_sum(terms, weights)
+    (grad,) = torch.autograd.grad(out, terms[1], torch.ones_like(out))
+    torch.testing.assert_close(grad, torch.full_like(grad, weights[1].item()))
+    alpha = torch.rand(3, generator=generator, requires_grad=True)  # an α step: the weights' gradient alone
+    out = weighted_sum([t.detach() for t in terms], alpha)
+    (grad,) = torch.autograd.grad(out, alpha, torch.ones_like(out))
+    torch.testing.assert_close(grad, torch.stack([t.sum() for t in terms]), rtol=1e-5, atol=1e-4)

@@ -1,0 +1,140 @@
+"""A weighted sum of same-shaped tensors, ``Σ w_i · t_i`` with a 1-d ``w``, as one Triton kernel each way: public API.
+
+Why: a node of the supernet sums its 4–10 sampled op outputs with their edge weights. Written with PyTorch ops
+(stack, then a matrix-vector product) that is a copy of every term plus cuBLAS calls, whose host time per call is
+a large part of the host-bound graphed search step (RESULTS.md, "Search step"). Here one kernel reads each term
+once in forward; one kernel gives every term's gradient and the weights' gradient in backward.
+
+``weighted_sum(terms, weights)`` gives the terms' dtype (autocast's where it is on, as ``weights @ stack(terms)``
+would), keeps the terms' memory layout (e.g. channels_last), and on CUDA ("auto") takes the kernels when the terms
+share dtype and strides and there are at most ``MAX_TERMS``; elsewhere PyTorch's ops, in the same memory order.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from kernels.memory_order import inverse_order, storage_order
+
+from .triton import MAX_TERMS, weighted_sum_bwd, weighted_sum_fwd
+
+__all__ = ["BACKENDS", "MAX_TERMS", "weighted_sum", "weighted_sum_reference"]
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+def weighted_sum_reference(terms: Sequence[Tensor], weights: Tensor) -> Tensor:
+    """``Σ weights[i] · terms[i]`` in fp32 (the readable reference of the kernels; float64 stays float64)."""
+    dtype = torch.promote_types(torch.float32, terms[0].dtype)
+    total = weights[0].to(dtype) * terms[0].to(dtype)
+    for w, t in zip(weights[1:], terms[1:]):
+        total = total + w.to(dtype) * t.to(dtype)
+    return total
+
+
+def _out_dtype(first: Tensor) -> torch.dtype:
+    """The result's dtype: autocast's where it is on for the terms' device (as for ``weights @ stack(terms)``),
+    else the terms'."""
+    device = first.device.type
+    if torch.is_autocast_enabled(device) and first.is_floating_point():
+        return torch.get_autocast_dtype(device)
+    return first.dtype
+
+
+def _flat(t: Tensor, order: tuple[int, ...] | None) -> Tensor:
+    """``t``'s elements in the memory order of the first term (a view where ``t`` shares its layout)."""
+    return (t if order is None else t.permute(order)).reshape(-1)
+
+
+class _TorchWeightedSum(torch.autograd.Function):
+    """``weights @ stack(terms)`` in the terms' memory order, one autograd node (PyTorch's ops inside)."""
+
+    @staticmethod
+    def forward(ctx, weights: Tensor, *terms: Tensor) -> Tensor:
+        first = terms[0]
+        order = None if first.is_contiguous() else storage_order(first)
+        shape = first.shape if order is None else first.permute(order).shape
+        dtype = _out_dtype(first)
+        flat = torch.stack([_flat(t, order) for t in terms]).to(dtype)  # [k, numel]
+        w = weights.to(dtype)
+        out = torch.mm(w.unsqueeze(0), flat).view(shape)  # inputs in autocast's dtype already: no casts
+        ctx.order, ctx.shape, ctx.weights_dtype = order, shape, weights.dtype
+        ctx.save_for_backward(w, flat if ctx.needs_input_grad[0] else None)
+        return out if order is None else out.permute(inverse_order(order))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        w, flat = ctx.saved_tensors
+        grad = _flat(grad, ctx.order).unsqueeze(0).to(w.dtype)
+        grad_weights = torch.mm(grad, flat.t()).squeeze(0).to(ctx.weights_dtype) if flat is not None else None
+        if not any(ctx.needs_input_grad[1:]):
+            return (grad_weights, *(None,) * w.numel())
+        inverse = None if ctx.order is None else inverse_order(ctx.order)
+        grad_terms = [
+            (g.view(ctx.shape) if inverse is None else g.view(ctx.shape).permute(inverse)) if needed else None
+            for g, needed in zip(torch.mm(w.unsqueeze(1), grad).unbind(), ctx.needs_input_grad[1:])
+        ]
+        return (grad_weights, *grad_terms)
+
+
+class _TritonWeightedSum(torch.autograd.Function):
+    """The kernels' autograd node; terms of one dtype and one dense layout (checked by ``_use_triton``)."""
+
+    @staticmethod
+    def forward(ctx, weights: Tensor, *terms: Tensor) -> Tensor:
+        first = terms[0]
+        out = torch.empty_like(first, dtype=_out_dtype(first))  # the terms' strides (they are dense)
+        w = weights.detach().contiguous()
+        weighted_sum_fwd(list(terms), w, out)
+        ctx.weights_dtype, ctx.term_dtype = weights.dtype, first.dtype
+        ctx.shape, ctx.strides = first.shape, out.stride()
+        ctx.save_for_backward(w, *(terms if ctx.needs_input_grad[0] else ()))
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        w, *terms = ctx.saved_tensors
+        k = w.numel()
+        if grad.stride() != ctx.strides:  # e.g. a slice of a concatenation's gradient: to the terms' layout
+            grad = torch.empty_strided(ctx.shape, ctx.strides, dtype=grad.dtype, device=grad.device).copy_(grad)
+        needed = ctx.needs_input_grad[1:]
+        grad_terms = torch.empty((k, grad.numel()), device=grad.device, dtype=ctx.term_dtype) if any(needed) else None
+        grad_w = weighted_sum_bwd(grad, w, terms or None, k, grad_terms)
+        rows = grad_terms.unbind() if grad_terms is not None else (None,) * k
+        grads_t = [row.as_strided(ctx.shape, ctx.strides) if want else None for row, want in zip(rows, needed)]
+        return (None if grad_w is None else grad_w.to(ctx.weights_dtype), *grads_t)
+
+
+def _use_triton(terms: Sequence[Tensor], backend: str) -> bool:
+    if backend == "torch":
+        return False
+    first = terms[0]
+    fits = (2 <= len(terms) <= MAX_TERMS and first.is_floating_point() and first.dim() > 0
+            and (first.is_contiguous() or storage_order(first) is not None)
+            and all(t.dtype == first.dtype and t.stride() == first.stride() and t.device == first.device
+                    for t in terms[1:]))
+    if backend == "auto":
+        return fits and first.is_cuda
+    if backend != "triton":
+        raise ValueError(f"weighted_sum backend {backend!r}: expected one of {BACKENDS}")
+    if not fits:
+        raise ValueError(f"the Triton weighted sum takes 2 to {MAX_TERMS} float terms of one dtype and one dense "
+                         "layout; use backend='torch'")
+    if not first.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"backend 'triton' got tensors on {first.device}: move them to CUDA, use backend='torch', "
+                         "or set TRITON_INTERPRET=1 before importing triton")
+    return True
+
+
+def weighted_sum(terms: Sequence[Tensor], weights: Tensor, backend: str = "auto") -> Tensor:
+    """``sum(w * t for w, t in zip(weights, terms))`` for same-shaped ``terms`` and a 1-d ``weights``."""
+    if len(terms) == 1:
+        return weights[0] * terms[0]
+    if _use_triton(terms, backend) and not torch.compiler.is_compiling():
+        return _TritonWeightedSum.apply(weights, *terms)
+    return _TorchWeightedSum.apply(weights, *terms)
