@@ -105,7 +105,9 @@ class _Replay(torch.autograd.Function):
         entry.slot.pass_id = -1  # the backward graph may reuse the activations' memory: one backward per forward
         if ctx.weight_grads:
             _unshare_grads(ctx.params, entry.param_grads)
-        entry.slot.grad_out.copy_(grad)
+        grad_out = entry.slot.grad_out
+        if grad.data_ptr() != grad_out.data_ptr() or grad.stride() != grad_out.stride():  # else written in place
+            grad_out.copy_(grad)
         (entry.backward if ctx.weight_grads else entry.input_backward).replay()
         grad_x = entry.slot.grad_in.detach() if entry.input_grad else None
         param_grads = entry.param_grads if ctx.weight_grads else (None,) * len(entry.param_grads)
@@ -161,6 +163,7 @@ class OpGraphs:
         self._side_warm: set[int] = set()      # ops warmed up on the capture stream
         self.capturing = True  # False after a failed capture: no new captures (graphs already made still replay)
         self.weight_grads = True  # False inside without_weight_grads()
+        self.last_grad_buffer: Tensor | None = None  # see __call__
         self.captured = 0   # graph pairs captured
         self.replays = 0    # op calls replayed from graphs
         self.failed = 0     # captures that failed
@@ -181,7 +184,10 @@ class OpGraphs:
         self.pass_id += 1
 
     def __call__(self, slot_key: Hashable, source_key: Hashable, op: nn.Module, x: Tensor) -> Tensor:
-        """``op(x)``: replayed from its graphs where it can be, else eagerly."""
+        """``op(x)``: replayed from its graphs where it can be, else eagerly. After a replay, ``last_grad_buffer``
+        is the buffer its backward graph reads the output's gradient from (whoever computes that gradient may
+        write it there and spare the copy), else None."""
+        self.last_grad_buffer = None
         if not self._may_replay(op, x):
             return op(x)
         key = (slot_key, id(op))
@@ -205,6 +211,7 @@ class OpGraphs:
             self._entries[key] = False  # parameters were replaced (e.g. moved): capture again
             return op(x)
         self.replays += 1
+        self.last_grad_buffer = entry.slot.grad_out
         return _Replay.apply(entry, self.pass_id, self.weight_grads, x, *params)
 
     def _may_replay(self, op: nn.Module, x: Tensor) -> bool:
@@ -219,6 +226,12 @@ class OpGraphs:
             self._params[id(op)] = [p for _, p in named]
         return kind and not any(neuron.record_firing_rate for neuron in self._neurons[id(op)])
 
+    def state_buffer(self, source_key: Hashable) -> Tensor | None:
+        """The buffer graphed ops read state ``source_key`` from (None before its first use). A state computed
+        into it (``weighted_sum(out=)``) is not copied again; it lives until that state's next forward."""
+        source = self._sources.get(source_key)
+        return None if source is None or not torch.is_grad_enabled() else source.out
+
     def _source(self, source_key: Hashable, x: Tensor) -> _Slot | None:
         """The buffer holding state ``source_key`` of this pass (copied in on its first use); None where x
         differs in shape or layout from the first input seen there (the graphs were captured for that)."""
@@ -228,7 +241,8 @@ class OpGraphs:
         elif source.out.shape != x.shape or source.out.stride() != x.stride() or source.out.dtype != x.dtype:
             return None
         if source.pass_id != self.pass_id:
-            source.out.copy_(x.detach())
+            if x.data_ptr() != source.out.data_ptr():  # else computed into the buffer (``state_buffer``)
+                source.out.copy_(x.detach())
             source.pass_id = self.pass_id
         return source
 

@@ -16,10 +16,12 @@ def sum_terms(terms: Iterable[Tensor]) -> Tensor:
     return functools.reduce(operator.add, terms)
 
 
-def weighted_sum(terms: Sequence[Tensor], weights: Tensor) -> Tensor:
+def weighted_sum(terms: Sequence[Tensor], weights: Tensor, grad_buffers: Sequence[Tensor | None] | None = None,
+                 out: Tensor | None = None) -> Tensor:
     """``sum(w * t for w, t in zip(weights, terms))`` for same-shaped ``terms`` and 1-d ``weights``: a whole node
-    of the supernet in one kernel each way on CUDA (``kernels.weighted_sum``), in the terms' memory layout."""
-    return kernels_weighted_sum(terms, weights)
+    of the supernet in one kernel each way on CUDA (``kernels.weighted_sum``), in the terms' memory layout.
+    ``grad_buffers``, ``out``: buffers it may write the terms' gradients and the sum into (graphed ops' inputs)."""
+    return kernels_weighted_sum(terms, weights, grad_buffers=grad_buffers, out=out)
 
 
 class FastMixedOp(nn.Module):

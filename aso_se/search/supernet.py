@@ -127,11 +127,14 @@ class SearchCell(nn.Module):
                       graphs((cell, "pre1"), (cell, "s1"), self.preprocess1, s1)]
             for node in nodes:
                 places: dict[int, int] = {}
-                outputs = []
+                outputs, grad_buffers = [], []
                 for edge, state, op in node.terms:
                     place = places[edge] = places.get(edge, -1) + 1
                     outputs.append(graphs((cell, edge, place), (cell, state), self.edges[edge].ops[op], states[state]))
-                states.append(weighted_sum(outputs, node.weights))
+                    grad_buffers.append(graphs.last_grad_buffer)  # the node sum's backward writes it: no copy
+                # Training: written into the buffer the graphed ops read this state from (no copy into it).
+                out = graphs.state_buffer((cell, len(states))) if self.training else None
+                states.append(weighted_sum(outputs, node.weights, grad_buffers, out))
         out = torch.cat(states[-self.multiplier:], dim=1)
         return out if self.gate is None else s1 + self.gate * out
 

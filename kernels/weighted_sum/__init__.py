@@ -85,15 +85,24 @@ class _TritonWeightedSum(torch.autograd.Function):
     """The kernels' autograd node; terms of one dtype and one dense layout (checked by ``_use_triton``)."""
 
     @staticmethod
-    def forward(ctx, weights: Tensor, *terms: Tensor) -> Tensor:
+    def forward(ctx, weights: Tensor, grad_buffers: Sequence[Tensor | None] | None, out: Tensor | None,
+                *terms: Tensor) -> Tensor:
         first = terms[0]
-        out = torch.empty_like(first, dtype=_out_dtype(first))  # the terms' strides (they are dense)
+        dtype = _out_dtype(first)
+        if out is None or not (out.shape == first.shape and out.stride() == first.stride() and out.dtype == dtype
+                               and out.device == first.device):
+            out = torch.empty_like(first, dtype=dtype)  # the terms' strides (they are dense)
         w = weights.detach().contiguous()
         weighted_sum_fwd(list(terms), w, out)
         ctx.weights_dtype, ctx.term_dtype = weights.dtype, first.dtype
         ctx.shape, ctx.strides = first.shape, out.stride()
+        ctx.grad_buffers = [
+            b if b is not None and b.shape == first.shape and b.stride() == ctx.strides and b.dtype == first.dtype
+            and b.device == first.device else None
+            for b in grad_buffers
+        ] if grad_buffers is not None else [None] * len(terms)
         ctx.save_for_backward(w, *(terms if ctx.needs_input_grad[0] else ()))
-        return out
+        return out.detach()  # an alias: a caller's buffer gets no autograd history
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -102,12 +111,16 @@ class _TritonWeightedSum(torch.autograd.Function):
         k = w.numel()
         if grad.stride() != ctx.strides:  # e.g. a slice of a concatenation's gradient: to the terms' layout
             grad = torch.empty_strided(ctx.shape, ctx.strides, dtype=grad.dtype, device=grad.device).copy_(grad)
-        needed = ctx.needs_input_grad[1:]
-        grad_terms = torch.empty((k, grad.numel()), device=grad.device, dtype=ctx.term_dtype) if any(needed) else None
-        grad_w = weighted_sum_bwd(grad, w, terms or None, k, grad_terms)
-        rows = grad_terms.unbind() if grad_terms is not None else (None,) * k
-        grads_t = [row.as_strided(ctx.shape, ctx.strides) if want else None for row, want in zip(rows, needed)]
-        return (None if grad_w is None else grad_w.to(ctx.weights_dtype), *grads_t)
+        needed = ctx.needs_input_grad[3:]
+        grads_t: list[Tensor | None] = [None] * k
+        if any(needed):
+            missing = sum(1 for b in ctx.grad_buffers if b is None)
+            rows = iter(torch.empty((missing, grad.numel()), device=grad.device, dtype=ctx.term_dtype).unbind()
+                        if missing else ())
+            grads_t = [b if b is not None else next(rows).as_strided(ctx.shape, ctx.strides) for b in ctx.grad_buffers]
+        grad_w = weighted_sum_bwd(grad, w, terms or None, k, grads_t if any(needed) else None)
+        return (None if grad_w is None else grad_w.to(ctx.weights_dtype), None, None,
+                *(g if want else None for g, want in zip(grads_t, needed)))
 
 
 def _use_triton(terms: Sequence[Tensor], backend: str) -> bool:
@@ -131,10 +144,17 @@ def _use_triton(terms: Sequence[Tensor], backend: str) -> bool:
     return True
 
 
-def weighted_sum(terms: Sequence[Tensor], weights: Tensor, backend: str = "auto") -> Tensor:
-    """``sum(w * t for w, t in zip(weights, terms))`` for same-shaped ``terms`` and a 1-d ``weights``."""
+def weighted_sum(terms: Sequence[Tensor], weights: Tensor, backend: str = "auto",
+                 grad_buffers: Sequence[Tensor | None] | None = None, out: Tensor | None = None) -> Tensor:
+    """``sum(w * t for w, t in zip(weights, terms))`` for same-shaped ``terms`` and a 1-d ``weights``.
+
+    Buffers the kernels may use, so that a caller that would copy into such a buffer anyway (a CUDA graph's
+    input) need not; each must have the term's shape and strides and the dtype it would get, else it is ignored
+    (as are all on PyTorch's path). ``grad_buffers`` (one per term, or None): where a term's gradient is written,
+    handed back as that gradient. ``out``: where the sum is written; the result then shares its memory.
+    """
     if len(terms) == 1:
         return weights[0] * terms[0]
     if _use_triton(terms, backend) and not torch.compiler.is_compiling():
-        return _TritonWeightedSum.apply(weights, *terms)
+        return _TritonWeightedSum.apply(weights, grad_buffers, out, *terms)
     return _TorchWeightedSum.apply(weights, *terms)

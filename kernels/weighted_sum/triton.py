@@ -2,8 +2,8 @@
 
 Each program takes BLOCK elements in memory order (the terms share their strides, so one flat offset addresses
 each term). Forward: out = Σ w_i · t_i, accumulated in fp32. Backward, one pass over the output's gradient g:
-grad t_i = w_i · g (written into one [K, N] buffer), and, when asked, each program's fp32 partial of
-grad w_i = Σ t_i · g, summed over programs by the caller (deterministic, no atomics).
+grad t_i = w_i · g, each into a tensor of its own (e.g. a buffer the caller names), and, when asked, each
+program's fp32 partial of grad w_i = Σ t_i · g, summed over programs by the caller (deterministic, no atomics).
 """
 import torch
 import triton
@@ -50,40 +50,41 @@ def _wsum_fwd_kernel(out_ptr, w_ptr, t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, N,
 
 
 @triton.jit
-def _term_bwd(i: tl.constexpr, t_ptr, g, offs, mask, w_ptr, gt_ptr, partial_ptr, N,
+def _term_bwd(i: tl.constexpr, t_ptr, gt_ptr, g, offs, mask, w_ptr, partial_ptr,
               K: tl.constexpr, GRAD_T: tl.constexpr, GRAD_W: tl.constexpr):
     if GRAD_T:
         w = tl.load(w_ptr + i).to(tl.float32)
-        tl.store(gt_ptr + i * N + offs, (w * g).to(gt_ptr.dtype.element_ty), mask=mask)
+        tl.store(gt_ptr + offs, (w * g).to(gt_ptr.dtype.element_ty), mask=mask)
     if GRAD_W:
         tl.store(partial_ptr + tl.program_id(0) * K + i, tl.sum(_term(t_ptr, offs, mask) * g, axis=0))
 
 
 @triton.jit
-def _wsum_bwd_kernel(g_ptr, w_ptr, gt_ptr, partial_ptr, t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, N,
+def _wsum_bwd_kernel(g_ptr, w_ptr, partial_ptr, t0, t1, t2, t3, t4, t5, t6, t7, t8, t9,
+                     gt0, gt1, gt2, gt3, gt4, gt5, gt6, gt7, gt8, gt9, N,
                      K: tl.constexpr, GRAD_T: tl.constexpr, GRAD_W: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    _term_bwd(0, t0, g, offs, mask, w_ptr, gt_ptr, partial_ptr, N, K, GRAD_T, GRAD_W)
+    _term_bwd(0, t0, gt0, g, offs, mask, w_ptr, partial_ptr, K, GRAD_T, GRAD_W)
     if K > 1:
-        _term_bwd(1, t1, g, offs, mask, w_ptr, gt_ptr, partial_ptr, N, K, GRAD_T, GRAD_W)
+        _term_bwd(1, t1, gt1, g, offs, mask, w_ptr, partial_ptr, K, GRAD_T, GRAD_W)
     if K > 2:
-        _term_bwd(2, t2, g, offs, mask, w_ptr, gt_ptr, partial_ptr, N, K, GRAD_T, GRAD_W)
+        _term_bwd(2, t2, gt2, g, offs, mask, w_ptr, partial_ptr, K, GRAD_T, GRAD_W)
     if K > 3:
-        _term_bwd(3, t3, g, offs, mask, w_ptr, gt_ptr, partial_ptr, N, K, GRAD_T, GRAD_W)
+        _term_bwd(3, t3, gt3, g, offs, mask, w_ptr, partial_ptr, K, GRAD_T, GRAD_W)
     if K > 4:
-        _term_bwd(4, t4, g, offs, mask, w_ptr, gt_ptr, partial_ptr, N, K, GRAD_T, GRAD_W)
+        _term_bwd(4, t4, gt4, g, offs, mask, w_ptr, partial_ptr, K, GRAD_T, GRAD_W)
     if K > 5:
-        _term_bwd(5, t5, g, offs, mask, w_ptr, gt_ptr, partial_ptr, N, K, GRAD_T, GRAD_W)
+        _term_bwd(5, t5, gt5, g, offs, mask, w_ptr, partial_ptr, K, GRAD_T, GRAD_W)
     if K > 6:
-        _term_bwd(6, t6, g, offs, mask, w_ptr, gt_ptr, partial_ptr, N, K, GRAD_T, GRAD_W)
+        _term_bwd(6, t6, gt6, g, offs, mask, w_ptr, partial_ptr, K, GRAD_T, GRAD_W)
     if K > 7:
-        _term_bwd(7, t7, g, offs, mask, w_ptr, gt_ptr, partial_ptr, N, K, GRAD_T, GRAD_W)
+        _term_bwd(7, t7, gt7, g, offs, mask, w_ptr, partial_ptr, K, GRAD_T, GRAD_W)
     if K > 8:
-        _term_bwd(8, t8, g, offs, mask, w_ptr, gt_ptr, partial_ptr, N, K, GRAD_T, GRAD_W)
+        _term_bwd(8, t8, gt8, g, offs, mask, w_ptr, partial_ptr, K, GRAD_T, GRAD_W)
     if K > 9:
-        _term_bwd(9, t9, g, offs, mask, w_ptr, gt_ptr, partial_ptr, N, K, GRAD_T, GRAD_W)
+        _term_bwd(9, t9, gt9, g, offs, mask, w_ptr, partial_ptr, K, GRAD_T, GRAD_W)
 
 
 # Compiled launches kept by key (kernels/launch.py): later calls skip JITFunction.run's per-call binding.
@@ -113,9 +114,9 @@ def weighted_sum_fwd(terms: list[Tensor], weights: Tensor, out: Tensor) -> None:
 
 
 def weighted_sum_bwd(grad: Tensor, weights: Tensor, terms: list[Tensor] | None, num_terms: int,
-                     grad_terms: Tensor | None) -> Tensor | None:
-    """Writes weights[i] · grad into grad_terms[i] ([K, N], when given); returns the fp32 gradient of the
-    weights ([K]) when ``terms`` (the forward's, same strides as grad) are given, else None."""
+                     grad_terms: list[Tensor] | None) -> Tensor | None:
+    """Writes weights[i] · grad into grad_terms[i] (when given; each with grad's strides); returns the fp32
+    gradient of the weights ([K]) when ``terms`` (the forward's, same strides as grad) are given, else None."""
     n = grad.numel()
     grad_w = terms is not None
     if n == 0:
@@ -123,6 +124,7 @@ def weighted_sum_bwd(grad: Tensor, weights: Tensor, terms: list[Tensor] | None, 
     programs = -(-n // BLOCK)
     partials = torch.empty((programs, num_terms), device=grad.device, dtype=torch.float32) if grad_w else None
     _launch(_wsum_bwd_kernel, _BWD_HANDLES,
-            [grad, weights, grad if grad_terms is None else grad_terms, grad if partials is None else partials,
-             *_padded(terms if grad_w else [grad])], n, (num_terms, grad_terms is not None, grad_w))
+            [grad, weights, grad if partials is None else partials, *_padded(terms if grad_w else [grad]),
+             *_padded(grad_terms if grad_terms is not None else [grad])], n,
+            (num_terms, grad_terms is not None, grad_w))
     return partials.sum(dim=0) if grad_w else None

@@ -85,3 +85,27 @@ def test_terms_the_kernels_cannot_take_are_refused_with_the_fix():
     torch.testing.assert_close(weighted_sum(many, many_weights), weighted_sum_reference(many, many_weights))
     with pytest.raises(ValueError, match="expected one of"):
         weighted_sum(terms, weights, backend="cuda")
+
+
+def test_a_gradient_is_written_into_the_buffer_named_for_its_term_and_handed_back_as_it():
+    terms, weights = make_terms(3, (2, 4, 5, 5), torch.float32, torch.channels_last, seed=7)
+    upstream = torch.randn(2, 4, 5, 5, generator=torch.Generator().manual_seed(8))
+    buffers = [torch.full_like(terms[0], float("nan")), None, torch.empty(2, 4, 5, 5)]  # the last: other strides
+    ts = [t.clone().requires_grad_() for t in terms]
+    out = weighted_sum(ts, weights, backend="triton", grad_buffers=buffers)
+    grads = torch.autograd.grad(out, ts, upstream)
+    assert grads[0].data_ptr() == buffers[0].data_ptr()
+    assert grads[2].data_ptr() != buffers[2].data_ptr()  # ignored: not the term's layout
+    for g, w in zip(grads, weights):
+        torch.testing.assert_close(g, w * upstream, rtol=1e-6, atol=1e-6)
+
+
+def test_the_sum_is_written_into_a_fitting_out_buffer_which_keeps_no_autograd_history():
+    terms, weights = make_terms(4, (3, 2, 4, 4), torch.float32, torch.channels_last, seed=10)
+    ts = [t.clone().requires_grad_() for t in terms]
+    out = torch.empty_like(terms[0])
+    got = weighted_sum(ts, weights, backend="triton", out=out)
+    assert got.data_ptr() == out.data_ptr() and out.grad_fn is None and got.grad_fn is not None
+    torch.testing.assert_close(got, weighted_sum_reference(terms, weights), rtol=1e-6, atol=1e-6)
+    other = torch.empty(3, 2, 4, 4)  # another layout: ignored
+    assert weighted_sum(ts, weights, backend="triton", out=other).data_ptr() != other.data_ptr()

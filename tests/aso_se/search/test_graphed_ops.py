@@ -25,6 +25,10 @@ class RoutingRecorder:
 
     def __init__(self) -> None:
         self.passes: list[list[tuple]] = []
+        self.last_grad_buffer = None  # nothing replayed
+
+    def state_buffer(self, source_key):
+        return None
 
     def begin_pass(self) -> None:
         self.passes.append([])
@@ -215,8 +219,8 @@ def test_without_weight_grads_the_replays_give_the_eager_alpha_gradient_and_no_w
 def test_weight_gradients_kept_by_zero_grad_or_summed_over_two_backwards_equal_the_eager_ones(
     digits, deterministic_cudnn
 ) -> None:
-    """A replayed weight gradient becomes ``.grad`` without a copy; the next backward's replay must not overwrite
-    it: gradients zeroed in place (``set_to_none=False``) and accumulated over two backwards, as autograd's."""
+    """A replayed weight gradient becomes ``.grad`` without a copy (when ``.grad`` was None); the next replay must
+    not overwrite it: gradients then zeroed in place (``set_to_none=False``) or summed over backwards, as eager."""
     images = digits[0].cuda()
     supernet = tiny_supernet("st_bif", timesteps=2, space=DARTS_SPACE, channels=8).cuda()
     set_firing_rate_recording(supernet, False)
@@ -224,16 +228,24 @@ def test_weight_gradients_kept_by_zero_grad_or_summed_over_two_backwards_equal_t
     supernet.use_op_graphs(True)
     samples = sample_ops(supernet, k=2, seed=None)
     generator = torch.Generator(device="cuda").manual_seed(0)
-    for _ in range(4):  # eager warm-up, captures, replays
-        for net in (supernet, reference):
-            for p in net.parameters():
-                if p.grad is not None:
-                    p.grad.zero_()
-        for _ in range(2):
-            out, expected = supernet(images, samples), reference(images, samples)
-            grad = torch.randn(out.shape, device="cuda", generator=generator)
-            out.backward(grad)
-            expected.backward(grad)
+
+    def backward_and_compare() -> None:
+        out, expected = supernet(images, samples), reference(images, samples)
+        grad = torch.randn(out.shape, device="cuda", generator=generator)
+        out.backward(grad)
+        expected.backward(grad)
         for (name, p), q in zip(supernet.named_parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-6, msg=name)
+
+    def for_both(action) -> None:
+        for net in (supernet, reference):
+            for p in net.parameters():
+                action(p)
+
+    for _ in range(3):  # eager warm-up, captures, replays
+        for_both(lambda p: setattr(p, "grad", None))
+        backward_and_compare()  # .grad is the replay's buffer now
+        for_both(lambda p: p.grad.zero_() if p.grad is not None else None)
+        backward_and_compare()  # zeroed in place, then the replay's gradient added
+        backward_and_compare()  # summed over two backwards
     assert supernet.op_graphs.replays > supernet.op_graphs.captured > 10
