@@ -7,17 +7,16 @@ slow (RESULTS.md, "Search step"); these kernels read and write each tensor once.
 ``F.max_pool2d(x, 3, stride, 1)`` with their gradients; "auto" runs the kernels on CUDA channels_last float
 tensors and PyTorch's pools elsewhere; "triton" on CPU tensors needs TRITON_INTERPRET=1.
 """
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from kernels.backend import BACKENDS, use_triton
 
 from .triton import pool_bwd, pool_fwd
 
 __all__ = ["BACKENDS", "KINDS", "pool3x3", "pool3x3_reference"]
 
-BACKENDS = ("auto", "triton", "torch")
 KINDS = ("avg", "max")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -50,19 +49,11 @@ class _Pool3x3(torch.autograd.Function):
 
 
 def _use_triton(x: Tensor, backend: str) -> bool:
-    if backend == "torch":
-        return False
-    if backend == "auto":
-        return x.is_cuda and x.dtype in _DTYPES and x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
-    if backend != "triton":
-        raise ValueError(f"pool3x3 backend {backend!r}: expected one of {BACKENDS}")
-    if x.dtype not in _DTYPES or x.dim() != 4:
-        raise ValueError(f"the Triton pools take 4-d float16/bfloat16/float32 tensors, got {x.dim()}-d {x.dtype}; "
-                         "use backend='torch'")
-    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"backend 'triton' got a tensor on {x.device}: move it to CUDA, use backend='torch', "
-                         "or set TRITON_INTERPRET=1 before importing triton")
-    return True
+    fits = x.dtype in _DTYPES and x.dim() == 4
+    problem = None if fits else f"the Triton pools take 4-d float16/bfloat16/float32 tensors, got {x.dim()}-d {x.dtype}"
+    # "auto": channels_last only; NCHW stays on PyTorch's pools, which are right there and need no layout change
+    channels_last = x.is_contiguous(memory_format=torch.channels_last)
+    return use_triton(backend, "pool3x3", x.device, problem, preferred=channels_last)
 
 
 def pool3x3(x: Tensor, kind: str, stride: int, backend: str = "auto") -> Tensor:

@@ -5,17 +5,16 @@
 `theta_grad_scale`). "auto" runs one Triton kernel each way on CUDA and the torch reference elsewhere
 and under torch.compile (which fuses it); "triton" on CPU tensors needs TRITON_INTERPRET=1.
 """
-import os
-
 import torch
 from torch import Tensor
+
+from kernels.backend import BACKENDS, use_triton
 
 from .reference import quantize_backward_reference, quantize_reference, round_half_up
 from .triton import quantize_bwd, quantize_fwd
 
 __all__ = ["BACKENDS", "quantize", "quantize_reference", "round_half_up"]
 
-BACKENDS = ("auto", "triton", "torch")
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -24,18 +23,11 @@ def _dense(x: Tensor) -> bool:
 
 
 def _use_triton(x: Tensor, backend: str) -> bool:
-    if backend == "torch" or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
         return False
-    if backend == "auto":
-        return x.is_cuda and x.dtype in _TRITON_DTYPES
-    if backend != "triton":
-        raise ValueError(f"quantizer backend {backend!r}: expected one of {BACKENDS}")
-    if x.dtype not in _TRITON_DTYPES:
-        raise ValueError(f"the Triton quantizer takes float16/bfloat16/float32, got {x.dtype}; use backend='torch'")
-    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"backend 'triton' got a tensor on {x.device}: move it to CUDA, use backend='torch', "
-                         "or set TRITON_INTERPRET=1 before importing triton")
-    return True
+    fits = x.dtype in _TRITON_DTYPES
+    problem = None if fits else f"the Triton quantizer takes float16/bfloat16/float32, got {x.dtype}"
+    return use_triton(backend, "quantizer", x.device, problem)
 
 
 class _Quantize(torch.autograd.Function):

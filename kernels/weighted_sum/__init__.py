@@ -11,20 +11,17 @@ share dtype and strides and there are at most ``MAX_TERMS``; elsewhere PyTorch's
 """
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import torch
 from torch import Tensor
 
+from kernels.backend import BACKENDS, use_triton
 from kernels.memory_order import inverse_order, storage_order
 
 from .triton import MAX_TERMS, weighted_sum_bwd, weighted_sum_fwd
 
 __all__ = ["BACKENDS", "MAX_TERMS", "weighted_sum", "weighted_sum_reference"]
-
-BACKENDS = ("auto", "triton", "torch")
-
 
 def weighted_sum_reference(terms: Sequence[Tensor], weights: Tensor) -> Tensor:
     """``Σ weights[i] · terms[i]`` in fp32 (the readable reference of the kernels; float64 stays float64)."""
@@ -124,24 +121,14 @@ class _TritonWeightedSum(torch.autograd.Function):
 
 
 def _use_triton(terms: Sequence[Tensor], backend: str) -> bool:
-    if backend == "torch":
-        return False
     first = terms[0]
     fits = (2 <= len(terms) <= MAX_TERMS and first.is_floating_point() and first.dim() > 0
             and (first.is_contiguous() or storage_order(first) is not None)
             and all(t.dtype == first.dtype and t.stride() == first.stride() and t.device == first.device
                     for t in terms[1:]))
-    if backend == "auto":
-        return fits and first.is_cuda
-    if backend != "triton":
-        raise ValueError(f"weighted_sum backend {backend!r}: expected one of {BACKENDS}")
-    if not fits:
-        raise ValueError(f"the Triton weighted sum takes 2 to {MAX_TERMS} float terms of one dtype and one dense "
-                         "layout; use backend='torch'")
-    if not first.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"backend 'triton' got tensors on {first.device}: move them to CUDA, use backend='torch', "
-                         "or set TRITON_INTERPRET=1 before importing triton")
-    return True
+    problem = None if fits else (f"the Triton weighted sum takes 2 to {MAX_TERMS} float terms of one dtype and one "
+                                 "dense layout")
+    return use_triton(backend, "weighted_sum", first.device, problem)
 
 
 def weighted_sum(terms: Sequence[Tensor], weights: Tensor, backend: str = "auto",

@@ -20,6 +20,16 @@ def needs_cuda(test):
     return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(test))
 
 
+def graphed_and_eager(digits, neuron: str = "st_bif", timesteps: int = 2, device: str = "cuda"):
+    """(images, a tiny supernet with op graphs, an eager deep copy of it, one top-2 sample of its ops)."""
+    images = digits[0].to(device)
+    supernet = tiny_supernet(neuron, timesteps=timesteps, space=DARTS_SPACE, channels=8).to(device)
+    set_firing_rate_recording(supernet, False)  # a recording neuron runs eagerly (the engine records rarely)
+    reference = copy.deepcopy(supernet)
+    supernet.use_op_graphs(True)
+    return images, supernet, reference, sample_ops(supernet, k=2, seed=None)
+
+
 class RoutingRecorder:
     """Stands in for OpGraphs: runs each op eagerly and records the keys the cells hand it."""
 
@@ -144,12 +154,7 @@ def test_a_backward_after_a_later_forward_raises(digits) -> None:
 def test_replayed_ops_give_the_eager_ops_values_gradients_and_statistics(
     digits, deterministic_cudnn, neuron: str, timesteps: int
 ) -> None:
-    images = digits[0].cuda()
-    supernet = tiny_supernet(neuron, timesteps=timesteps, space=DARTS_SPACE, channels=8).cuda()
-    set_firing_rate_recording(supernet, False)  # a recording neuron runs eagerly (the engine records rarely)
-    reference = copy.deepcopy(supernet)
-    supernet.use_op_graphs(True)
-    samples = sample_ops(supernet, k=2, seed=None)
+    images, supernet, reference, samples = graphed_and_eager(digits, neuron, timesteps)
     generator = torch.Generator(device="cuda").manual_seed(0)
     for _ in range(4):  # eager warm-up, then captures (once each conv's route is fixed) and replays
         out, expected = supernet(images, samples), reference(images, samples)
@@ -192,12 +197,7 @@ def test_without_weight_grads_the_replays_give_the_eager_alpha_gradient_and_no_w
     digits, deterministic_cudnn
 ) -> None:
     """A first-order α step's backward: graphed ops replay their input-only backward graph."""
-    images = digits[0].cuda()
-    supernet = tiny_supernet("st_bif", timesteps=2, space=DARTS_SPACE, channels=8).cuda()
-    set_firing_rate_recording(supernet, False)
-    reference = copy.deepcopy(supernet)
-    supernet.use_op_graphs(True)
-    samples = sample_ops(supernet, k=2, seed=None)
+    images, supernet, reference, samples = graphed_and_eager(digits)
     for _ in range(3):  # eager warm-up, captures, replays
         with supernet.op_graphs.without_weight_grads():
             loss = supernet(images, samples).square().mean()
@@ -221,12 +221,7 @@ def test_weight_gradients_kept_by_zero_grad_or_summed_over_two_backwards_equal_t
 ) -> None:
     """A replayed weight gradient becomes ``.grad`` without a copy (when ``.grad`` was None); the next replay must
     not overwrite it: gradients then zeroed in place (``set_to_none=False``) or summed over backwards, as eager."""
-    images = digits[0].cuda()
-    supernet = tiny_supernet("st_bif", timesteps=2, space=DARTS_SPACE, channels=8).cuda()
-    set_firing_rate_recording(supernet, False)
-    reference = copy.deepcopy(supernet)
-    supernet.use_op_graphs(True)
-    samples = sample_ops(supernet, k=2, seed=None)
+    images, supernet, reference, samples = graphed_and_eager(digits)
     generator = torch.Generator(device="cuda").manual_seed(0)
 
     def backward_and_compare() -> None:
