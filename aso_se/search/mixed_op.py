@@ -7,21 +7,14 @@ from typing import Iterable, Sequence
 
 from torch import Tensor, nn
 
-from kernels.weighted_sum import weighted_sum as kernels_weighted_sum
+# A node of the supernet summed at once (its terms' gradients and result may go into graphed ops' buffers).
+from kernels.weighted_sum import weighted_sum as weighted_sum
 from search_space.ops import Zero
 
 
 def sum_terms(terms: Iterable[Tensor]) -> Tensor:
     """``sum(terms)`` without Python's leading ``0 +``, which costs one extra kernel per call."""
     return functools.reduce(operator.add, terms)
-
-
-def weighted_sum(terms: Sequence[Tensor], weights: Tensor, grad_buffers: Sequence[Tensor | None] | None = None,
-                 out: Tensor | None = None) -> Tensor:
-    """``sum(w * t for w, t in zip(weights, terms))`` for same-shaped ``terms`` and 1-d ``weights``: a whole node
-    of the supernet in one kernel each way on CUDA (``kernels.weighted_sum``), in the terms' memory layout.
-    ``grad_buffers``, ``out``: buffers it may write the terms' gradients and the sum into (graphed ops' inputs)."""
-    return kernels_weighted_sum(terms, weights, grad_buffers=grad_buffers, out=out)
 
 
 class FastMixedOp(nn.Module):

@@ -134,7 +134,7 @@ class SearchCell(nn.Module):
                     grad_buffers.append(graphs.last_grad_buffer)  # the node sum's backward writes it: no copy
                 # Training: written into the buffer the graphed ops read this state from (no copy into it).
                 out = graphs.state_buffer((cell, len(states))) if self.training else None
-                states.append(weighted_sum(outputs, node.weights, grad_buffers, out))
+                states.append(weighted_sum(outputs, node.weights, grad_buffers=grad_buffers, out=out))
         out = torch.cat(states[-self.multiplier:], dim=1)
         return out if self.gate is None else s1 + self.gate * out
 

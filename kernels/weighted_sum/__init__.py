@@ -78,6 +78,12 @@ class _TorchWeightedSum(torch.autograd.Function):
         return (grad_weights, *grad_terms)
 
 
+def _fits(buffer: Tensor | None, first: Tensor, dtype: torch.dtype) -> bool:
+    """Whether a caller's buffer can hold a tensor like ``first`` in ``dtype``: same shape, strides and device."""
+    return (buffer is not None and buffer.shape == first.shape and buffer.stride() == first.stride()
+            and buffer.dtype == dtype and buffer.device == first.device)
+
+
 class _TritonWeightedSum(torch.autograd.Function):
     """The kernels' autograd node; terms of one dtype and one dense layout (checked by ``_use_triton``)."""
 
@@ -86,18 +92,13 @@ class _TritonWeightedSum(torch.autograd.Function):
                 *terms: Tensor) -> Tensor:
         first = terms[0]
         dtype = _out_dtype(first)
-        if out is None or not (out.shape == first.shape and out.stride() == first.stride() and out.dtype == dtype
-                               and out.device == first.device):
+        if not _fits(out, first, dtype):
             out = torch.empty_like(first, dtype=dtype)  # the terms' strides (they are dense)
         w = weights.detach().contiguous()
         weighted_sum_fwd(list(terms), w, out)
         ctx.weights_dtype, ctx.term_dtype = weights.dtype, first.dtype
         ctx.shape, ctx.strides = first.shape, out.stride()
-        ctx.grad_buffers = [
-            b if b is not None and b.shape == first.shape and b.stride() == ctx.strides and b.dtype == first.dtype
-            and b.device == first.device else None
-            for b in grad_buffers
-        ] if grad_buffers is not None else [None] * len(terms)
+        ctx.grad_buffers = [b if _fits(b, first, first.dtype) else None for b in grad_buffers or [None] * len(terms)]
         ctx.save_for_backward(w, *(terms if ctx.needs_input_grad[0] else ()))
         return out.detach()  # an alias: a caller's buffer gets no autograd history
 
@@ -109,13 +110,14 @@ class _TritonWeightedSum(torch.autograd.Function):
         if grad.stride() != ctx.strides:  # e.g. a slice of a concatenation's gradient: to the terms' layout
             grad = torch.empty_strided(ctx.shape, ctx.strides, dtype=grad.dtype, device=grad.device).copy_(grad)
         needed = ctx.needs_input_grad[3:]
-        grads_t: list[Tensor | None] = [None] * k
+        grads_t: list[Tensor | None] | None = None
         if any(needed):
             missing = sum(1 for b in ctx.grad_buffers if b is None)
             rows = iter(torch.empty((missing, grad.numel()), device=grad.device, dtype=ctx.term_dtype).unbind()
                         if missing else ())
             grads_t = [b if b is not None else next(rows).as_strided(ctx.shape, ctx.strides) for b in ctx.grad_buffers]
-        grad_w = weighted_sum_bwd(grad, w, terms or None, k, grads_t if any(needed) else None)
+        grad_w = weighted_sum_bwd(grad, w, terms or None, k, grads_t)
+        grads_t = grads_t or [None] * k
         return (None if grad_w is None else grad_w.to(ctx.weights_dtype), None, None,
                 *(g if want else None for g, want in zip(grads_t, needed)))
 
