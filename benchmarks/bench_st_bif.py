@@ -1,6 +1,6 @@
 """Benchmark of the fused ST-BIF neuron. Needs a CUDA GPU.
 
-    PYTHONPATH=. python benchmarks/bench_st_bif.py [--sweep] [--host-only]
+    PYTHONPATH=. python benchmarks/bench_st_bif.py [--sweep] [--host-only] [--pin-cpu CORE]
 
 Checks on the GPU that the Triton path matches the torch reference, runs in a CUDA graph and under
 torch.compile(fullgraph=True); then one table against spikingjelly 2.0's Triton ST-BIF (inference
@@ -8,11 +8,14 @@ only), torch.compile of our reference, a compiled plain loop and the eager refer
 triton.testing.do_bench, eager calls and CUDA-graph replays; bandwidths against a measured copy),
 and one table of host time per eager call (fp32, bf16, fp16; T = 4, 8) against graph replays and
 torch.compile. N = 64·128·32·32 neurons. --sweep also times the kernels' launch configurations.
+--pin-cpu runs the process on one CPU core (as ``taskset -c CORE``): an eager backward hands its work to PyTorch's
+autograd thread and waits for it, and that hand-off costs less host time when both threads share one core.
 """
 import argparse
 import cProfile
 import datetime
 import functools
+import os
 import pstats
 import time
 from importlib.metadata import version
@@ -402,15 +405,29 @@ def host_table() -> None:
     print(f"\nours eager fwd+bwd, T=4 fp32: {calls:.0f} function calls per call, {frames:.0f} of them Python frames")
 
 
+def pin_process(core: int) -> None:
+    """Every thread of this process, and so every thread it starts later, on CPU ``core`` alone."""
+    if core not in os.sched_getaffinity(0):
+        raise SystemExit(f"--pin-cpu {core}: this process may run on cores {sorted(os.sched_getaffinity(0))} only; "
+                         "pick one of them")
+    for thread_id in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(thread_id), {core})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time launch configurations")
     parser.add_argument("--host-only", action="store_true", help="only the table of host time per call")
+    parser.add_argument("--pin-cpu", type=int, default=None, metavar="CORE",
+                        help="run on this CPU core alone (before CUDA starts its threads)")
     args = parser.parse_args()
+    if args.pin_cpu is not None:
+        pin_process(args.pin_cpu)
     torch.manual_seed(0)
+    pinned = "unpinned" if args.pin_cpu is None else f"pinned to CPU {args.pin_cpu}"
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | spikingjelly {version('spikingjelly')} | "
-          f"{datetime.date.today()}")  # fmt: skip
+          f"{datetime.date.today()} | {pinned}")  # fmt: skip
     if args.host_only:
         host_table()
         return

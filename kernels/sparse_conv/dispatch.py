@@ -1,6 +1,6 @@
 """`sparse_conv2d`: validates a call and runs it on the backend the dispatch table names.
 
-Backends: "torch" (F.conv2d, i.e. cuDNN on CUDA), "triton" (the sparse kernels, forward and weight
+Backends: "torch" (F.conv2d, i.e. cuDNN on CUDA; ``dense.dense_conv2d``), "triton" (the sparse kernels, forward and weight
 gradient; under TRITON_INTERPRET=1 also on CPU tensors), "reference" (the readable torch two-stage
 algorithm), and "auto": F.conv2d for eager calls, whose host work alone costs more than cuDNN's
 GPU time, and the sparse kernels for a call captured in a CUDA graph where its shape's crossover
@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from kernels.block_map import BlockMap
 from kernels.sparse_conv.calibration import Crossover, CrossoverCache, call_key, default_cache_file
+from kernels.sparse_conv.dense import dense_conv2d
 from kernels.sparse_conv.function import conv_geometry, sparse_conv2d_forward, sparse_conv2d_triton
 from kernels.sparse_conv.geometry import BLOCK, ConvGeometry, cdiv
 from kernels.sparse_conv.prescan import block_activity
@@ -237,7 +237,7 @@ def unsupported_reason(call: ConvCall) -> str | None:
 
 def _dense(call: ConvCall, path: str) -> torch.Tensor:
     _PATH_COUNTS[path] += 1
-    return F.conv2d(call.x, call.weight, call.bias, call.stride, call.padding, call.dilation, call.groups)
+    return dense_conv2d(call.x, call.weight, call.bias, call.stride, call.padding, call.dilation, call.groups)
 
 
 def _sparse(call: ConvCall, sparse_wgrad: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels.block_map import BlockMap
 from kernels.sparse_conv import dispatch
+from kernels.sparse_conv.dense import dense_conv2d
 from kernels.sparse_conv.dispatch import DensityTracker, count_path, fixed_dense_path, sparse_conv2d
 from kernels.sparse_conv.triton import interpreted
 
@@ -69,7 +69,7 @@ class SparseConv2d(nn.Conv2d):
             if route[2] and not dispatch._capturing():
                 self.density.poll()  # read the density measurement now: no event query in a capture
             count_path(route[1])
-            return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+            return dense_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
         y = sparse_conv2d(
             x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
             backend=self.backend, tracker=self.density, block_map=block_map,
