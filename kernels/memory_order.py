@@ -12,12 +12,23 @@ from typing import Callable
 from torch import Tensor
 
 
+_ORDERS: dict[tuple, tuple[int, ...] | None] = {}  # (shape, strides) -> storage_order: a few per network
+_MAX_ORDERS = 4096
+
+
 def storage_order(x: Tensor) -> tuple[int, ...] | None:
     """Dim 0 first, then the other dims by falling stride, when that permutation of a dense ``x`` is
-    contiguous and not the identity (a channels_last ``[T, B, C, H, W]``: (0, 1, 3, 4, 2)); else None."""
-    strides = x.stride()
-    order = (0, *sorted(range(1, x.dim()), key=lambda dim: -strides[dim]))
-    return order if order != tuple(range(x.dim())) and x.permute(order).is_contiguous() else None
+    contiguous and not the identity (a channels_last ``[T, B, C, H, W]``: (0, 1, 3, 4, 2)); else None.
+    Kept per shape and strides, which decide it: the search step asks hundreds of times per step."""
+    key = (x.shape, x.stride())
+    order = _ORDERS.get(key, False)
+    if order is False:
+        strides = key[1]
+        order = (0, *sorted(range(1, x.dim()), key=lambda dim: -strides[dim]))
+        order = order if order != tuple(range(x.dim())) and x.permute(order).is_contiguous() else None
+        if len(_ORDERS) < _MAX_ORDERS:
+            _ORDERS[key] = order
+    return order
 
 
 def inverse_order(order: tuple[int, ...]) -> tuple[int, ...]:
