@@ -22,11 +22,14 @@ def _pair(value: int | tuple[int, ...] | list[int]) -> tuple[int, int]:
 def phase_conv_applies(x: Tensor, weight: Tensor, stride, padding, dilation, groups: int) -> bool:
     """Whether ``conv2d_by_phases`` computes this call: a depthwise conv of a channels_last 4-d tensor with one
     dilation d > 1 on both axes, odd kernels, "same" padding, and stride 1 (sizes divisible by d) or stride d."""
+    dh, dw = _pair(dilation)
+    if dh < 2 or dh != dw:  # first: most convs are undilated
+        return False
     if x.dim() != 4 or weight.dim() != 4 or groups != x.shape[1] or weight.shape[0] != groups or groups < 2:
         return False
-    (dh, dw), (sh, sw), (ph, pw) = _pair(dilation), _pair(stride), _pair(padding)
+    (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
     kh, kw = weight.shape[2], weight.shape[3]
-    if dh != dw or dh < 2 or kh % 2 == 0 or kw % 2 == 0 or (ph, pw) != (dh * (kh - 1) // 2, dw * (kw - 1) // 2):
+    if kh % 2 == 0 or kw % 2 == 0 or (ph, pw) != (dh * (kh - 1) // 2, dw * (kw - 1) // 2):
         return False
     if not x.is_contiguous(memory_format=torch.channels_last):
         return False
