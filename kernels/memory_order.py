@@ -11,7 +11,6 @@ from typing import Callable
 
 from torch import Tensor
 
-
 _ORDERS: dict[tuple, tuple[int, ...] | None] = {}  # (shape, strides) -> storage_order: a few per network
 _MAX_ORDERS = 4096
 

@@ -1,7 +1,7 @@
 """`sparse_conv2d`: validates a call and runs it on the backend the dispatch table names.
 
-Backends: "torch" (F.conv2d, i.e. cuDNN on CUDA; ``dense.dense_conv2d``), "triton" (the sparse kernels, forward and weight
-gradient; under TRITON_INTERPRET=1 also on CPU tensors), "reference" (the readable torch two-stage
+Backends: "torch" (F.conv2d, i.e. cuDNN on CUDA; ``dense.dense_conv2d``), "triton" (the sparse kernels, forward
+and weight gradient; under TRITON_INTERPRET=1 also on CPU tensors), "reference" (the readable torch two-stage
 algorithm), and "auto": F.conv2d for eager calls, whose host work alone costs more than cuDNN's
 GPU time, and the sparse kernels for a call captured in a CUDA graph where its shape's crossover
 (calibration.py) says they win at the density its call site measured before. Eager calls inside
