@@ -7,7 +7,7 @@ GPU time, and the sparse kernels for a call captured in a CUDA graph where its s
 (calibration.py) says they win at the density its call site measured before. Eager calls inside
 `capture_warmup()` calibrate their shape and measure that density; other eager calls do not
 calibrate (but the first after a capture that found its shape uncalibrated). Unsupported calls
-(channels_last input among them) run F.conv2d on every backend. Every call counts its path.
+(channels_last input among them) take the dense path on every backend. Every call counts its path.
 """
 from __future__ import annotations
 
