@@ -9,41 +9,20 @@ CUDA-graph replays (the GPU's time: how the search's graphed ops run them), micr
 over back-to-back calls, the ratios, and the largest difference of the outputs relative to their largest magnitude.
 """
 import datetime
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_sparse_conv import back_to_back_us, capture
 
 from kernels.sparse_conv.dense import dense_conv2d
 
 CASES = [(16, 32, 3, 1), (16, 32, 5, 1), (16, 32, 3, 2), (16, 32, 5, 2), (32, 16, 3, 1), (32, 16, 5, 1),
          (32, 16, 5, 2), (64, 8, 3, 1), (64, 8, 5, 1)]
 BATCH, DILATION = 256, 2
-
-
-def us_per_call(fn, calls: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls * 1e3
-
-
-def graph_us(fn) -> float:
-    """fn captured in a CUDA graph (after a warm-up on a side stream), then replayed back to back."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return us_per_call(graph.replay)
 
 
 def main() -> None:
@@ -68,7 +47,7 @@ def main() -> None:
                 def step(conv=conv):
                     return torch.autograd.grad(conv(), (x, weight), upstream)
 
-                eager[name], replay[name] = us_per_call(step), graph_us(step)
+                eager[name], replay[name] = back_to_back_us(step), back_to_back_us(capture(step).replay)
             diff = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
             print(f"| {str(dtype)[6:]} | {channels} | {size} | {kernel} | {stride} | {eager['cudnn']:.1f} / "
                   f"{eager['phases']:.1f} | {eager['cudnn'] / eager['phases']:.2f} | {replay['cudnn']:.1f} / "
