@@ -14,9 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
-def _pair(value: int | tuple[int, ...] | list[int]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+from kernels.sparse_conv.geometry import _pair
 
 
 def phase_conv_applies(x: Tensor, weight: Tensor, stride, padding, dilation, groups: int) -> bool:
