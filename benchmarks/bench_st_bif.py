@@ -7,7 +7,8 @@ torch.compile(fullgraph=True); then one table against spikingjelly 2.0's Triton 
 only), torch.compile of our reference, a compiled plain loop and the eager reference (medians of
 triton.testing.do_bench, eager calls and CUDA-graph replays; bandwidths against a measured copy),
 and one table of host time per eager call (fp32, bf16, fp16; T = 4, 8) against graph replays and
-torch.compile. N = 64·128·32·32 neurons. --sweep also times the kernels' launch configurations.
+torch.compile, and of one layer inside a chain of 8 (the per-layer cost without the backward call's fixed
+cost). N = 64·128·32·32 neurons. --sweep also times the kernels' launch configurations.
 --pin-cpu runs the process on one CPU core (as ``taskset -c CORE``): an eager backward hands its work to PyTorch's
 autograd thread and waits for it, and that hand-off costs less host time when both threads share one core.
 """
@@ -31,6 +32,8 @@ from kernels.st_bif.surrogates import SURROGATES
 from kernels.st_bif.triton import LaunchConfig, st_bif_bwd, st_bif_fwd
 
 NEURON_SHAPE = (64, 128, 32, 32)
+# A supernet layer (batch 64, 16 channels, 32x32): its kernels take less time than its host work.
+CHAIN_SHAPE = (64, 16, 32, 32)
 POS_MAX, NEG_MIN = level_bounds(8, sym=True)
 SURROGATE = "sigmoid"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -363,14 +366,9 @@ def host_rows(num_steps: int, dtype_name: str) -> list[tuple]:
 
         return run
 
-    def chain_of_8(module):  # one autograd.grad call over 8 neurons: its fixed cost shared out (divide by 8)
-        return lambda: torch.autograd.grad(
-            functools.reduce(lambda h, _: module(h), range(8), x), (x, theta), grad_out)
-
     candidates = {
         ("floor: one native op (x * θ)", "fwd+bwd"): lambda: torch.autograd.grad(x * theta, (x, theta), grad_out),
         ("ours eager (STBIFNeuron, learnable θ)", "fwd+bwd"): fwd_bwd(neuron),
-        ("ours eager, a chain of 8 neurons (per call of 8)", "fwd+bwd"): chain_of_8(neuron),
         ("ours eager (STBIFNeuron, learnable θ)", "forward"): forward(neuron),
         ("ours under torch.compile", "fwd+bwd"): fwd_bwd(compiled_neuron),
         ("torch.compile, reference", "fwd+bwd"): fwd_bwd(lambda x_seq: compiled_reference(x_seq, theta)),
@@ -395,9 +393,61 @@ def print_host_table(rows: list) -> None:
               f"{graph} |")  # fmt: skip
 
 
+class _NoKernel(torch.autograd.Function):
+    """The least a Python autograd.Function costs: what ours does minus its kernels and its θ gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, theta)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.saved_tensors
+        return grad_out, None
+
+
+def chain_rows(dtype_name: str, length: int = 8) -> list[tuple]:
+    """Host µs of one layer's eager fwd+bwd inside a network: `length` layers in a row, each with its own θ,
+    under one autograd.grad call, against one layer alone. (chain − alone) / (length − 1) is what each layer
+    adds; the rest is the fixed cost of the backward call, paid once per loss.backward()."""
+    x = torch.randn(4, *CHAIN_SHAPE, device="cuda").to(DTYPES[dtype_name]).requires_grad_()
+    grad_out = torch.randn_like(x)
+    neurons = [STBIFNeuron(q_threshold=1.0, learn_threshold=True, backend="triton").cuda() for _ in range(length)]
+    thetas = [neuron.q_threshold for neuron in neurons]
+    layers = {
+        "native op (x · θ), θ learnable": [functools.partial(torch.mul, other=theta) for theta in thetas],
+        "Python autograd.Function, no kernel": [lambda h, theta=theta: _NoKernel.apply(h, theta) for theta in thetas],
+        "ours (STBIFNeuron, learnable θ)": neurons,
+    }
+    rows = []
+    for name, fns in layers.items():
+        def run(count, fns=fns):
+            return lambda: torch.autograd.grad(functools.reduce(lambda h, f: f(h), fns[:count], x),
+                                               (x, *thetas[:count]), grad_out)
+
+        alone_host, alone_wall, _ = host_wall_event_us(run(1))
+        chain_host, chain_wall, _ = host_wall_event_us(run(length))
+        forward_host = host_wall_event_us(lambda fn=fns[0]: fn(x))[0]
+        rows.append((dtype_name, name, alone_host, chain_host, (chain_host - alone_host) / (length - 1),
+                     chain_wall / length, forward_host))
+    return rows
+
+
+def print_chain_table(rows: list) -> None:
+    print(f"\nOne layer's eager fwd+bwd inside a network (T = 4, {'x'.join(map(str, CHAIN_SHAPE))} per step): a "
+          "chain of 8 layers per autograd.grad call")
+    print("| dtype | layer | host µs: alone | host µs: chain of 8 | host µs per layer in the chain | "
+          "wall µs per layer in the chain | host µs: forward |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for dtype, name, alone, chain, per_layer, wall, forward in rows:
+        print(f"| {dtype} | {name} | {alone:.1f} | {chain:.1f} | {per_layer:.1f} | {wall:.1f} | {forward:.1f} |")
+
+
 def host_table() -> None:
     rows = [row for num_steps in (4, 8) for dtype_name in DTYPES for row in host_rows(num_steps, dtype_name)]
     print_host_table(rows)
+    print_chain_table([row for dtype_name in ("fp32", "bf16") for row in chain_rows(dtype_name)])
     x = torch.randn(4, *NEURON_SHAPE, device="cuda", requires_grad=True)
     neuron = STBIFNeuron(q_threshold=1.0, learn_threshold=True, backend="triton").cuda()
     grad_out = torch.randn_like(x)

@@ -51,17 +51,12 @@ class _Quantize(torch.autograd.Function):
         if ctx.triton:
             if grad.stride() != x.stride():  # e.g. a contiguous gradient of a channels_last x, or an expanded one
                 grad = torch.empty_like(x).copy_(grad)
-            grad_x, partials = quantize_bwd(grad, x, theta, neg_min, pos_max, want_theta, ctx.scale)
-            grad_theta = partials.sum() if want_theta else None  # the partials carry the scale
+            # grad θ in θ's shape and dtype, the scale applied
+            grad_x, grad_theta = quantize_bwd(grad, x, theta, neg_min, pos_max, want_theta, ctx.scale)
         else:
             grad_x, grad_theta = quantize_backward_reference(grad, x, theta, neg_min, pos_max, want_theta)
             if grad_theta is not None:
-                grad_theta = grad_theta.mul(ctx.scale)
-        if grad_theta is not None:  # a same-dtype .to() or a same-shape reshape still costs a dispatch
-            if grad_theta.dtype != theta.dtype:
-                grad_theta = grad_theta.to(theta.dtype)
-            if grad_theta.shape != theta.shape:
-                grad_theta = grad_theta.reshape(theta.shape)
+                grad_theta = grad_theta.mul(ctx.scale).to(theta.dtype).reshape(theta.shape)
         return grad_x if ctx.needs_input_grad[0] else None, grad_theta, None, None, None, None
 
 

@@ -2,7 +2,8 @@
 
 Both treat x as a flat buffer (any dense layout: contiguous or channels_last) and give each program
 BLOCK elements. Forward: read x, write y. Backward: read x and grad, write grad_x and, when θ needs
-a gradient, one fp32 partial per program (summed by the caller in a fixed order: deterministic).
+a gradient, θ's gradient: one fp32 partial per program, summed in the same launch in a fixed order
+(kernels/partial_sums.py: deterministic).
 Launches after the first for a key skip `JITFunction.run` (kernels/launch.py).
 """
 from typing import Hashable
@@ -13,6 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.launch import Handle, launch
+from kernels.partial_sums import partials_and_counter, store_partial_and_total
 
 BLOCK = 1024
 NUM_WARPS = 4
@@ -40,8 +42,9 @@ def _quantize_fwd_kernel(x_ptr, y_ptr, theta_ptr, n, NEG_MIN: tl.constexpr, POS_
 
 
 @triton.jit
-def _quantize_bwd_kernel(x_ptr, grad_ptr, grad_x_ptr, theta_ptr, partials_ptr, n, theta_scale, NEG_MIN: tl.constexpr,
-                         POS_MAX: tl.constexpr, GRAD_THETA: tl.constexpr, BLOCK: tl.constexpr):
+def _quantize_bwd_kernel(x_ptr, grad_ptr, grad_x_ptr, theta_ptr, partials_ptr, counter_ptr, grad_theta_ptr, n,
+                         theta_scale, NEG_MIN: tl.constexpr, POS_MAX: tl.constexpr, GRAD_THETA: tl.constexpr,
+                         BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     theta = tl.load(theta_ptr).to(tl.float32)
@@ -53,7 +56,8 @@ def _quantize_bwd_kernel(x_ptr, grad_ptr, grad_x_ptr, theta_ptr, partials_ptr, n
     if GRAD_THETA:
         level = tl.minimum(tl.maximum(tl.floor(v + 0.5), NEG_MIN), POS_MAX)
         contribution = grad * tl.where(inside, level - v, level)
-        tl.store(partials_ptr + tl.program_id(0), tl.sum(tl.where(mask, contribution, 0.0), axis=0) * theta_scale)
+        partial = tl.sum(tl.where(mask, contribution, 0.0), axis=0) * theta_scale
+        store_partial_and_total(partials_ptr, counter_ptr, grad_theta_ptr, partial)
 
 
 _FWD_HANDLES: dict[Hashable, Handle] = {}
@@ -87,21 +91,24 @@ def quantize_fwd(x: Tensor, theta: Tensor, neg_min: int, pos_max: int) -> Tensor
 def quantize_bwd(
     grad: Tensor, x: Tensor, theta: Tensor, neg_min: int, pos_max: int, grad_theta: bool, theta_scale: float = 1.0
 ) -> tuple[Tensor, Tensor | None]:
-    """(grad_x with x's strides, the θ gradient's per-program fp32 partials, each times ``theta_scale``, or None);
-    grad must have x's strides. The scale is applied in the kernel: the caller's sum is the scaled gradient."""
+    """(grad_x with x's strides, θ's gradient times ``theta_scale`` with θ's shape and dtype, or None); grad must
+    have x's strides."""
     grad_x = torch.empty_like(x)
     n = x.numel()
-    num_programs = _num_programs(n)
-    partials = torch.empty(num_programs, dtype=torch.float32, device=x.device) if grad_theta else None
     if n == 0:
-        return grad_x, partials
+        return grad_x, torch.zeros_like(theta) if grad_theta else None
+    num_programs = _num_programs(n)
     device_index = _device_index(x)
+    partials = counter = theta_grad = None
+    if grad_theta:
+        partials, counter = partials_and_counter(x.device, device_index, num_programs)
+        theta_grad = torch.empty_like(theta)
+    tensors = (x, grad, grad_x, theta, partials, counter, theta_grad)
     key = pointers = None
     if device_index is not None:
-        pointers = (x.data_ptr(), grad.data_ptr(), grad_x.data_ptr(), theta.data_ptr(),
-                    partials.data_ptr() if grad_theta else None)
+        pointers = tuple(None if t is None else t.data_ptr() for t in tensors)
         key = (x.dtype, grad.dtype, theta.dtype, n, neg_min, pos_max, grad_theta,
                *(None if p is None else p % _ALIGN for p in pointers))
-    launch(_quantize_bwd_kernel, _BWD_HANDLES, key, device_index, num_programs, (x, grad, grad_x, theta, partials),
-           pointers, (n, float(theta_scale), neg_min, pos_max, grad_theta, BLOCK), NUM_WARPS)
-    return grad_x, partials
+    launch(_quantize_bwd_kernel, _BWD_HANDLES, key, device_index, num_programs, tensors, pointers,
+           (n, float(theta_scale), neg_min, pos_max, grad_theta, BLOCK), NUM_WARPS)
+    return grad_x, theta_grad

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from kernels.block_map import BlockMap
 
-from .triton import Plan, backward, bwd_num_programs, forward, get_plan, st_bif_bwd, st_bif_fwd
+from .triton import Plan, backward, forward, get_plan, st_bif_bwd, st_bif_fwd
 
 
 @torch.library.custom_op("aso_se::st_bif_forward", mutates_args=())
@@ -51,8 +51,7 @@ def _(
     grad_threshold: bool,
 ) -> tuple[Tensor, Tensor]:
     grad_x = torch.empty_like(x_seq, memory_format=torch.contiguous_format)
-    num_partials = bwd_num_programs(x_seq) if grad_threshold else 0
-    return grad_x, x_seq.new_empty(num_partials, dtype=torch.float32)
+    return grad_x, torch.empty_like(q_threshold) if grad_threshold else x_seq.new_empty(0, dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
@@ -62,23 +61,13 @@ def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
     ctx.surrogate = surrogate
 
 
-def _threshold_grad(partials: Tensor, q_threshold: Tensor) -> Tensor:
-    # One partial per program, summed in a fixed order: deterministic, no atomics.
-    grad_theta = partials.sum()
-    if q_threshold.dtype != torch.float32:  # a same-dtype .to() still costs a dispatch
-        grad_theta = grad_theta.to(q_threshold.dtype)
-    if q_threshold.dim():  # a [1] threshold (the sum is 0-dim, like the usual one: no reshape op)
-        grad_theta = grad_theta.reshape(q_threshold.shape)
-    return grad_theta
-
-
 def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor | None, None, None, None]:
     x_seq, q_threshold = ctx.saved_tensors
     grad_threshold = ctx.needs_input_grad[1]
-    grad_x, partials = _st_bif_backward_op(
+    grad_x, grad_theta = _st_bif_backward_op(
         grad_out, x_seq, q_threshold, *ctx.bounds, ctx.surrogate, grad_threshold
     )
-    return grad_x, _threshold_grad(partials, q_threshold) if grad_threshold else None, None, None, None
+    return grad_x, grad_theta if grad_threshold else None, None, None, None
 
 
 _st_bif_forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -99,8 +88,8 @@ class STBIFFunction(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor | None, None, None]:
         x_seq, q_threshold = ctx.saved_tensors
         grad_threshold = ctx.needs_input_grad[1]
-        grad_x, partials = backward(ctx.plan, grad_out, x_seq, q_threshold, grad_threshold)
-        return grad_x, _threshold_grad(partials, q_threshold) if grad_threshold else None, None, None
+        grad_x, grad_theta = backward(ctx.plan, grad_out, x_seq, q_threshold, grad_threshold)
+        return grad_x, grad_theta, None, None
 
 
 def st_bif_triton(

@@ -19,6 +19,7 @@ from torch import Tensor
 from kernels.block_map import BlockMap
 from kernels.dependent_launch import use_pdl, wait_then_release
 from kernels.launch import Handle, launch
+from kernels.partial_sums import partials_and_counter, store_partial_and_total
 
 from .surrogates import get_surrogate
 
@@ -145,6 +146,8 @@ def _st_bif_bwd_kernel(
     grad_x_ptr,
     theta_ptr,
     grad_theta_partial_ptr,
+    done_counter_ptr,
+    grad_theta_ptr,
     n_neurons,
     x_stride_t,
     x_stride_n,
@@ -226,7 +229,7 @@ def _st_bif_bwd_kernel(
     if GRAD_THRESHOLD:
         # out_t = s_t·θ and u_t = q_{t-1} + x_t/θ: dL/dθ = Σ g_out·s − Σ g_u·x / θ².
         grad_theta = grad_out_dot_s - grad_u_dot_x / (theta * theta)
-        tl.store(grad_theta_partial_ptr + pid, tl.sum(grad_theta, axis=0))
+        store_partial_and_total(grad_theta_partial_ptr, done_counter_ptr, grad_theta_ptr, tl.sum(grad_theta, axis=0))
 
 
 def _check_triton_input(x_seq: Tensor) -> None:
@@ -263,11 +266,6 @@ def fwd_config(num_steps: int) -> LaunchConfig:
 
 def bwd_config(num_steps: int) -> LaunchConfig:
     return LaunchConfig(block=512 if _chunk(num_steps) <= 4 else 256)
-
-
-def bwd_num_programs(x_seq: Tensor) -> int:
-    """Programs of the default backward launch: the length of its threshold-grad partials."""
-    return _cdiv(x_seq[0].numel(), bwd_config(x_seq.shape[0]).block)
 
 
 def can_write_block_map(x_seq: Tensor) -> bool:
@@ -411,14 +409,15 @@ def backward(
     plan: Plan, grad_out: Tensor, x_seq: Tensor, q_threshold: Tensor, grad_threshold: bool,
 ) -> tuple[Tensor, Tensor | None]:
     """`st_bif_bwd` for an x_seq of the plan's kind and a grad_out of its shape, without checks
-    (partials None unless grad_threshold)."""
+    (grad θ None unless grad_threshold)."""
     grad_x = torch.empty_like(x_seq, memory_format=torch.contiguous_format)
     block, num_warps, num_programs = plan.bwd
-    partials = None
-    if grad_threshold:
-        partials = torch.empty(num_programs, dtype=torch.float32, device=x_seq.device)
     if plan.n == 0:
-        return grad_x, partials
+        return grad_x, torch.zeros_like(q_threshold) if grad_threshold else None
+    partials = counter = grad_theta = None
+    if grad_threshold:  # the kernel sums its per-program partials into grad θ (kernels/partial_sums.py)
+        partials, counter = partials_and_counter(x_seq.device, plan.device_index, num_programs)
+        grad_theta = torch.empty_like(q_threshold)
     if plan.x_strides is None:
         x_seq = x_seq.reshape(plan.num_steps, -1)
         x_stride_t, x_stride_n = x_seq.stride()
@@ -431,18 +430,24 @@ def backward(
     if g_strides is None:
         grad_out = grad_out.reshape(plan.num_steps, -1)
         g_strides = grad_out.stride()
-    tensors = (x_seq, grad_out, grad_x, q_threshold, partials)
+    tensors = (x_seq, grad_out, grad_x, q_threshold, partials, counter, grad_theta)
     scalars = (plan.n, x_stride_t, x_stride_n, *g_strides, plan.pos_max, plan.neg_min, plan.num_steps, plan.chunk,
                block, plan.surrogate, plan.alpha, grad_threshold)
     key = pointers = None
     if plan.device_index is not None:
-        partials_ptr = partials.data_ptr() if grad_threshold else None
-        pointers = (x_seq.data_ptr(), grad_out.data_ptr(), grad_x.data_ptr(), q_threshold.data_ptr(), partials_ptr)
-        key = (pointers[0] % _ALIGN, grad_out.dtype, pointers[1] % _ALIGN, g_strides, pointers[2] % _ALIGN,
-               q_threshold.dtype, pointers[3] % _ALIGN, partials_ptr % _ALIGN if grad_threshold else None)
+        x_ptr, g_ptr, gx_ptr = x_seq.data_ptr(), grad_out.data_ptr(), grad_x.data_ptr()
+        theta_ptr = q_threshold.data_ptr()
+        key = (x_ptr % _ALIGN, grad_out.dtype, g_ptr % _ALIGN, g_strides, gx_ptr % _ALIGN, q_threshold.dtype,
+               theta_ptr % _ALIGN, grad_threshold)
+        if grad_threshold:
+            partials_ptr, counter_ptr, grad_theta_ptr = partials.data_ptr(), counter.data_ptr(), grad_theta.data_ptr()
+            key += (partials_ptr % _ALIGN, counter_ptr % _ALIGN, grad_theta_ptr % _ALIGN)
+        else:
+            partials_ptr = counter_ptr = grad_theta_ptr = None
+        pointers = (x_ptr, g_ptr, gx_ptr, theta_ptr, partials_ptr, counter_ptr, grad_theta_ptr)
     launch(_st_bif_bwd_kernel, plan.bwd_handles, key, plan.device_index, num_programs, tensors, pointers, scalars,
            num_warps)
-    return grad_x, partials
+    return grad_x, grad_theta
 
 
 def st_bif_fwd(
@@ -480,7 +485,7 @@ def st_bif_bwd(
     *,
     config: LaunchConfig | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Returns (grad_x, partials): partials sum to grad θ (empty unless grad_threshold)."""
+    """Returns (grad_x, grad θ): grad θ has q_threshold's shape and dtype (empty fp32 unless grad_threshold)."""
     plan = get_plan(x_seq, pos_max, neg_min, surrogate, bwd_cfg=config)
-    grad_x, partials = backward(plan, grad_out, x_seq, q_threshold, grad_threshold)
-    return grad_x, x_seq.new_empty(0, dtype=torch.float32) if partials is None else partials
+    grad_x, grad_theta = backward(plan, grad_out, x_seq, q_threshold, grad_threshold)
+    return grad_x, x_seq.new_empty(0, dtype=torch.float32) if grad_theta is None else grad_theta

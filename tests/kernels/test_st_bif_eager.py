@@ -236,6 +236,7 @@ _FAKE_GPU = textwrap.dedent('''
     driver.set_active(FakeDriver())
     torch._C._cuda_getDevice = lambda: 0
     torch._C._cuda_getCurrentRawStream = lambda device: 7
+    torch.cuda.is_current_stream_capturing = lambda: False
     RECORDS = []
 
     class Address(int):
