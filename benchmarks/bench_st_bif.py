@@ -1,6 +1,6 @@
 """Benchmark of the fused ST-BIF neuron. Needs a CUDA GPU.
 
-    PYTHONPATH=. python benchmarks/bench_st_bif.py [--sweep] [--host-only] [--pin-cpu CORE]
+    PYTHONPATH=. python benchmarks/bench_st_bif.py [--sweep] [--host-only] [--chain-only] [--pin-cpu CORE]
 
 Checks on the GPU that the Triton path matches the torch reference, runs in a CUDA graph and under
 torch.compile(fullgraph=True); then one table against spikingjelly 2.0's Triton ST-BIF (inference
@@ -26,6 +26,7 @@ import triton
 from spikingjelly.activation_based import functional as sj_functional
 from triton.testing import do_bench
 
+from kernels.quantizer import quantize
 from kernels.st_bif import STBIFNeuron, level_bounds, st_bif_multistep
 from kernels.st_bif.reference import st_bif_loop, st_bif_reference
 from kernels.st_bif.surrogates import SURROGATES
@@ -415,16 +416,19 @@ def chain_rows(dtype_name: str, length: int = 8) -> list[tuple]:
     grad_out = torch.randn_like(x)
     neurons = [STBIFNeuron(q_threshold=1.0, learn_threshold=True, backend="triton").cuda() for _ in range(length)]
     thetas = [neuron.q_threshold for neuron in neurons]
+    scales = [torch.tensor(0.5, device="cuda", requires_grad=True) for _ in range(length)]
     layers = {
-        "native op (x · θ), θ learnable": [functools.partial(torch.mul, other=theta) for theta in thetas],
-        "Python autograd.Function, no kernel": [lambda h, theta=theta: _NoKernel.apply(h, theta) for theta in thetas],
-        "ours (STBIFNeuron, learnable θ)": neurons,
+        "native op (x · θ), θ learnable": ([functools.partial(torch.mul, other=theta) for theta in thetas], thetas),
+        "Python autograd.Function, no kernel": ([lambda h, theta=theta: _NoKernel.apply(h, theta) for theta in thetas],
+                                                thetas),
+        "ours (STBIFNeuron, learnable θ)": (neurons, thetas),
+        "ours: the QANN quantizer, learnable θ": ([lambda h, t=t: quantize(h, t, 0, 15, 0.1) for t in scales], scales),
     }
     rows = []
-    for name, fns in layers.items():
-        def run(count, fns=fns):
+    for name, (fns, params) in layers.items():
+        def run(count, fns=fns, params=params):
             return lambda: torch.autograd.grad(functools.reduce(lambda h, f: f(h), fns[:count], x),
-                                               (x, *thetas[:count]), grad_out, allow_unused=True)
+                                               (x, *params[:count]), grad_out, allow_unused=True)
 
         alone_host, alone_wall, _ = host_wall_event_us(run(1))
         chain_host, chain_wall, _ = host_wall_event_us(run(length))
@@ -469,7 +473,10 @@ def pin_process(core: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time launch configurations")
-    parser.add_argument("--host-only", action="store_true", help="only the table of host time per call")
+    parser.add_argument("--host-only", action="store_true", help="only the tables of host time per call")
+    parser.add_argument("--chain-only", action="store_true",
+                        help="only the table of host time per layer in a chain (runs against an older checkout too: "
+                             "cd <checkout> && PYTHONPATH=. python <this file> --chain-only)")
     parser.add_argument("--pin-cpu", type=int, default=None, metavar="CORE",
                         help="run on this CPU core alone (before CUDA starts its threads)")
     args = parser.parse_args()
@@ -480,6 +487,9 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | spikingjelly {version('spikingjelly')} | "
           f"{datetime.date.today()} | {pinned}")  # fmt: skip
+    if args.chain_only:
+        print_chain_table([row for dtype_name in ("fp32", "bf16") for row in chain_rows(dtype_name)])
+        return
     if args.host_only:
         host_table()
         return
