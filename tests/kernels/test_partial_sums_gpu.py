@@ -1,5 +1,5 @@
-"""The last program's sum of partials on a GPU (``pytest -m gpu``): many programs, two streams at once, CUDA-graph
-capture, and the ST-BIF threshold gradient that uses it, against the torch reference."""
+"""The last program's sum of partials on a GPU (``pytest -m gpu``): many programs against float64, two streams at
+once, CUDA-graph capture, and the ST-BIF threshold gradient as the sum of its own partials."""
 import pytest
 import torch
 
