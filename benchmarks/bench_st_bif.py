@@ -26,6 +26,7 @@ import triton
 from spikingjelly.activation_based import functional as sj_functional
 from triton.testing import do_bench
 
+from kernels import native
 from kernels.quantizer import quantize
 from kernels.st_bif import STBIFNeuron, level_bounds, st_bif_multistep
 from kernels.st_bif.reference import st_bif_loop, st_bif_reference
@@ -487,6 +488,9 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | spikingjelly {version('spikingjelly')} | "
           f"{datetime.date.today()} | {pinned}")  # fmt: skip
+    node = "off (ASO_SE_NATIVE=0)" if not native.enabled() else (
+        "on" if native.wait() is not None else f"not built: {native.build_error()}")
+    print(f"eager neurons' C++ autograd node (kernels/native): {node}")
     if args.chain_only:
         print_chain_table([row for dtype_name in ("fp32", "bf16") for row in chain_rows(dtype_name)])
         return

@@ -14,8 +14,8 @@ import torch
 from triton import knobs
 from triton.compiler import CompiledKernel
 
-# (launcher, function handle, the launcher's arguments between the function and the hooks)
-Handle = tuple[Callable[..., Any], Any, tuple]
+# (launcher, function handle, the launcher's arguments between the function and the hooks, the compiled kernel)
+Handle = tuple[Callable[..., Any], Any, tuple, CompiledKernel]
 
 _RUNTIME = knobs.runtime
 # The hook chains every launch passes to its launcher; while both are these and empty, a launch
@@ -39,8 +39,8 @@ def keep(compiled: CompiledKernel) -> Handle:
             and not launcher.profile_scratch_size):
         # CudaLauncher.__call__ allocates no scratch then: call its C launch with what it adds.
         prefix = (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, compiled.packed_metadata)
-        return launcher.launch, compiled.function, prefix
-    return launcher, compiled.function, (compiled.packed_metadata,)
+        return launcher.launch, compiled.function, prefix, compiled
+    return launcher, compiled.function, (compiled.packed_metadata,), compiled
 
 
 def launch(
@@ -58,7 +58,7 @@ def launch(
     handle = handles.get(key)
     if (handle is not None and _RUNTIME.launch_enter_hook is _ENTER and not _ENTER.calls
             and _RUNTIME.launch_exit_hook is _EXIT and not _EXIT.calls):
-        launcher, function, prefix = handle
+        launcher, function, prefix, _ = handle
         stream = torch._C._cuda_getCurrentRawStream(device_index)
         launcher(num_programs, 1, 1, stream, function, *prefix, None, None, None, *pointers, *scalars)
         return None

@@ -14,12 +14,16 @@ from torch import Tensor, nn
 
 from kernels.block_map import BlockMap
 from kernels.memory_order import in_storage_order, storage_order
+from kernels.native.spec import NativeSpec
 
 from .function import STBIFFunction, st_bif_triton
 from .reference import st_bif_reference
 from .surrogates import SURROGATES, get_surrogate
 from .triton import Plan, block_map_of, get_plan
 from .validation import check_bounds, check_sequence, check_threshold, check_threshold_value
+
+# (device index) -> the handle of its current CUDA stream; the C++ node launches on it
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 __all__ = ["STBIFNeuron", "SURROGATES", "level_bounds", "st_bif_multistep", "st_bif_multistep_with_block_map"]
 
@@ -91,20 +95,22 @@ def st_bif_multistep_with_block_map(
     the output. The Triton kernel writes it while it writes the spikes; on the torch backend,
     under torch.compile, or for other shapes the map is None (the conv then makes its own).
     """
-    return _run(x_seq, q_threshold, pos_max, neg_min, surrogate, backend, with_block_map=True)
+    return _run(x_seq, q_threshold, pos_max, neg_min, surrogate, backend, with_block_map=True)[:2]
 
 
 def _run(
     x_seq: Tensor, q_threshold: float | Tensor, pos_max: int, neg_min: int, surrogate: str, backend: str,
     with_block_map: bool,
-) -> tuple[Tensor, BlockMap | None]:
+) -> tuple[Tensor, BlockMap | None, Plan | None]:
+    """(output, its block map if asked for and made, the Plan it ran on: None for the reference, under
+    torch.compile and for other memory orders)."""
     if torch.compiler.is_compiling():
-        return _run_traced(x_seq, q_threshold, pos_max, neg_min, surrogate, backend), None
+        return _run_traced(x_seq, q_threshold, pos_max, neg_min, surrogate, backend), None, None
     if isinstance(x_seq, Tensor) and not x_seq.is_contiguous():
         order = storage_order(x_seq)
         if order is not None:  # e.g. channels_last: run on the memory order and hand back x_seq's strides
             run = lambda x: _run(x, q_threshold, pos_max, neg_min, surrogate, backend, False)[0]  # noqa: E731
-            return in_storage_order(run, x_seq, order), None
+            return in_storage_order(run, x_seq, order), None, None
     if not isinstance(q_threshold, Tensor):
         check_sequence(x_seq)
         check_threshold(q_threshold, x_seq)
@@ -120,9 +126,14 @@ def _run(
     if plan is _NEW:
         plan = _new_route(key, x_seq, q_threshold, pos_max, neg_min, surrogate, backend)
     if plan is None:
-        return _st_bif_torch(x_seq, q_threshold, pos_max, neg_min, surrogate), None
+        return _st_bif_torch(x_seq, q_threshold, pos_max, neg_min, surrogate), None, None
+    native = plan.native
+    if native and not with_block_map:  # the C++ autograd node (kernels/native), where it fits these inputs
+        out = native.apply(x_seq, q_threshold, native.index, _raw_stream(native.device_index))
+        if out is not None:
+            return out, None, plan
     block_map = block_map_of(plan.map_shapes, x_seq) if with_block_map and plan.map_shapes is not None else None
-    return STBIFFunction.apply(x_seq, q_threshold, plan, block_map), block_map
+    return STBIFFunction.apply(x_seq, q_threshold, plan, block_map), block_map, plan
 
 
 # Eager calls: the checks and the backend choice made once per kind of call (every input's
@@ -185,6 +196,8 @@ class STBIFNeuron(nn.Module):
         self.pos_max, self.neg_min = level_bounds(level, sym)
         self.level, self.sym = level, sym
         self.surrogate, self.backend = surrogate, backend
+        # (bounds, surrogate, backend) and the NativeSpec (kernels/native) of the last call, where it had one
+        self._native: tuple[tuple, NativeSpec] | None = None
         threshold = torch.tensor(float(q_threshold))
         if learn_threshold:
             self.q_threshold = nn.Parameter(threshold)
@@ -192,11 +205,31 @@ class STBIFNeuron(nn.Module):
             self.register_buffer("q_threshold", threshold)
 
     def forward(self, x_seq: Tensor) -> Tensor:
-        return _run(x_seq, self.q_threshold, self.pos_max, self.neg_min, self.surrogate, self.backend, False)[0]
+        config = (self.pos_max, self.neg_min, self.surrogate, self.backend)
+        if torch.compiler.is_compiling():
+            return _run(x_seq, self.q_threshold, *config, False)[0]
+        native = self._native
+        # The last call's C++ node first: it checks in C++ that x_seq and θ are of the kind it was made for.
+        if native is not None and native[0] == config:
+            try:
+                spec = native[1]
+                out = spec.apply(x_seq, self.q_threshold, spec.index, _raw_stream(spec.device_index))
+            except TypeError:  # x_seq is not a tensor: _run says so
+                out = None
+            if out is not None:
+                return out
+        out, _, plan = _run(x_seq, self.q_threshold, *config, False)
+        native = None if plan is None else plan.native
+        self._native = (config, native) if native else None
+        return out
 
     def forward_with_block_map(self, x_seq: Tensor) -> tuple[Tensor, BlockMap | None]:
         """`forward` and the block map of its output (`st_bif_multistep_with_block_map`)."""
-        return _run(x_seq, self.q_threshold, self.pos_max, self.neg_min, self.surrogate, self.backend, True)
+        return _run(x_seq, self.q_threshold, self.pos_max, self.neg_min, self.surrogate, self.backend, True)[:2]
+
+    def __getstate__(self) -> dict:
+        # The C++ node's spec belongs to this process: copies and pickles find theirs on their first call.
+        return {**super().__getstate__(), "_native": None}
 
     def extra_repr(self) -> str:
         learn = isinstance(self.q_threshold, nn.Parameter)

@@ -19,6 +19,7 @@ from torch import Tensor
 from kernels.block_map import BlockMap
 from kernels.dependent_launch import use_pdl, wait_then_release
 from kernels.launch import Handle, launch
+from kernels.native import spec as native_spec
 from kernels.partial_sums import partials_and_counter, store_partial_and_total
 
 from .surrogates import get_surrogate
@@ -297,7 +298,7 @@ class Plan:
     keeps both kernels' compiled launches (kernels/launch.py), keyed by what may still vary per call."""
 
     __slots__ = ("num_steps", "chunk", "n", "x_strides", "device_index", "pos_max", "neg_min", "fwd", "bwd",
-                 "surrogate", "alpha", "map_dims", "map_shapes", "grad_strides", "fwd_handles", "bwd_handles")
+                 "surrogate", "alpha", "map_dims", "map_shapes", "grad_strides", "fwd_handles", "bwd_handles", "native")
 
     def __init__(self, x_seq: Tensor, pos_max: int, neg_min: int, surrogate: str,
                  fwd_cfg: LaunchConfig | None = None, bwd_cfg: LaunchConfig | None = None) -> None:
@@ -320,6 +321,9 @@ class Plan:
         self.grad_strides: dict[tuple[int, ...], tuple[int, int] | None] = {}  # per layout of grad_out
         self.fwd_handles: dict[Hashable, Handle] = {}
         self.bwd_handles: dict[Hashable, Handle] = {}
+        # The C++ node (kernels/native): for contiguous CUDA input, set up once the Python path has launched.
+        self.native: native_spec.NativeSpec | None | bool = (
+            None if self.device_index is not None and x_seq.is_contiguous() else native_spec.NEVER)
 
 
 # Triton specializes pointers on their alignment to this many bytes: part of a compiled launch's key.
@@ -402,6 +406,8 @@ def forward(
         pointers = (x_ptr, out_ptr, q_ptr, acc_ptr, theta_ptr, blocks_ptr, planes_ptr)
     launch(_st_bif_fwd_kernel, plan.fwd_handles, key, plan.device_index, num_programs, tensors, pointers, scalars,
            num_warps, pdl)
+    if plan.native is None and key == (0, 0, q_threshold.dtype, 0, False, False, False):
+        _offer_forward(plan, key, x_seq, q_threshold, (*pointers, *scalars))
     return out, q_final, acc_final
 
 
@@ -447,7 +453,40 @@ def backward(
         pointers = (x_ptr, g_ptr, gx_ptr, theta_ptr, partials_ptr, counter_ptr, grad_theta_ptr)
     launch(_st_bif_bwd_kernel, plan.bwd_handles, key, plan.device_index, num_programs, tensors, pointers, scalars,
            num_warps)
+    native = plan.native
+    if native and not native.has_backward[grad_threshold] and key == _usual_backward_key(plan, native, grad_threshold):
+        native_spec.set_backward(native, grad_threshold, native_spec.native_kernel(
+            plan.bwd_handles[key][3], num_programs, (*pointers, *scalars), _BWD_ROLES))
     return grad_x, grad_theta
+
+
+# The kernels' leading pointer arguments, by role in the C++ node (None: passed as None there).
+_FWD_ROLES = native_spec.roles("x", "out", None, None, "theta", None, None)
+_BWD_ROLES = native_spec.roles("x", "grad_out", "grad_x", "theta", "partials", "counter", "grad_theta")
+
+
+def _offer_forward(plan: Plan, key: tuple, x_seq: Tensor, q_threshold: Tensor, arguments: tuple) -> None:
+    """Sets up the plan's C++ node from the forward just launched, for aligned contiguous input (the key);
+    leaves plan.native None while the node builds, NEVER where it cannot be had."""
+    if not native_spec.available():
+        plan.native = native_spec.NEVER
+        return
+    try:
+        kernel = native_spec.native_kernel(plan.fwd_handles[key][3], plan.fwd[2], arguments, _FWD_ROLES)
+    except ValueError:
+        plan.native = native_spec.NEVER
+        return
+    spec = native_spec.new_spec(x_seq, q_threshold, plan.bwd[2], kernel,
+                                lambda grad_out, x, theta, grad_threshold: backward(plan, grad_out, x, theta,
+                                                                                    grad_threshold))
+    if spec is not None:
+        plan.native = spec
+
+
+def _usual_backward_key(plan: Plan, native: native_spec.NativeSpec, grad_threshold: bool) -> tuple:
+    """The backward's launch key for what the C++ node launches itself: aligned contiguous tensors."""
+    key = (0, native.x_dtype, 0, (plan.n, 1), 0, native.theta_dtype, 0, grad_threshold)
+    return key + (0, 0, 0) if grad_threshold else key
 
 
 def st_bif_fwd(

@@ -1,0 +1,66 @@
+"""What a neuron's Plan keeps of the C++ node: its spec there, and which backward variants it has.
+
+A Plan offers its kernels once the Python path has compiled and launched them for its usual inputs
+(aligned, contiguous, one threshold dtype): the forward makes the spec, each backward variant (with or
+without the threshold's gradient) is added when first launched. Until then, and for other inputs, the
+Python path runs; the C++ node hands anything its kernels do not fit back to the Python backward.
+"""
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from . import build_error, enabled, module
+from .arguments import NativeKernel, native_kernel
+
+ROLE_NAMES = ("x", "out", "theta", "grad_out", "grad_x", "partials", "counter", "grad_theta")
+
+# Plan.native: None until decided, NEVER where the node cannot take this kind of input, else a NativeSpec.
+NEVER = False
+
+
+class NativeSpec:
+    __slots__ = ("apply", "index", "device_index", "x_dtype", "theta_dtype", "has_backward", "module")
+
+    def __init__(self, loaded: Any, index: int, device_index: int, x_dtype: torch.dtype, theta_dtype: torch.dtype
+                 ) -> None:
+        self.module = loaded
+        # (x, theta, index, raw stream) -> out, or None where the spec does not fit the inputs
+        self.apply = loaded.apply
+        self.index = index
+        self.device_index = device_index
+        self.x_dtype = x_dtype
+        self.theta_dtype = theta_dtype
+        self.has_backward = [False, False]
+
+
+def roles(*names: str | None) -> tuple[int | None, ...]:
+    """The role numbers of a kernel's leading pointer arguments, by name (None for an argument passed as None)."""
+    return tuple(None if name is None else ROLE_NAMES.index(name) for name in names)
+
+
+def new_spec(x: Tensor, theta: Tensor, backward_programs: int, forward: NativeKernel,
+             python_backward: Callable[[Tensor, Tensor, Tensor, bool], tuple[Tensor, Tensor | None]]
+             ) -> NativeSpec | None:
+    """A spec from the forward kernel, for inputs like x and theta (their kind: device, dtypes, shapes; x
+    contiguous), or None while the node is not built (it builds in the background)."""
+    loaded = module()
+    if loaded is None:
+        return None
+    index = loaded.new_spec(x, theta, backward_programs, forward.function, forward.grid, forward.threads,
+                            forward.shared_bytes, forward.roles, forward.values, python_backward)
+    return NativeSpec(loaded, index, x.get_device(), x.dtype, theta.dtype)
+
+
+def set_backward(spec: NativeSpec, grad_threshold: bool, kernel: NativeKernel) -> None:
+    spec.module.set_backward(spec.index, grad_threshold, kernel.function, kernel.grid, kernel.threads,
+                             kernel.shared_bytes, kernel.roles, kernel.values)
+    spec.has_backward[grad_threshold] = True
+
+
+def available() -> bool:
+    """Whether the node may still come: turned on, and its build has not failed."""
+    return enabled() and build_error() is None
+
+
+__all__ = ["NEVER", "NativeSpec", "available", "native_kernel", "new_spec", "roles", "set_backward"]
