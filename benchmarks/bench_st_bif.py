@@ -27,11 +27,11 @@ from spikingjelly.activation_based import functional as sj_functional
 from triton.testing import do_bench
 
 from kernels import native
-from kernels.quantizer import quantize
 from kernels.st_bif import STBIFNeuron, level_bounds, st_bif_multistep
 from kernels.st_bif.reference import st_bif_loop, st_bif_reference
 from kernels.st_bif.surrogates import SURROGATES
 from kernels.st_bif.triton import LaunchConfig, st_bif_bwd, st_bif_fwd
+from search_space.neurons.st_bif_qann import QuantizedActivation
 
 NEURON_SHAPE = (64, 128, 32, 32)
 # A supernet layer (batch 64, 16 channels, 32x32): its kernels take less time than its host work.
@@ -417,13 +417,14 @@ def chain_rows(dtype_name: str, length: int = 8) -> list[tuple]:
     grad_out = torch.randn_like(x)
     neurons = [STBIFNeuron(q_threshold=1.0, learn_threshold=True, backend="triton").cuda() for _ in range(length)]
     thetas = [neuron.q_threshold for neuron in neurons]
-    scales = [torch.tensor(0.5, device="cuda", requires_grad=True) for _ in range(length)]
+    quantizers = [QuantizedActivation(q_threshold=0.5, level=16, sym=False).cuda() for _ in range(length)]
     layers = {
         "native op (x · θ), θ learnable": ([functools.partial(torch.mul, other=theta) for theta in thetas], thetas),
         "Python autograd.Function, no kernel": ([lambda h, theta=theta: _NoKernel.apply(h, theta) for theta in thetas],
                                                 thetas),
         "ours (STBIFNeuron, learnable θ)": (neurons, thetas),
-        "ours: the QANN quantizer, learnable θ": ([lambda h, t=t: quantize(h, t, 0, 15, 0.1) for t in scales], scales),
+        "ours: the QANN quantizer (QuantizedActivation), learnable θ": (
+            quantizers, [quantizer.q_threshold for quantizer in quantizers]),
     }
     rows = []
     for name, (fns, params) in layers.items():

@@ -1,15 +1,19 @@
 """A compiled Triton kernel's launch as the C++ node takes it: the function, its launch shape, and per argument
-either a role (a pointer given per call) or a fixed integer value.
+either a role (a pointer given per call) or a fixed value.
 
 The C++ node builds the argument buffer Triton's CUDA launcher builds (triton/backends/nvidia/driver.py,
 `make_launcher`): every argument whose signature type is not "constexpr", in order, then the global and
-profile scratch pointers. Kernels this cannot launch exactly so (float scalars, scratch, clusters, PDL,
+profile scratch pointers. Kernels this cannot launch exactly so (fp16/bf16 scalars, scratch, clusters, PDL,
 cooperative grids, tensor descriptors) are refused with ValueError, and stay on the Python launcher.
 """
+import struct
 from typing import Any, NamedTuple
 
 FIXED = -1  # the role of an argument whose value is fixed (threshold_node.cpp: kFixed)
 _INTEGER_TYPES = frozenset({"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"})
+_BITS = 2**64 - 1
+# Float arguments go as their bits, as Triton's launcher packs them.
+_FLOAT_FORMATS = {"fp32": ("<f", "<I"), "fp64": ("<d", "<Q")}
 
 
 class NativeKernel(NamedTuple):
@@ -18,14 +22,15 @@ class NativeKernel(NamedTuple):
     threads: int
     shared_bytes: int
     roles: list[int]  # per non-constexpr argument
-    values: list[int]  # its value where the role is FIXED, else 0
+    values: list[int]  # its value as 64 bits where the role is FIXED, else 0
 
 
 def argument_slots(signature: dict[str, str], arguments: tuple, pointer_roles: tuple[int | None, ...]
                    ) -> tuple[list[int], list[int]]:
     """(roles, values) of the arguments a launch passes, from the kernel's signature (name -> type, in order)
     and the values it was launched with: `pointer_roles` gives the role of each leading pointer argument
-    (None where the argument was None, a constexpr), the rest of `arguments` are its scalars."""
+    (None where the argument was None, a constexpr), the rest of `arguments` are its scalars (integers, or
+    fp32/fp64 given as their bits)."""
     types = list(signature.values())
     if len(types) != len(arguments):
         raise ValueError(f"the signature has {len(types)} arguments, the launch passed {len(arguments)}")
@@ -41,9 +46,13 @@ def argument_slots(signature: dict[str, str], arguments: tuple, pointer_roles: t
             values.append(0)
         elif kind in _INTEGER_TYPES and isinstance(value, int):
             roles.append(FIXED)
-            values.append(int(value))
+            values.append(int(value) & _BITS)  # two's complement in 64 bits
+        elif kind in _FLOAT_FORMATS and isinstance(value, (int, float)):
+            as_float, as_bits = _FLOAT_FORMATS[kind]
+            roles.append(FIXED)
+            values.append(struct.unpack(as_bits, struct.pack(as_float, value))[0])
         else:
-            raise ValueError(f"argument {index} of type {kind!r} cannot be passed as a fixed integer")
+            raise ValueError(f"argument {index} of type {kind!r} cannot be passed as a fixed value")
     return roles, values
 
 

@@ -34,6 +34,16 @@ class NativeSpec:
         self.has_backward = [False, False]
 
 
+    def run(self, x: Tensor, theta: Tensor) -> Tensor | None:
+        """The op's output through the C++ node on the current stream, or None where x and θ are not of the
+        kind its kernels were compiled for."""
+        return self.apply(x, theta, self.index, _raw_stream(self.device_index))
+
+
+# (device index) -> the handle of its current CUDA stream, which the node launches on
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def roles(*names: str | None) -> tuple[int | None, ...]:
     """The role numbers of a kernel's leading pointer arguments, by name (None for an argument passed as None)."""
     return tuple(None if name is None else ROLE_NAMES.index(name) for name in names)

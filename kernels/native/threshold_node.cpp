@@ -72,13 +72,13 @@ struct Kernel {
   void* function = nullptr;
   unsigned grid = 0, threads = 0, shared_bytes = 0;
   std::vector<int> roles;          // per non-constexpr argument
-  std::vector<int64_t> values;     // its value where fixed (little-endian: any integer width reads its low bytes)
+  std::vector<uint64_t> values;    // its value where fixed, as 64 bits (little-endian: a narrower type reads the low bytes)
 
   // The argument slots of a launch: each argument, then the two scratch pointers (none).
   size_t pack(const uint64_t (&pointers)[kNumRoles], uint64_t* arguments) const {
     const size_t n = roles.size();
     for (size_t i = 0; i < n; ++i) {
-      arguments[i] = roles[i] == kFixed ? static_cast<uint64_t>(values[i]) : pointers[roles[i]];
+      arguments[i] = roles[i] == kFixed ? values[i] : pointers[roles[i]];
     }
     arguments[n] = arguments[n + 1] = 0;
     return n + 2;
@@ -103,7 +103,7 @@ struct Kernel {
 struct Spec {
   c10::Device device{c10::DeviceType::CUDA, 0};
   at::ScalarType x_dtype = at::kFloat, theta_dtype = at::kFloat;
-  std::vector<int64_t> x_sizes, theta_sizes;
+  std::vector<int64_t> x_sizes, x_strides, theta_sizes;
   int64_t backward_programs = 0;
   Kernel forward;
   Kernel backward[2];                  // [without, with] the threshold's gradient
@@ -124,11 +124,11 @@ Spec* spec_at(int64_t index) {
 uint64_t address(const Tensor& t) { return reinterpret_cast<uint64_t>(t.data_ptr()); }
 bool aligned(const Tensor& t) { return address(t) % 16 == 0; }  // Triton's pointer specialization
 
-// Whether the spec's kernels take these inputs as they are: the kind of input its Plan was made for
-// (contiguous x of one shape and dtype, a threshold of one shape and dtype, one device), and aligned.
+// Whether the spec's kernels take these inputs as they are: the kind of input they were compiled for (x of
+// one shape, strides and dtype, a threshold of one shape and dtype, one device), and aligned.
 bool fits(const Spec& spec, const Tensor& x, const Tensor& theta) {
   return x.device() == spec.device && x.scalar_type() == spec.x_dtype && x.sizes().equals(spec.x_sizes) &&
-         x.is_contiguous() && aligned(x) && theta.device() == spec.device &&
+         x.strides().equals(spec.x_strides) && aligned(x) && theta.device() == spec.device &&
          theta.scalar_type() == spec.theta_dtype && theta.sizes().equals(spec.theta_sizes) && aligned(theta);
 }
 
@@ -163,7 +163,7 @@ struct ThresholdNode : public torch::autograd::Function<ThresholdNode> {
                         int64_t stream) {
     Spec* spec = spec_at(index);
     c10::DeviceGuard guard(spec->device);
-    Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
+    Tensor out = at::empty_like(x);  // x's strides (dense: the kernels index it as a flat buffer)
     uint64_t pointers[kNumRoles] = {};
     pointers[kX] = address(x);
     pointers[kOut] = address(out);
@@ -183,11 +183,11 @@ struct ThresholdNode : public torch::autograd::Function<ThresholdNode> {
     const bool grad_threshold = ctx->needs_input_grad(1);
     const Tensor& grad_out = grads[0];
     Tensor grad_x, grad_theta;
-    if (spec->has_backward[grad_threshold].load(std::memory_order_acquire) && grad_out.is_contiguous() &&
+    if (spec->has_backward[grad_threshold].load(std::memory_order_acquire) && grad_out.strides().equals(x.strides()) &&
         grad_out.scalar_type() == x.scalar_type() && aligned(grad_out)) {
       c10::DeviceGuard guard(spec->device);
       void* stream = reinterpret_cast<void*>(ctx->saved_data["stream"].toInt());
-      grad_x = at::empty_like(x, at::MemoryFormat::Contiguous);
+      grad_x = at::empty_like(x);
       uint64_t pointers[kNumRoles] = {};
       pointers[kX] = address(x);
       pointers[kGradOut] = address(grad_out);
@@ -213,7 +213,7 @@ struct ThresholdNode : public torch::autograd::Function<ThresholdNode> {
 };
 
 Kernel make_kernel(uint64_t function, unsigned grid, unsigned threads, unsigned shared_bytes,
-                   std::vector<int> roles, std::vector<int64_t> values) {
+                   std::vector<int> roles, std::vector<uint64_t> values) {
   TORCH_CHECK(roles.size() == values.size() && roles.size() <= kMaxParams,
               "threshold_node: a kernel takes at most ", kMaxParams, " arguments, one value per role");
   for (int role : roles) {
@@ -243,15 +243,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "new_spec",
       [](const Tensor& x, const Tensor& theta, int64_t backward_programs, uint64_t function, unsigned grid,
-         unsigned threads, unsigned shared_bytes, std::vector<int> roles, std::vector<int64_t> values,
+         unsigned threads, unsigned shared_bytes, std::vector<int> roles, std::vector<uint64_t> values,
          py::object python_backward) {
-        TORCH_CHECK(x.is_contiguous() && x.device() == theta.device(),
-                    "threshold_node: a spec takes contiguous x, on the threshold's device");
+        TORCH_CHECK(x.is_non_overlapping_and_dense() && x.device() == theta.device(),
+                    "threshold_node: a spec takes a dense x, on the threshold's device");
         auto* spec = new Spec();
         spec->device = x.device();
         spec->x_dtype = x.scalar_type();
         spec->theta_dtype = theta.scalar_type();
         spec->x_sizes = x.sizes().vec();
+        spec->x_strides = x.strides().vec();
         spec->theta_sizes = theta.sizes().vec();
         spec->backward_programs = backward_programs;
         spec->forward = make_kernel(function, grid, threads, shared_bytes, std::move(roles), std::move(values));
@@ -264,7 +265,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "set_backward",
       [](int64_t index, bool grad_threshold, uint64_t function, unsigned grid, unsigned threads,
-         unsigned shared_bytes, std::vector<int> roles, std::vector<int64_t> values) {
+         unsigned shared_bytes, std::vector<int> roles, std::vector<uint64_t> values) {
         Spec* spec = spec_at(index);
         if (spec->has_backward[grad_threshold].load(std::memory_order_acquire)) return;
         spec->backward[grad_threshold] =
@@ -284,7 +285,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "device), or None where the spec's kernels do not fit these inputs.");
   m.def(
       "pack_arguments",
-      [](std::vector<int> roles, std::vector<int64_t> values, std::vector<uint64_t> pointers) {
+      [](std::vector<int> roles, std::vector<uint64_t> values, std::vector<uint64_t> pointers) {
         Kernel kernel = make_kernel(0, 1, 32, 0, std::move(roles), std::move(values));
         TORCH_CHECK(pointers.size() == kNumRoles, "threshold_node: one pointer per role");
         uint64_t by_role[kNumRoles];

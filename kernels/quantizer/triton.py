@@ -14,6 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.launch import Handle, launch
+from kernels.native import spec as native_spec
 from kernels.partial_sums import partials_and_counter, store_partial_and_total
 
 BLOCK = 1024
@@ -112,3 +113,70 @@ def quantize_bwd(
     launch(_quantize_bwd_kernel, _BWD_HANDLES, key, device_index, num_programs, tensors, pointers,
            (n, float(theta_scale), neg_min, pos_max, grad_theta, BLOCK), NUM_WARPS)
     return grad_x, theta_grad
+
+
+# The C++ autograd node (kernels/native) per kind of call, made once the Python path has launched both ways;
+# False where it cannot be had.
+_SPECS: dict[tuple, native_spec.NativeSpec | bool] = {}
+_MAX_SPECS = 4096
+_FWD_ROLES = native_spec.roles("x", "out", "theta")
+_BWD_ROLES = native_spec.roles("x", "grad_out", "grad_x", "theta", "partials", "counter", "grad_theta")
+
+
+def _usual_bwd_key(x: Tensor, theta: Tensor, neg_min: int, pos_max: int, grad_theta: bool) -> tuple:
+    """quantize_bwd's launch key for aligned pointers and a gradient of x's dtype: what the node launches."""
+    aligned = (0, 0, 0, 0, 0, 0, 0) if grad_theta else (0, 0, 0, 0, None, None, None)
+    return (x.dtype, x.dtype, theta.dtype, x.numel(), neg_min, pos_max, grad_theta, *aligned)
+
+
+def native_spec_for(x: Tensor, theta: Tensor, neg_min: int, pos_max: int, theta_scale: float
+                    ) -> native_spec.NativeSpec | None:
+    """The C++ node for quantize calls like this one (x's shape, strides, dtype and device, θ's shape and dtype,
+    the bounds and the scale), or None: on CPU, while the node builds, and until the Python path has launched
+    this kind's forward and one backward variant with aligned pointers."""
+    if not x.is_cuda or not native_spec.available():
+        return None
+    if not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)):
+        return None  # the Python path copies x first: its kernels never saw x's strides
+    key = (x.shape, x.stride(), x.dtype, x.device, theta.shape, theta.dtype, theta.device, neg_min, pos_max,
+           float(theta_scale))
+    spec = _SPECS.get(key)
+    if spec is not None:
+        return spec or None
+    n = x.numel()
+    fwd = _FWD_HANDLES.get((x.dtype, theta.dtype, n, neg_min, pos_max, 0, 0, 0))
+    bwds = [_BWD_HANDLES.get(_usual_bwd_key(x, theta, neg_min, pos_max, grad_theta)) for grad_theta in (False, True)]
+    if n == 0 or fwd is None or bwds == [None, None]:
+        return None
+    num_programs = _num_programs(n)
+
+    def bwd_kernel(handle: Handle, grad_theta: bool) -> native_spec.NativeKernel:
+        arguments = (0,) * 7 + (n, float(theta_scale), neg_min, pos_max, grad_theta, BLOCK)
+        return native_spec.native_kernel(handle[3], num_programs, arguments, _BWD_ROLES)
+
+    made: list[native_spec.NativeSpec] = []
+
+    def python_backward(grad: Tensor, x: Tensor, theta: Tensor, grad_theta: bool) -> tuple[Tensor, Tensor | None]:
+        if grad.stride() != x.stride():
+            grad = torch.empty_like(x).copy_(grad)
+        result = quantize_bwd(grad, x, theta, neg_min, pos_max, grad_theta, theta_scale)
+        handle = _BWD_HANDLES.get(_usual_bwd_key(x, theta, neg_min, pos_max, grad_theta))
+        if made and handle is not None and not made[0].has_backward[grad_theta]:  # a variant first launched now
+            native_spec.set_backward(made[0], grad_theta, bwd_kernel(handle, grad_theta))
+        return result
+
+    try:
+        forward = native_spec.native_kernel(fwd[3], num_programs, (0, 0, 0, n, neg_min, pos_max, BLOCK), _FWD_ROLES)
+        spec = native_spec.new_spec(x, theta, num_programs, forward, python_backward)
+        if spec is None:  # still building
+            return None
+        made.append(spec)
+        for grad_theta, handle in zip((False, True), bwds):
+            if handle is not None:
+                native_spec.set_backward(spec, grad_theta, bwd_kernel(handle, grad_theta))
+    except ValueError:
+        spec = None
+    if len(_SPECS) >= _MAX_SPECS:
+        _SPECS.clear()
+    _SPECS[key] = spec or False
+    return spec

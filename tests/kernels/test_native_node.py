@@ -3,6 +3,7 @@
 and gradients are checked on a GPU (test_native_node_gpu.py)."""
 import os
 import shutil
+import struct
 from types import SimpleNamespace
 
 import pytest
@@ -22,11 +23,19 @@ def test_argument_slots_skip_constexprs_and_keep_roles_and_values():
     pointer_roles = roles("x", "out", None, "theta")
     arguments = (1111, 2222, None, 3333, 1000, -(2**40), 1, True, 4)
     slots = argument_slots(SIGNATURE, arguments, pointer_roles)
-    assert slots == ([0, 1, 2, FIXED, FIXED, FIXED], [0, 0, 0, 1000, -(2**40), 1])
+    assert slots == ([0, 1, 2, FIXED, FIXED, FIXED], [0, 0, 0, 1000, 2**64 - 2**40, 1])
+
+
+def test_float_arguments_go_as_their_bits():
+    signature = {"x_ptr": "*fp32", "scale": "fp32", "weight": "fp64"}
+    roles_, values = argument_slots(signature, (1, 0.1, -2.5), roles("x"))
+    assert roles_ == [0, FIXED, FIXED]
+    assert struct.unpack("<f", struct.pack("<I", values[1]))[0] == struct.unpack("<f", struct.pack("<f", 0.1))[0]
+    assert struct.unpack("<d", struct.pack("<Q", values[2]))[0] == -2.5
 
 
 @pytest.mark.parametrize("signature, arguments, pointer_roles, match", [
-    ({"x_ptr": "*fp32", "scale": "fp32"}, (1, 0.5), roles("x"), "cannot be passed as a fixed integer"),
+    ({"x_ptr": "*fp32", "scale": "bf16"}, (1, 0.5), roles("x"), "cannot be passed as a fixed value"),
     ({"x_ptr": "*fp32", "y_ptr": "*fp32"}, (1, 2), roles("x", None), "not a pointer with a role"),
     ({"x_ptr": "*fp32"}, (1, 2), roles("x"), "the signature has 1 arguments, the launch passed 2"),
 ])
@@ -65,8 +74,10 @@ def test_built_node_packs_each_argument_in_a_64_bit_slot_then_two_null_scratch_p
     assert loaded is not None, native.build_error()
     pointers = [0x1000 * (i + 1) for i in range(len(loaded.ROLES))]
     role = loaded.ROLES
-    slots = loaded.pack_arguments([role["x"], FIXED, role["grad_theta"], FIXED], [0, -3, 0, 2**33], pointers)
-    assert slots == [pointers[role["x"]], 2**64 - 3, pointers[role["grad_theta"]], 2**33, 0, 0]
+    signature = {"x_ptr": "*fp32", "g_ptr": "*fp32", "neg_min": "i32", "big": "i64"}
+    roles_, values = argument_slots(signature, (0, 0, -3, 2**33), roles("x", "grad_theta"))
+    slots = loaded.pack_arguments(roles_, values, pointers)
+    assert slots == [pointers[role["x"]], pointers[role["grad_theta"]], 2**64 - 3, 2**33, 0, 0]
     assert int.from_bytes((2**64 - 3).to_bytes(8, "little")[:4], "little", signed=True) == -3  # an i32 reads this
     assert list(role) == ["x", "out", "theta", "grad_out", "grad_x", "partials", "counter", "grad_theta"]
     with pytest.raises(RuntimeError, match="unknown role"):

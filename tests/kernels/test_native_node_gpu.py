@@ -1,15 +1,17 @@
-"""The C++ autograd node of the eager ST-BIF (kernels/native) on a GPU (``pytest -m gpu``): bitwise the same
-output and gradients as the Python autograd.Function path, for every dtype, T = 1, odd sizes, each surrogate,
-θ learnable or not; the Python path for what the node's kernels do not fit (strided gradients, unaligned input,
-another θ dtype); CUDA-graph capture; a side stream."""
+"""The C++ autograd node of the eager ST-BIF and QANN quantizer (kernels/native) on a GPU (``pytest -m gpu``):
+bitwise the same output and gradients as the Python autograd.Function path, for every dtype, T = 1, odd sizes,
+each surrogate, θ learnable or not, channels_last (quantizer); the Python path for what the node's kernels do
+not fit (strided gradients, unaligned input, another θ dtype or shape); CUDA-graph capture; a side stream."""
 import pytest
 import torch
 
 from kernels import native
 from kernels.native.spec import NativeSpec
+from kernels.quantizer import quantize
 from kernels.st_bif import STBIFNeuron, st_bif_multistep
 from kernels.st_bif.function import STBIFFunction
 from kernels.st_bif.triton import get_plan
+from search_space.neurons.st_bif_qann import QuantizedActivation
 
 pytestmark = [
     pytest.mark.gpu,
@@ -172,3 +174,46 @@ def test_neuron_module_keeps_its_node_and_checks_each_input():
     neuron.q_threshold.grad = None
     with pytest.raises(ValueError, match="must be a torch.Tensor"):
         neuron("not a tensor")
+
+
+@pytest.mark.parametrize("learn", [True, False], ids=["learn-theta", "fixed-theta"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_quantizer_node_equals_python_path(dtype, layout, learn):
+    neuron = QuantizedActivation(q_threshold=0.4, level=16, sym=False, learn_threshold=learn).cuda()
+    x = (torch.randn(6, 5, 7, 9, device="cuda") * 2).to(dtype)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    grad_out = torch.randn_like(x)
+    for _ in range(3):  # the calls that set the node up run the Python path
+        neuron(x.clone().requires_grad_()).backward(grad_out)
+    assert neuron._native is not None and neuron._native[1].has_backward[learn]
+    theta = neuron.q_threshold
+    scale = (x[0].numel() * neuron.pos_max) ** -0.5 if learn else 0.0
+    results = []
+    for run in (neuron, lambda h: quantize(h, theta, neuron.neg_min, neuron.pos_max, scale)):
+        theta.grad = None
+        xi = x.clone().requires_grad_()
+        out = run(xi)
+        out.backward(grad_out)
+        results.append((out, xi.grad, None if theta.grad is None else theta.grad.clone()))
+    assert "ThresholdNode" in results[0][0].grad_fn.name() and "ThresholdNode" not in results[1][0].grad_fn.name()
+    assert results[0][0].stride() == x.stride() and results[0][1].stride() == x.stride()
+    assert_same(results[0], results[1])
+
+
+def test_quantizer_node_hands_other_inputs_and_gradients_to_the_python_path():
+    neuron = QuantizedActivation(q_threshold=0.4, level=16, sym=False).cuda()
+    x = torch.randn(4, 6, 5, 5, device="cuda")
+    for _ in range(3):
+        neuron(x.clone().requires_grad_()).backward(torch.randn_like(x))
+    theta = neuron.q_threshold
+    for other in (x, x[:2], x.half(), x.transpose(-1, -2)):
+        xi, xp = other.clone().requires_grad_(), other.clone().requires_grad_()
+        theta.grad = None
+        (neuron(xi) * 3).sum().backward()  # the gradient: a constant expanded with stride 0
+        grad_theta = theta.grad.clone()
+        theta.grad = None
+        other_scale = (other[0].numel() * neuron.pos_max) ** -0.5
+        (quantize(xp, theta, neuron.neg_min, neuron.pos_max, other_scale) * 3).sum().backward()
+        assert torch.equal(xi.grad, xp.grad) and torch.equal(grad_theta, theta.grad)
