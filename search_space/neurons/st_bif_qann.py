@@ -46,10 +46,11 @@ class QuantizedActivation(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         theta = self.q_threshold
+        compiling = torch.compiler.is_compiling()
         config = (self.neg_min, self.pos_max, self.backend, theta.requires_grad)
-        native = self._native
+        native = None if compiling else self._native
         # The last call's C++ node first: it checks that x and θ are of its kind (x's shape fixes the scale).
-        if native is not None and native[0] == config and not torch.compiler.is_compiling():
+        if native is not None and native[0] == config:
             try:
                 out = native[1].run(x, theta)
             except TypeError:  # x is not a tensor: the Python path says so
@@ -59,7 +60,7 @@ class QuantizedActivation(nn.Module):
         # LSQ scales θ's gradient so that its steps match the weights'
         scale = (x[0].numel() * max(self.pos_max, 1)) ** -0.5 if theta.requires_grad else 0.0
         out = quantize(x, theta, self.neg_min, self.pos_max, scale, backend=self.backend)
-        if self.backend != "torch" and not torch.compiler.is_compiling():
+        if self.backend != "torch" and not compiling:
             spec = native_spec_for(x, theta, self.neg_min, self.pos_max, scale)
             self._native = (config, spec) if spec is not None else None
         return out
