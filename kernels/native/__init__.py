@@ -1,7 +1,7 @@
 """The C++ autograd node of the eager neurons (threshold_node.cpp), built on first use and cached.
 
-A Python autograd.Function costs ~20 µs of host time per layer in its own machinery (benchmarks/RESULTS.md);
-the node in threshold_node.cpp launches the same compiled Triton kernels from C++. It is built with the
+A Python autograd.Function costs host time per layer in its own machinery (benchmarks/RESULTS.md); the node
+in threshold_node.cpp launches the same compiled Triton kernels from C++. It is built with the
 system C++ compiler against the installed torch (no CUDA toolkit: it calls the driver through dlsym) into
 ~/.cache/aso_se (ASO_SE_CACHE to move it), in a background thread: until it is ready, or where it cannot be
 built, the neurons run on their Python autograd.Function, with the same kernels and the same results.

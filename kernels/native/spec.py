@@ -1,7 +1,7 @@
-"""What a neuron's Plan keeps of the C++ node: its spec there, and which backward variants it has.
+"""What a neuron keeps of the C++ node: its spec there, and which backward variants it has.
 
-A Plan offers its kernels once the Python path has compiled and launched them for its usual inputs
-(aligned, contiguous, one threshold dtype): the forward makes the spec, each backward variant (with or
+A neuron offers its kernels once the Python path has compiled and launched them for its usual inputs
+(aligned, dense, one threshold dtype): the forward makes the spec, each backward variant (with or
 without the threshold's gradient) is added when first launched. Until then, and for other inputs, the
 Python path runs; the C++ node hands anything its kernels do not fit back to the Python backward.
 """
@@ -33,15 +33,14 @@ class NativeSpec:
         self.theta_dtype = theta_dtype
         self.has_backward = [False, False]
 
-
     def run(self, x: Tensor, theta: Tensor) -> Tensor | None:
         """The op's output through the C++ node on the current stream, or None where x and θ are not of the
         kind its kernels were compiled for."""
-        return self.apply(x, theta, self.index, _raw_stream(self.device_index))
+        return self.apply(x, theta, self.index, raw_stream(self.device_index))
 
 
 # (device index) -> the handle of its current CUDA stream, which the node launches on
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def roles(*names: str | None) -> tuple[int | None, ...]:
@@ -52,8 +51,8 @@ def roles(*names: str | None) -> tuple[int | None, ...]:
 def new_spec(x: Tensor, theta: Tensor, backward_programs: int, forward: NativeKernel,
              python_backward: Callable[[Tensor, Tensor, Tensor, bool], tuple[Tensor, Tensor | None]]
              ) -> NativeSpec | None:
-    """A spec from the forward kernel, for inputs like x and theta (their kind: device, dtypes, shapes; x
-    contiguous), or None while the node is not built (it builds in the background)."""
+    """A spec from the forward kernel, for inputs like x and theta (their kind: device, dtypes, shapes, x's
+    strides; x dense), or None while the node is not built (it builds in the background)."""
     loaded = module()
     if loaded is None:
         return None
@@ -73,4 +72,4 @@ def available() -> bool:
     return enabled() and build_error() is None
 
 
-__all__ = ["NEVER", "NativeSpec", "available", "native_kernel", "new_spec", "roles", "set_backward"]
+__all__ = ["NEVER", "NativeSpec", "available", "native_kernel", "new_spec", "raw_stream", "roles", "set_backward"]

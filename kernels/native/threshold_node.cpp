@@ -1,8 +1,8 @@
 // The eager autograd node of a neuron with a threshold (ST-BIF, the QANN quantizer), in C++.
 //
 // Forward is one compiled Triton kernel, backward another; both were compiled (and first launched) by the
-// Python path, which hands their CUfunction and fixed arguments over as a Spec. A Python autograd.Function
-// costs ~20 µs of host time per layer in its own machinery; this node costs a few. Launches go through the
+// Python path, which hands their CUfunction and fixed arguments over as a Spec. This spares the host time a
+// Python autograd.Function costs per layer (benchmarks/RESULTS.md). Launches go through the
 // driver (cuLaunchKernel from libcuda.so.1, as Triton's launcher does) with the same argument buffer Triton's
 // launcher builds: every non-constexpr argument in order, then its two scratch pointers (null: kernels with
 // scratch are not handed over). Whatever a Spec cannot launch exactly as the Python path would (a gradient of

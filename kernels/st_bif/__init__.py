@@ -14,16 +14,13 @@ from torch import Tensor, nn
 
 from kernels.block_map import BlockMap
 from kernels.memory_order import in_storage_order, storage_order
-from kernels.native.spec import NativeSpec
+from kernels.native.spec import NativeSpec, raw_stream
 
 from .function import STBIFFunction, st_bif_triton
 from .reference import st_bif_reference
 from .surrogates import SURROGATES, get_surrogate
 from .triton import Plan, block_map_of, get_plan
 from .validation import check_bounds, check_sequence, check_threshold, check_threshold_value
-
-# (device index) -> the handle of its current CUDA stream; the C++ node launches on it
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 __all__ = ["STBIFNeuron", "SURROGATES", "level_bounds", "st_bif_multistep", "st_bif_multistep_with_block_map"]
 
@@ -129,7 +126,7 @@ def _run(
         return _st_bif_torch(x_seq, q_threshold, pos_max, neg_min, surrogate), None, None
     native = plan.native
     if native and not with_block_map:  # the C++ autograd node (kernels/native), where it fits these inputs
-        out = native.apply(x_seq, q_threshold, native.index, _raw_stream(native.device_index))
+        out = native.apply(x_seq, q_threshold, native.index, raw_stream(native.device_index))
         if out is not None:
             return out, None, plan
     block_map = block_map_of(plan.map_shapes, x_seq) if with_block_map and plan.map_shapes is not None else None
@@ -213,7 +210,7 @@ class STBIFNeuron(nn.Module):
         if native is not None and native[0] == config:
             try:
                 spec = native[1]
-                out = spec.apply(x_seq, self.q_threshold, spec.index, _raw_stream(spec.device_index))
+                out = spec.apply(x_seq, self.q_threshold, spec.index, raw_stream(spec.device_index))
             except TypeError:  # x_seq is not a tensor: _run says so
                 out = None
             if out is not None:
