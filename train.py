@@ -34,15 +34,16 @@ def main(cfg: DictConfig) -> None:
             scheduler=instantiate(cfg.optim.scheduler), epochs=cfg.epochs,
             auxiliary_weight=cfg.model.auxiliary_weight, drop_path_prob=cfg.model.drop_path_prob,
             grad_clip=cfg.grad_clip, precision=cfg.trainer.precision, ctx=ctx,
-            log_every_n_steps=cfg.trainer.log_every_n_steps, cuda_graph=cfg.cuda_graph)
+            log_every_n_steps=cfg.trainer.log_every_n_steps, cuda_graph=cfg.cuda_graph,
+            channels_last=cfg.channels_last)
         if run.resumed:
             with checkpoint.restore_errors(run.checkpoint_path):
                 trainer.load_state_dict(run.state["trainer"])
         board = run.tensorboard(cfg.logger, step=trainer.global_step)
         if board is not None:
             board.genotype(genotype, trainer.global_step)
-        train_loader, test_loader = data.train_loaders(cfg.batch_size, seed=cfg.seed,
-                                                       rank=ctx.rank, world_size=ctx.world_size)
+        train_loader, test_loader = data.train_loaders(cfg.batch_size, seed=cfg.seed, rank=ctx.rank,
+                                                       world_size=ctx.world_size, device=ctx.device)
 
         def save(is_best: bool) -> None:
             run.save({"genotype": genotype.to_json(), "trainer": trainer.state_dict()})

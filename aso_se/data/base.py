@@ -106,10 +106,11 @@ class ClassificationData(ABC):
         )
 
     def train_loaders(
-        self, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1
+        self, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1, device: torch.device | None = None
     ) -> tuple[EpochLoader, EpochLoader]:
         """(train, test) loaders: the (capped) training set augmented and shuffled, the
-        (capped) test set in a fixed order without augmentation."""
+        (capped) test set in a fixed order without augmentation. ``device``: where a data set that
+        can make its batches on the device (CIFAR's ``augment_on_device``) makes them; others ignore it."""
         train = self._capped(self.splits.train_labels, self.max_train_samples, "train cap")
         test = self._capped(self.splits.test_labels, self.max_test_samples, "test cap")
         log.info("%s: %d training and %d test images", self.name, len(train), len(test))

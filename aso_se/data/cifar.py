@@ -7,8 +7,10 @@ import torch
 from torchvision import datasets
 
 from aso_se.data.base import ClassificationData, LoadedSplits
-from aso_se.data.errors import FIX_ROOT, DataError
+from aso_se.data.device_loader import DeviceAugment, DeviceEpochLoader, decode_uint8
+from aso_se.data.errors import FIX_ROOT, DataError, check_positive
 from aso_se.data.image_folder import LAYOUT, has_image_folder_layout, read_image_folder
+from aso_se.data.sampling import ShardSampler
 from aso_se.data.transforms import image_transforms
 
 
@@ -47,6 +49,7 @@ class CIFARData(ClassificationData):
         max_train_samples: int | None = None,
         max_test_samples: int | None = None,
         split_seed: int = 0,
+        augment_on_device: bool = False,
     ) -> None:
         if name not in VARIANTS:
             raise DataError(f"data.name={name!r} is invalid; expected one of {', '.join(VARIANTS)}")
@@ -62,6 +65,30 @@ class CIFARData(ClassificationData):
         self.name = name
         self.root = Path(root).expanduser()
         self.download = download
+        # The crop/flip/cutout settings again, for the device pipeline (aso_se.data.device_loader).
+        self.augment_on_device = augment_on_device
+        self.device_augment = DeviceAugment(mean=self.variant.mean, std=self.variant.std, crop_padding=crop_padding,
+                                            horizontal_flip=horizontal_flip, cutout_length=cutout_length)
+
+    def train_loaders(self, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1,
+                      device: torch.device | None = None):
+        """The host loaders, or with ``augment_on_device`` and a ``device``, loaders whose batches are
+        made there (the splits decoded once to uint8 on the device)."""
+        if not self.augment_on_device or device is None:
+            return super().train_loaders(batch_size, seed=seed, rank=rank, world_size=world_size)
+        check_positive(batch_size, "batch_size")
+        train_images, test_images = (decode_uint8(split, self.num_workers).to(device)
+                                     for split in (self.splits.train, self.splits.test))
+        loaders = []
+        for images, labels, limit, purpose, augment in (
+            (train_images, self.splits.train_labels, self.max_train_samples, "train cap", self.device_augment),
+            (test_images, self.splits.test_labels, self.max_test_samples, "test cap", None),
+        ):
+            indices = self._capped(labels, limit, purpose)
+            sampler = ShardSampler(indices, seed=seed, rank=rank, world_size=world_size, shuffle=augment is not None)
+            loaders.append(DeviceEpochLoader(images, labels.to(device), sampler, batch_size=batch_size,
+                                             augment=augment, normalize=self.device_augment, seed=seed))
+        return loaders[0], loaders[1]
 
     def _load(self) -> LoadedSplits:
         if not has_image_folder_layout(self.root):

@@ -18,6 +18,35 @@ from search_space.errors import UserInputError
 StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+class FlatGradients:
+    """Every parameter's ``.grad`` a view of one flat buffer, averaged over the ranks in one all-reduce.
+
+    Several GPUs with graphs: the forward and backward are replayed from one graph, the buffer is
+    all-reduced (one NCCL call), and the clipping and optimizer step are replayed from a second graph.
+    Zero the buffer with ``zero_()`` (never set the grads to None: the views would be lost).
+    """
+
+    def __init__(self, parameters: list[torch.nn.Parameter], world_size: int) -> None:
+        self.parameters = [p for p in parameters if p.requires_grad]
+        self.world_size = world_size
+        self.flat = torch.zeros(sum(p.numel() for p in self.parameters), device=self.parameters[0].device,
+                                dtype=self.parameters[0].dtype)
+        offset = 0
+        for p in self.parameters:  # each view with its parameter's strides (channels_last weights)
+            p.grad = self.flat.as_strided(p.shape, p.stride(), offset)
+            offset += p.numel()
+
+    def zero_(self) -> None:
+        self.flat.zero_()
+
+    def sum_over_ranks(self) -> None:
+        """The sum over the ranks (the caller divides by ``world_size``, inside its graph)."""
+        torch.distributed.all_reduce(self.flat)
+
+    def average_(self) -> None:
+        self.flat.div_(self.world_size)
+
+
 def check_capturable(optimizer: torch.optim.Optimizer) -> None:
     """Raises UserInputError for an optimizer whose step cannot be captured: LBFGS (it re-runs a
     closure) or one with ``capturable=False`` (Adam, AdamW, ...: their step reads counters on the host)."""
@@ -39,21 +68,38 @@ class GraphedTrainStep:
     outputs: the next call overwrites them, so use them (on the device, stream-ordered) first.
     """
 
-    def __init__(self, step_fn: StepFn, *, warmup_steps: int = 3) -> None:
+    def __init__(self, step_fn: StepFn, *, warmup_steps: int = 3, reduce: Callable[[], None] | None = None,
+                 finish: Callable[[], None] | None = None) -> None:
         if warmup_steps < 1:
             raise ValueError(f"warmup_steps={warmup_steps}: need at least one eager step before a capture")
+        if (reduce is None) != (finish is None):
+            raise ValueError("reduce and finish go together: the step is split around the reduction")
         self.step_fn = step_fn
+        # Several GPUs: step_fn (forward, backward) and finish (clip, optimizer step) are two graphs and
+        # reduce (the gradients' all-reduce) runs between their replays.
+        self.reduce, self.finish = reduce, finish
         self.warmup_steps = warmup_steps
         self.captures = 0  # graphs captured so far (one per reset, in practice per epoch)
         self.replays = 0   # steps run by replaying a graph (the capture's own step included)
         self.eager_steps = 0
         self.reset()
 
+    @staticmethod
+    def eager_only(step_fn: StepFn, *, reduce: Callable[[], None], finish: Callable[[], None]) -> StepFn:
+        """The split step run eagerly (no GPU, or graphs off): step_fn, reduce, finish."""
+        def step(inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            loss, correct = step_fn(inputs, labels)
+            reduce()
+            finish()
+            return loss, correct
+        return step
+
     def reset(self) -> None:
         """Drop the graph: the next steps warm up and capture a new one. Call it when anything captured
         as a constant changes: the learning rate, the drop-path probability, the sparse convs' paths
         (the retrain loop calls it once per epoch, where all three change)."""
         self._graph: torch.cuda.CUDAGraph | None = None
+        self._finish_graph: torch.cuda.CUDAGraph | None = None
         self._static: tuple[torch.Tensor, ...] = ()
         self._warm = 0
         self._shape_key: tuple | None = None
@@ -67,6 +113,9 @@ class GraphedTrainStep:
             static_inputs.copy_(inputs, non_blocking=True)
             static_labels.copy_(labels, non_blocking=True)
             self._graph.replay()
+            if self._finish_graph is not None:
+                self.reduce()
+                self._finish_graph.replay()
             self.replays += 1
             return loss, correct
         if key != self._shape_key:  # warm up on the shape that will be captured
@@ -80,13 +129,13 @@ class GraphedTrainStep:
                side_stream: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         self.eager_steps += 1
         if not side_stream:
-            return self.step_fn(inputs, labels)
+            return self._split_step(inputs, labels)
         # Warm-up on a side stream, as the capture will be: state made lazily is then made there.
         current = torch.cuda.current_stream(inputs.device)
         side = torch.cuda.Stream(inputs.device)
         side.wait_stream(current)
         with torch.cuda.stream(side), capture_warmup():  # the sparse convs measure and calibrate here
-            loss, correct = self.step_fn(inputs, labels)
+            loss, correct = self._split_step(inputs, labels)
         current.wait_stream(side)
         for tensor in (loss, correct):  # made on the side stream, read on this one
             tensor.record_stream(current)
@@ -99,8 +148,21 @@ class GraphedTrainStep:
         # during the capture; in the default global mode that invalidates the capture.
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             loss, correct = self.step_fn(static_inputs, static_labels)
+        if self.finish is not None:
+            finish_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(finish_graph, pool=graph.pool(), capture_error_mode="thread_local"):
+                self.finish()
+            self._finish_graph = finish_graph
         self._graph, self._static = graph, (static_inputs, static_labels, loss, correct)
         self.captures += 1
         graph.replay()  # the capture ran nothing: this trains on the batch
+        if self._finish_graph is not None:
+            self.reduce()
+            self._finish_graph.replay()
         self.replays += 1
         return loss, correct
+
+    def _split_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.finish is None:
+            return self.step_fn(inputs, labels)
+        return self.eager_only(self.step_fn, reduce=self.reduce, finish=self.finish)(inputs, labels)

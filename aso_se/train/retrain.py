@@ -26,9 +26,9 @@ from torch import nn
 from aso_se.errors import TrainingDiverged
 from aso_se.monitor.progress import EpochProgress
 from aso_se.monitor.tensorboard import TensorBoardLogger, layer_of
-from aso_se.parallel.distributed import DistributedContext, wrap_model
+from aso_se.parallel.distributed import DistributedContext, broadcast_module, wrap_model
 from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
-from aso_se.train.graphed_step import GraphedTrainStep, check_capturable
+from aso_se.train.graphed_step import FlatGradients, GraphedTrainStep, check_capturable
 from kernels.sparse_conv import path_counts, reset_path_counts
 from search_space.errors import UserInputError
 from search_space.neurons import firing_rates
@@ -50,18 +50,28 @@ class Retrainer:
     def __init__(self, model: nn.Module, *, optimizer: OptimizerFactory,
                  scheduler: SchedulerFactory, epochs: int, auxiliary_weight: float,
                  drop_path_prob: float, grad_clip: float, precision: str,
-                 ctx: DistributedContext, log_every_n_steps: int, cuda_graph: bool = False) -> None:
+                 ctx: DistributedContext, log_every_n_steps: int, cuda_graph: bool = False,
+                 channels_last: bool = False, grad_reduction: str = "auto") -> None:
         if epochs < 1:
             raise UserInputError(f"epochs={epochs}: a retrain needs at least one epoch; "
                                  f"set epochs=<n>")
         if cuda_graph and ctx.device.type != "cuda":
             raise UserInputError(f"cuda_graph=true needs a CUDA device, the run is on {ctx.device}; "
                                  f"set cuda_graph=false or trainer.device=cuda")
-        if cuda_graph and ctx.distributed:
-            raise UserInputError("cuda_graph=true runs on one GPU only (DDP's gradient reduction is not "
-                                 "captured); set cuda_graph=false under torchrun")
-        self.network = model.to(ctx.device)
-        self.model = wrap_model(self.network, ctx)
+        if grad_reduction not in ("auto", "ddp", "after_backward"):
+            raise ValueError(f"grad_reduction={grad_reduction!r}: expected auto, ddp or after_backward")
+        # channels_last: NHWC weights and batches, where cuDNN's batch norm and depthwise convs are faster
+        self.memory_format = torch.channels_last if channels_last else torch.preserve_format
+        self.network = model.to(ctx.device, memory_format=self.memory_format)
+        # Several ranks with graphs: no DDP (its reduction hooks cannot be replayed); the gradients live in
+        # one flat buffer, all-reduced between the forward-backward graph and the clip-and-step graph.
+        if grad_reduction == "auto":
+            grad_reduction = "after_backward" if cuda_graph else "ddp"
+        self.flat_grads = (FlatGradients(list(self.network.parameters()), ctx.world_size)
+                           if ctx.distributed and grad_reduction == "after_backward" else None)
+        if self.flat_grads is not None:
+            broadcast_module(self.network)  # as DDP does when it wraps: rank 0's initial weights everywhere
+        self.model = self.network if self.flat_grads is not None else wrap_model(self.network, ctx)
         self.optimizer = optimizer(self.network.parameters())
         if cuda_graph:
             check_capturable(self.optimizer)
@@ -72,7 +82,12 @@ class Retrainer:
         self.grad_clip = grad_clip
         self.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
         # cuda_graph: each epoch's steps are captured once and replayed (aso_se/graphed_step.py).
-        self.graphed_step = GraphedTrainStep(self._train_step) if cuda_graph else None
+        split = {} if self.flat_grads is None else {"reduce": self.flat_grads.sum_over_ranks,
+                                                        "finish": self._clip_and_step}
+        self.graphed_step = GraphedTrainStep(self._train_step, **split) if cuda_graph else None
+        # Eager steps under the flat reduction: the same three parts, one after the other.
+        self.eager_step = (GraphedTrainStep.eager_only(self._train_step, **split) if split and not cuda_graph
+                           else self._train_step)
         self.ctx = ctx
         self.board: TensorBoardLogger | None = None  # set by fit
         self.log_every = max(1, log_every_n_steps)
@@ -86,6 +101,11 @@ class Retrainer:
         self.train_images = 0
         self.conv_paths: collections.Counter[str] = collections.Counter()  # sparse-conv dispatcher paths, whole run
         self.train_seconds = 0.0
+
+    def _to_device(self, inputs: torch.Tensor) -> torch.Tensor:
+        """A batch on the device, images in the network's memory format (event frames are 5-D: as they are)."""
+        memory_format = self.memory_format if inputs.dim() == 4 else torch.preserve_format
+        return inputs.to(self.ctx.device, non_blocking=True, memory_format=memory_format)
 
     @property
     def parameters_m(self) -> float:
@@ -144,10 +164,10 @@ class Retrainer:
                                   done=done)
         if self.graphed_step is not None:  # lr and drop-path changed: capture anew
             self.graphed_step.reset()
-        train_step = self.graphed_step or self._train_step
+        train_step = self.graphed_step or self.eager_step
         started = time.perf_counter()
         for step, (inputs, labels) in enumerate(loader, start=done):
-            loss, correct = train_step(inputs.to(device, non_blocking=True),
+            loss, correct = train_step(self._to_device(inputs),
                                        labels.to(device, non_blocking=True))
             sums += torch.stack([loss * labels.numel(), correct])
             first_bad_step = torch.where(~torch.isfinite(loss) & (first_bad_step < 0),
@@ -191,16 +211,28 @@ class Retrainer:
             loss = F.cross_entropy(logits, labels)
             if logits_aux is not None:
                 loss = loss + self.auxiliary_weight * F.cross_entropy(logits_aux, labels)
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.flat_grads is None:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.flat_grads.zero_()
         loss.backward()
-        nn.utils.clip_grad_norm_(self.network.parameters(), self.grad_clip)
-        self.optimizer.step()
+        if self.flat_grads is None:
+            self._clip_and_step()
         correct = (logits.detach().argmax(dim=1) == labels).sum()
         return loss.detach().float(), correct.float()
+
+    def _clip_and_step(self) -> None:
+        if self.flat_grads is not None:  # the ranks' summed gradients, averaged as DDP does
+            self.flat_grads.average_()
+        nn.utils.clip_grad_norm_(self.network.parameters(), self.grad_clip)
+        self.optimizer.step()
 
     @torch.no_grad()
     def evaluate(self, loader: Any) -> dict[str, Any]:
         """Test loss, accuracy and each spiking neuron's mean firing rate over the whole loader."""
+        if self.flat_grads is not None:  # as DDP does before every forward: rank 0's batch-norm statistics
+            for buffer in self.network.buffers():
+                dist.broadcast(buffer, src=0)
         self.network.eval()
         device = self.ctx.device
         sums = torch.zeros(3, device=device)  # summed loss, correct predictions, batches
@@ -208,7 +240,7 @@ class Retrainer:
         rate_sums: torch.Tensor | None = None
         images = 0
         for inputs, labels in loader:
-            inputs = inputs.to(device, non_blocking=True)
+            inputs = self._to_device(inputs)
             labels = labels.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=self.autocast_dtype,
                                 enabled=self.autocast_dtype is not None):
