@@ -35,7 +35,7 @@ def main(cfg: DictConfig) -> None:
             auxiliary_weight=cfg.model.auxiliary_weight, drop_path_prob=cfg.model.drop_path_prob,
             grad_clip=cfg.grad_clip, precision=cfg.trainer.precision, ctx=ctx,
             log_every_n_steps=cfg.trainer.log_every_n_steps, cuda_graph=cfg.cuda_graph,
-            channels_last=cfg.channels_last)
+            channels_last=cfg.channels_last, label_smoothing=cfg.label_smoothing)
         if run.resumed:
             with checkpoint.restore_errors(run.checkpoint_path):
                 trainer.load_state_dict(run.state["trainer"])
@@ -61,7 +61,11 @@ def main(cfg: DictConfig) -> None:
             metrics = trainer.metrics()
             _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)  # the full test set on rank 0
             if is_qann(network):  # minutes on a CPU: a stop signal ends it (the last epoch is saved; resume redoes it)
-                metrics.update(snn_metrics(network, full_test, device=ctx.device,
+                snn_test = full_test
+                if cfg.snn_eval_samples is not None:  # the SNN runs up to T_eq steps per image: allow a cap
+                    data.max_test_samples = min(cfg.snn_eval_samples, data.max_test_samples or cfg.snn_eval_samples)
+                    _, snn_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
+                metrics.update(snn_metrics(network, snn_test, device=ctx.device,
                                            max_timesteps=cfg.snn_max_timesteps, dtype=cfg.snn_eval_dtype,
                                            board=board, step=trainer.global_step, before_batch=run.raise_if_stopped))
                 run.raise_if_stopped()

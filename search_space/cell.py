@@ -92,15 +92,17 @@ class Cell(nn.Module):
         )
         self.multiplier = len(self._concat)
 
-    def forward(self, s0: torch.Tensor, s1: torch.Tensor, drop_prob: float) -> torch.Tensor:
+    def forward(self, s0: torch.Tensor, s1: torch.Tensor, drop_prob: float | torch.Tensor) -> torch.Tensor:
         states = [self.preprocess0(s0), self.preprocess1(s1)]
         for node in range(len(self._ops) // 2):
             states.append(self._edge(2 * node, states, drop_prob) + self._edge(2 * node + 1, states, drop_prob))
         return torch.cat([states[index] for index in self._concat], dim=1)
 
-    def _edge(self, edge: int, states: list[torch.Tensor], drop_prob: float) -> torch.Tensor:
+    def _edge(self, edge: int, states: list[torch.Tensor], drop_prob: float | torch.Tensor) -> torch.Tensor:
         op = self._ops[edge]
         h = op(states[self._indices[edge]])
-        if self.training and drop_prob > 0.0 and not isinstance(op, nn.Identity):
+        # A tensor probability lives on the device (a CUDA graph replays it with each epoch's value): always drawn.
+        drawn = isinstance(drop_prob, torch.Tensor) or drop_prob > 0.0
+        if self.training and drawn and not isinstance(op, nn.Identity):
             h = drop_path(h, drop_prob, self.timesteps)
         return h

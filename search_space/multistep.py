@@ -17,7 +17,7 @@ def mean_over_time(x: torch.Tensor, timesteps: int) -> torch.Tensor:
     return x.unflatten(0, (timesteps, -1)).mean(0)
 
 
-def drop_path(x: torch.Tensor, drop_prob: float, timesteps: int) -> torch.Tensor:
+def drop_path(x: torch.Tensor, drop_prob: float | torch.Tensor, timesteps: int) -> torch.Tensor:
     """DARTS's drop-path: drop a sample's path with probability ``drop_prob``, scale the rest by 1/keep.
 
     One draw per sample, shared by its T steps (with T = 1 exactly DARTS's ``utils.drop_path``,

@@ -73,7 +73,8 @@ class DeviceEpochLoader:
 
     The order and sharding are a ``ShardSampler``'s (the host loaders'): ``set_epoch(epoch,
     start_batch)`` reshuffles from (seed, epoch) and skips an interrupted epoch's first batches.
-    ``augment=None`` (evaluation) only normalizes.
+    ``augment=None`` (evaluation) only normalizes. Training (``augment`` given) drops an incomplete last
+    batch: a captured step replays one batch shape, and another shape would run eagerly once per epoch.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, sampler: ShardSampler, *,
@@ -91,10 +92,13 @@ class DeviceEpochLoader:
         self._start_batch = start_batch
 
     def __len__(self) -> int:
+        if self.augment is not None:
+            return len(self.sampler) // self.batch_size
         return -(-len(self.sampler) // self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         keys = torch.tensor([index for _, index in self.sampler], dtype=torch.long)
+        keys = keys[: len(self) * self.batch_size]
         order = keys.to(self.images.device, non_blocking=True)
         generator = torch.Generator(device=self.images.device)
         for offset, start in enumerate(range(0, len(order), self.batch_size), start=self._start_batch):

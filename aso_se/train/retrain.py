@@ -51,7 +51,7 @@ class Retrainer:
                  scheduler: SchedulerFactory, epochs: int, auxiliary_weight: float,
                  drop_path_prob: float, grad_clip: float, precision: str,
                  ctx: DistributedContext, log_every_n_steps: int, cuda_graph: bool = False,
-                 channels_last: bool = False, grad_reduction: str = "auto") -> None:
+                 channels_last: bool = False, grad_reduction: str = "auto", label_smoothing: float = 0.0) -> None:
         if epochs < 1:
             raise UserInputError(f"epochs={epochs}: a retrain needs at least one epoch; "
                                  f"set epochs=<n>")
@@ -60,6 +60,7 @@ class Retrainer:
                                  f"set cuda_graph=false or trainer.device=cuda")
         if grad_reduction not in ("auto", "ddp", "after_backward"):
             raise ValueError(f"grad_reduction={grad_reduction!r}: expected auto, ddp or after_backward")
+        self.ctx = ctx
         # channels_last: NHWC weights and batches, where cuDNN's batch norm and depthwise convs are faster
         self.memory_format = torch.channels_last if channels_last else torch.preserve_format
         self.network = model.to(ctx.device, memory_format=self.memory_format)
@@ -75,7 +76,14 @@ class Retrainer:
         self.optimizer = optimizer(self.network.parameters())
         if cuda_graph:
             check_capturable(self.optimizer)
+        # Graphs with a fused SGD (a learning rate on the device) capture once per run: the schedule fills the
+        # learning rate and the drop-path probability in place, so no epoch pays warm-up steps and a capture.
+        self.capture_once = cuda_graph and isinstance(self.optimizer, torch.optim.SGD) and all(
+            group.get("fused") for group in self.optimizer.param_groups)
+        self._lr_to_device()
         self.scheduler = scheduler(self.optimizer)
+        self._drop_prob_on_device = torch.zeros((), device=ctx.device) if self.capture_once else None
+        self.label_smoothing = label_smoothing
         self.epochs = epochs
         self.auxiliary_weight = auxiliary_weight
         self.drop_path_prob = drop_path_prob
@@ -88,7 +96,6 @@ class Retrainer:
         # Eager steps under the flat reduction: the same three parts, one after the other.
         self.eager_step = (GraphedTrainStep.eager_only(self._train_step, **split) if split and not cuda_graph
                            else self._train_step)
-        self.ctx = ctx
         self.board: TensorBoardLogger | None = None  # set by fit
         self.log_every = max(1, log_every_n_steps)
         self.progress = EpochProgress(enabled=ctx.is_main)
@@ -125,7 +132,11 @@ class Retrainer:
         """
         self.board = board
         while self.epoch < self.epochs:
-            self.network.drop_path_prob = self.drop_path_prob * self.epoch / self.epochs
+            drop_prob = self.drop_path_prob * self.epoch / self.epochs
+            if self._drop_prob_on_device is not None:
+                self.network.drop_path_prob = self._drop_prob_on_device.fill_(drop_prob)
+            else:
+                self.network.drop_path_prob = drop_prob
             train = self._train_epoch(train_loader, should_stop, checkpoint_due, save_checkpoint)
             if train is None:
                 return False
@@ -162,7 +173,7 @@ class Retrainer:
         first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
         self.progress.start_epoch(f"retrain epoch {self.epoch + 1}/{self.epochs}", total=steps,
                                   done=done)
-        if self.graphed_step is not None:  # lr and drop-path changed: capture anew
+        if self.graphed_step is not None and not self.capture_once:  # lr and drop-path changed: capture anew
             self.graphed_step.reset()
         train_step = self.graphed_step or self.eager_step
         started = time.perf_counter()
@@ -200,7 +211,7 @@ class Retrainer:
             raise TrainingDiverged(f"retrain loss became NaN/Inf at epoch {self.epoch + 1}, "
                                    f"step {int(bad) + 1}")
         return {"loss": loss_sum / max(images, 1), "acc": correct / max(images, 1),
-                "lr": self.optimizer.param_groups[0]["lr"]}
+                "lr": float(self.optimizer.param_groups[0]["lr"])}
 
     def _train_step(self, inputs: torch.Tensor,
                     labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,9 +219,10 @@ class Retrainer:
                             enabled=self.autocast_dtype is not None,
                             cache_enabled=self.graphed_step is None):  # capture needs the cache off
             logits, logits_aux = self.model(inputs)
-            loss = F.cross_entropy(logits, labels)
+            loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
             if logits_aux is not None:
-                loss = loss + self.auxiliary_weight * F.cross_entropy(logits_aux, labels)
+                loss = loss + self.auxiliary_weight * F.cross_entropy(logits_aux, labels,
+                                                                      label_smoothing=self.label_smoothing)
         if self.flat_grads is None:
             self.optimizer.zero_grad(set_to_none=True)
         else:
@@ -220,6 +232,12 @@ class Retrainer:
             self._clip_and_step()
         correct = (logits.detach().argmax(dim=1) == labels).sum()
         return loss.detach().float(), correct.float()
+
+    def _lr_to_device(self) -> None:
+        """With ``capture_once``, each group's learning rate as a tensor on the device (read by the fused step)."""
+        if self.capture_once:
+            for group in self.optimizer.param_groups:
+                group["lr"] = torch.tensor(float(group["lr"]), device=self.ctx.device)
 
     def _clip_and_step(self) -> None:
         if self.flat_grads is not None:  # the ranks' summed gradients, averaged as DDP does
@@ -308,6 +326,7 @@ class Retrainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.network.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self._lr_to_device()  # a checkpoint holds the learning rate as it was saved (a host float or tensor)
         self.scheduler.load_state_dict(state["scheduler"])
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
         self.global_step, self.best_test_acc = state["global_step"], state["best_test_acc"]

@@ -100,7 +100,8 @@ def _blocks(channels: int) -> tuple[int, int]:
     """(pixels, channels) per program. Plain integer arithmetic and cached: triton.next_power_of_2 and
     triton.cdiv are constexpr functions, whose wrappers cost host time on every launch."""
     block_c = max(16, 1 << (channels - 1).bit_length())
-    return max(16, 4096 // block_c), block_c
+    # 32 pixels of 128 channels made the backward ~16x slower than 16 pixels (bench_pool3x3.py, RESULTS.md)
+    return (16 if block_c >= 128 else max(16, 4096 // block_c)), block_c
 
 
 def output_size(size: int, stride: int) -> int:

@@ -184,3 +184,28 @@ def test_retrain_with_cuda_graph_and_a_capturable_adam():
     fit(trainer, train, train[:1])
     losses = [record["train_loss"] for record in trainer.history]
     assert trainer.graphed_step.captures == 2 and losses[1] < losses[0], losses
+
+
+def test_retrain_with_a_fused_sgd_captures_once_and_matches_eager(deterministic_fp32):
+    """A fused SGD takes its learning rate from the device, so the whole run is one capture (the schedule and
+    the drop-path probability are filled in place); the losses and weights equal an eager run's."""
+    fused = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=3e-4, fused=True)
+    network = spiking_network(auxiliary=True)
+    for conv in (m for m in network.modules() if isinstance(m, SparseConv2d)):
+        conv.backend = "torch"
+    twin = copy.deepcopy(network)
+    train = random_batches([16] * 6 + [5], (1, 16, 16), 10, seed=2)
+    test = random_batches([16] * 2, (1, 16, 16), 10, seed=3)
+    eager, graphed = retrainer(network, False, optimizer=fused), retrainer(twin, True, optimizer=fused)
+    assert graphed.capture_once and not eager.capture_once
+    fit(eager, train, test)
+    fit(graphed, train, test)
+    step = graphed.graphed_step
+    assert (step.captures, step.replays, step.eager_steps) == (1, 3 + 6, 3 + 1 + 1)
+    assert [float(lr) for lr in graphed.scheduler.get_last_lr()] == pytest.approx(eager.scheduler.get_last_lr())
+    for record_eager, record_graphed in zip(eager.history, graphed.history):
+        for key in ("train_loss", "test_loss"):
+            assert record_graphed[key] == pytest.approx(record_eager[key], rel=1e-3, abs=1e-6), key
+    for (name, eager_param), graphed_param in zip(network.named_parameters(), twin.parameters()):
+        error = ((graphed_param - eager_param).norm() / eager_param.norm().clamp_min(1e-12)).item()
+        assert error < 1e-3, (name, error)
