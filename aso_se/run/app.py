@@ -222,7 +222,10 @@ class Run:
         self.cfg = cfg
         self.state: dict[str, Any] | None = None  # the checkpoint being resumed
         self.ctx: DistributedContext | None = None
-        self.run_dir = Path(HydraConfig.get().runtime.output_dir)
+        # A resumed run's directory on every rank: torchrun's other ranks run Hydra in "." (see above)
+        # and would look for the checkpoint there before rank 0's directory is broadcast.
+        resume = cfg.get("resume")
+        self.run_dir = Path(resume) if resume else Path(HydraConfig.get().runtime.output_dir)
         self._signum: int | None = None
         self._signalled_at = 0.0
         self._pid = os.getpid()

@@ -115,11 +115,12 @@ def test_ctrl_c_then_resume_gives_the_uninterrupted_genotype(tmp_path: Path,
     assert "resumed from" in log and log.count("SIGINT received") == 1  # workers stay quiet
 
 
-def _torchrun_two_processes(script: str, *overrides: str,
-                            cwd: Path) -> subprocess.CompletedProcess[str]:
+def _torchrun_two_processes(script: str, *overrides: str, cwd: Path,
+                            fresh: bool = True) -> subprocess.CompletedProcess[str]:
+    new_run = [*SMOKE, "trainer=ddp"] if fresh else []  # a resume takes the saved config
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-         str(REPO / script), *SMOKE, "trainer=ddp", *overrides],
+         str(REPO / script), *new_run, *overrides],
         cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
 
 
@@ -141,6 +142,10 @@ def test_ddp_retrain_on_two_cpu_processes(tmp_path: Path) -> None:
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and 0.0 <= metrics["test_acc"] <= 1.0
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp"]
+    # Resumed under torchrun from another directory: every rank finds the checkpoint in the run dir.
+    resumed = _torchrun_two_processes("train.py", f"resume={run_dir}", cwd=tmp_path, fresh=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in (run_dir / "train.log").read_text()
 
 
 def test_a_qann_search_and_retrain_report_the_exact_snn(tmp_path: Path) -> None:
