@@ -108,6 +108,9 @@ class Retrainer:
         self.train_images = 0
         self.conv_paths: collections.Counter[str] = collections.Counter()  # sparse-conv dispatcher paths, whole run
         self.train_seconds = 0.0
+        self._epoch_sums: torch.Tensor | None = None  # the running epoch's summed loss and correct predictions
+        self._epoch_images = 0
+        self._carried_running: list[float] | None = None  # those sums from a checkpoint taken mid-epoch
 
     def _to_device(self, inputs: torch.Tensor) -> torch.Tensor:
         """A batch on the device, images in the network's memory format (event frames are 5-D: as they are)."""
@@ -165,11 +168,16 @@ class Retrainer:
                      checkpoint_due: Callable[[], bool],
                      save_checkpoint: Callable[[], None]) -> dict[str, float] | None:
         self.model.train()
-        done, images = self.step_in_epoch, 0
+        done, images = self.step_in_epoch, 0  # images: of this piece of the epoch (its images/s)
         loader.set_epoch(self.epoch, start_batch=done)  # a stopped epoch goes on where it was
         steps = done + len(loader)
         device = self.ctx.device
-        sums = torch.zeros(2, device=device)  # summed loss, correct predictions
+        # summed loss, correct predictions and images of the epoch, the steps before a mid-epoch stop included
+        carried = self._carried_running if done else None
+        self._carried_running = None
+        self._epoch_sums = torch.tensor(carried[:2] if carried else [0.0, 0.0], device=device)
+        self._epoch_images = int(carried[2]) if carried else 0
+        sums = self._epoch_sums
         first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
         self.progress.start_epoch(f"retrain epoch {self.epoch + 1}/{self.epochs}", total=steps,
                                   done=done)
@@ -184,9 +192,10 @@ class Retrainer:
             first_bad_step = torch.where(~torch.isfinite(loss) & (first_bad_step < 0),
                                          step, first_bad_step)
             images += labels.numel()
+            self._epoch_images += labels.numel()
             self.step_in_epoch, self.global_step = step + 1, self.global_step + 1
             if self.step_in_epoch % self.log_every == 0 or self.step_in_epoch == steps:
-                shown = self._read_running(sums, first_bad_step, images)
+                shown = self._read_running(sums, first_bad_step, self._epoch_images)
                 self.progress.advance(self.step_in_epoch - done, shown)
                 done = self.step_in_epoch
                 if self.board is not None:
@@ -194,9 +203,9 @@ class Retrainer:
             if should_stop():
                 return None
             if self.step_in_epoch < steps and checkpoint_due():  # the epoch's end saves anyway
-                self._read_running(sums, first_bad_step, images)  # a NaN/Inf step is not saved
+                self._read_running(sums, first_bad_step, self._epoch_images)  # a NaN/Inf step is not saved
                 save_checkpoint()
-        shown = self._read_running(sums, first_bad_step, images)  # also waits for the GPU
+        shown = self._read_running(sums, first_bad_step, self._epoch_images)  # also waits for the GPU
         seconds = time.perf_counter() - started
         self.train_images += images * self.ctx.world_size
         self.train_seconds += seconds
@@ -319,6 +328,9 @@ class Retrainer:
             "history": self.history,
             "last_test": self.last_test,
             "throughput": [self.train_images, self.train_seconds],
+            # a mid-epoch checkpoint: the epoch's sums so far, so its train loss/accuracy count every step
+            "running": ([*self._epoch_sums.tolist(), self._epoch_images]
+                        if self.step_in_epoch and self._epoch_sums is not None else None),
             "conv_paths": dict(self.conv_paths),
             "rng": capture_rng_state(),
         }
@@ -332,5 +344,6 @@ class Retrainer:
         self.global_step, self.best_test_acc = state["global_step"], state["best_test_acc"]
         self.history, self.last_test = list(state["history"]), state["last_test"]
         self.train_images, self.train_seconds = state["throughput"]
+        self._carried_running = state.get("running")  # older checkpoints have none
         self.conv_paths = collections.Counter(state.get("conv_paths", {}))  # older checkpoints have none
         restore_rng_state(state["rng"])

@@ -2,6 +2,7 @@
 uninterrupted run ends (same weights, same metrics), on the CPU with the same seed."""
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -53,6 +54,37 @@ def test_sigint_mid_epoch_then_resume_equals_uninterrupted(
                for run in ("straight", "stopped")]
     assert metrics[0]["test_loss"] == metrics[1]["test_loss"]
     assert metrics[0]["test_acc"] == metrics[1]["test_acc"]
+
+
+def test_a_retrain_in_pieces_each_resumed_from_a_copied_run_dir_equals_uninterrupted(
+        run_app: RunApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long run cut into pieces, each continued on "another machine": the run dir copied elsewhere (the old one
+    deleted, so nothing may point back to it) and resumed there; the last piece ends as the uninterrupted run."""
+    code, stderr = run_app("train", *TRAIN, "hydra.run.dir=straight")
+    assert code == 0, stderr
+    with monkeypatch.context() as interrupt:
+        _interrupt_at_step(3, interrupt)  # epoch 1, step 3 of 4
+        code, stderr = run_app("train", *TRAIN, "hydra.run.dir=piece1")
+    assert code == 128 + signal.SIGINT, stderr
+    run_dir = tmp_path / "piece1"
+    for piece in (2, 3):
+        moved = tmp_path / f"machine{piece}" / "run"
+        shutil.copytree(run_dir, moved)
+        shutil.rmtree(run_dir)
+        run_dir = moved
+        with monkeypatch.context() as interrupt:
+            if piece == 2:
+                _interrupt_at_step(3, interrupt)  # epoch 2, step 2: a stop inside the resumed epoch
+            code, stderr = run_app("train", f"resume={run_dir}")
+        assert code == (128 + signal.SIGINT if piece == 2 else 0), stderr
+    straight, pieces = (load_checkpoint(run / "checkpoints" / "last.pt", kind="train")
+                        for run in (tmp_path / "straight", run_dir))
+    assert (pieces["trainer"]["epoch"], pieces["trainer"]["global_step"]) == (2, 8)
+    for name, weight in straight["trainer"]["model"].items():
+        assert torch.equal(weight, pieces["trainer"]["model"][name]), name
+    metrics = [json.loads((run / "metrics.json").read_text()) for run in (tmp_path / "straight", run_dir)]
+    assert metrics[0]["test_loss"] == metrics[1]["test_loss"] and metrics[0]["test_acc"] == metrics[1]["test_acc"]
+    assert [r["train_loss"] for r in metrics[0]["history"]] == [r["train_loss"] for r in metrics[1]["history"]]
 
 
 def test_sigterm_during_the_snn_evaluation_stops_it_and_resume_redoes_only_the_evaluation(
