@@ -184,7 +184,7 @@ def _run_dir(resume: str | None, fresh: str) -> str:
     if not Path(resume).is_dir():
         raise checkpoint.CheckpointError(f"resume dir {resume} does not exist; pass resume=<a run "
                                          f"dir under outputs/>, or drop resume= to start anew")
-    if not (Path(resume) / CHECKPOINT).is_file():
+    if not checkpoint.history(Path(resume) / CHECKPOINT):
         raise checkpoint.CheckpointError(f"resume dir {resume} has no {CHECKPOINT} (the run saved "
                                          f"none yet); drop resume= to start a new run")
     return str(resume)
@@ -261,6 +261,10 @@ class Run:
             raise UserInputError(f"trainer.precision={trainer.precision} is not supported; "
                                  f"use fp32 or bf16")
         self._checkpoint_every_s = _checkpoint_interval_s(trainer.get("checkpoint_every_min"))
+        keep = trainer.get("keep_checkpoints", 1)
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise UserInputError(f"trainer.keep_checkpoints={keep!r} must be an integer >= 1 (last.pt and the "
+                                 f"ones saved before it); fix trainer.keep_checkpoints")
         self.ctx = init_distributed(ddp=trainer.ddp, device=trainer.device)
         torch.backends.cudnn.benchmark = bool(trainer.get("cudnn_benchmark", False))
         self.run_dir = broadcast_from_main(self.run_dir, self.ctx)
@@ -376,7 +380,10 @@ class Run:
         if extra:
             raise UserInputError(f"resume continues a run with its saved config; drop the "
                                  f"overrides {' '.join(extra)}, or start a new run with them")
-        self.state = checkpoint.load_checkpoint(self.checkpoint_path, kind=self.entry_point)
+        # A truncated or corrupt last.pt: the one saved before it (trainer.keep_checkpoints); rank 0 sets it aside.
+        self.state, _ = checkpoint.load_newest_readable(self.checkpoint_path, kind=self.entry_point,
+                                                        warn=log.warning,
+                                                        set_aside=int(os.environ.get("RANK", "0")) == 0)
         self.cfg = OmegaConf.create(self.state["config"])
 
     def save(self, state: Mapping[str, Any], path: Path | None = None) -> None:
@@ -385,8 +392,9 @@ class Run:
             return
         self._keep_stop_handlers()
         config = OmegaConf.to_container(self.cfg, resolve=True)
+        keep = self.cfg.trainer.get("keep_checkpoints", 1) if path is None else 1  # last.pt's history only
         checkpoint.save_checkpoint({"config": config, "wall_time_s": self.wall_time_s, **state},
-                                   path or self.checkpoint_path, kind=self.entry_point)
+                                   path or self.checkpoint_path, kind=self.entry_point, keep=keep)
         if path is None:
             self._saved_at = time.monotonic()
 

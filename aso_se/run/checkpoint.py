@@ -6,6 +6,10 @@ directory so that the rename itself is durable. A process killed mid-write leave
 stale ``.<name>.tmp`` that the next save overwrites; a write that fails (disk full, read-only
 directory) removes it and raises `CheckpointWriteError`, the previous file untouched.
 
+`save_checkpoint(..., keep=n)` keeps the n - 1 previous files beside the newest (``last.1.pt`` the one
+before, ...), linked before the new file replaces the name, so a good state always has a name; and
+`load_newest_readable` falls back to them when the newest is truncated or corrupt.
+
 `load_checkpoint` turns every way a file can be unusable (missing, truncated, not ours, written
 by the other entry point or an older format) into one `CheckpointError` line naming the file
 and the fix; `restore_errors` does the same for a checkpoint that loads but does not fit the
@@ -17,6 +21,7 @@ import contextlib
 import json
 import os
 import pickle
+import shutil
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -34,6 +39,15 @@ class CheckpointError(UserInputError):
     """A checkpoint file or resume directory that cannot be used."""
 
 
+class UnreadableCheckpoint(CheckpointError):
+    """A checkpoint file that is truncated or corrupt (a predecessor may be loaded instead)."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"checkpoint {path} is unreadable (truncated or corrupt: {reason}); "
+                         f"resume from another run, or delete it to start again")
+
+
 class CheckpointWriteError(Exception):
     """A checkpoint or result file could not be written (disk full, read-only or missing directory)."""
 
@@ -43,10 +57,68 @@ class CheckpointWriteError(Exception):
                          f"{path.parent} writable")
 
 
-def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str], *, kind: str) -> None:
-    """Atomically write ``state`` (plus a header naming ``kind`` and the format) to ``path``."""
+def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str], *, kind: str, keep: int = 1) -> None:
+    """Atomically write ``state`` (plus a header naming ``kind`` and the format) to ``path``, keeping the
+    ``keep - 1`` previous checkpoints as ``older(path, 1)``, ``older(path, 2)``, ... (newest first)."""
     payload = {_HEADER_KEY: {"kind": kind, "version": FORMAT_VERSION}, **state}
-    _write_atomically(Path(path), lambda f: torch.save(payload, f), what="checkpoint ")
+    path = Path(path)
+    _write_atomically(path, lambda f: torch.save(payload, f), what="checkpoint ",
+                      before_replace=lambda: _shift_history(path, keep))
+
+
+def older(path: Path, age: int) -> Path:
+    """The name of the checkpoint saved ``age`` saves before ``path``'s (``last.pt`` -> ``last.1.pt``)."""
+    return path if age == 0 else path.with_name(f"{path.stem}.{age}{path.suffix}")
+
+
+def history(path: Path) -> list[Path]:
+    """``path`` and its kept predecessors that exist, newest first."""
+    found, age = [], 0
+    while True:
+        candidate = older(path, age)
+        if candidate.is_file():
+            found.append(candidate)
+        elif age > 0:
+            return found
+        age += 1
+
+
+def _shift_history(path: Path, keep: int) -> None:
+    """Age the kept files by one (the oldest beyond ``keep`` dropped); ``path``'s current file gets a second
+    name, ``older(path, 1)``, so that replacing ``path`` leaves it in place (a copy where links fail)."""
+    if keep < 2 or not path.is_file():
+        return
+    older(path, keep - 1).unlink(missing_ok=True)
+    for age in range(keep - 2, 0, -1):
+        if older(path, age).is_file():
+            os.replace(older(path, age), older(path, age + 1))
+    try:
+        os.link(path, older(path, 1))
+    except OSError:
+        shutil.copy2(path, older(path, 1))
+
+
+def load_newest_readable(path: Path, *, kind: str, warn: Callable[[str], None],
+                         set_aside: bool = True) -> tuple[dict[str, Any], Path]:
+    """The newest of ``history(path)`` that loads, and its path. A truncated or corrupt one gets one ``warn``
+    line naming it and, with ``set_aside`` (one process of a run), is renamed to ``<name>.corrupt``: kept for
+    a look, out of the history that later saves age."""
+    candidates = history(path) or [path]
+    for index, candidate in enumerate(candidates):
+        if index and not candidate.is_file():  # set aside meanwhile by the process that owns the run dir
+            continue
+        try:
+            return load_checkpoint(candidate, kind=kind), candidate
+        except UnreadableCheckpoint as err:
+            if index + 1 == len(candidates):
+                raise
+            moved = ""
+            if set_aside:
+                os.replace(candidate, candidate.with_name(candidate.name + ".corrupt"))
+                moved = f"; moved to {candidate.name}.corrupt"
+            warn(f"{err.path} is unreadable ({err.reason}){moved}; resuming from {candidates[index + 1]}, "
+                 f"the checkpoint saved before it")
+    raise AssertionError("unreachable: the loop returns or raises")
 
 
 def save_json(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -54,7 +126,8 @@ def save_json(obj: Any, path: str | os.PathLike[str]) -> None:
     _write_atomically(Path(path), lambda f: f.write(json.dumps(obj, indent=2).encode() + b"\n"))
 
 
-def _write_atomically(path: Path, write: Callable[[BinaryIO], object], what: str = "") -> None:
+def _write_atomically(path: Path, write: Callable[[BinaryIO], object], what: str = "",
+                      before_replace: Callable[[], None] = lambda: None) -> None:
     """Temp file beside ``path``, fsync, rename over ``path``, fsync the directory.
 
     Any failure (an OSError becomes `CheckpointWriteError`; a second Ctrl-C propagates) removes
@@ -67,6 +140,7 @@ def _write_atomically(path: Path, write: Callable[[BinaryIO], object], what: str
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        before_replace()
         os.replace(tmp, path)
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
@@ -91,9 +165,7 @@ def load_checkpoint(path: str | os.PathLike[str], *, kind: str) -> dict[str, Any
         # weights_only keeps loading safe: checkpoints hold only tensors and plain containers.
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-        raise CheckpointError(f"checkpoint {path} is unreadable (truncated or corrupt: "
-                              f"{_one_line(err)}); "
-                              f"resume from another run, or delete it to start again") from err
+        raise UnreadableCheckpoint(path, _one_line(err)) from err
     header = payload.get(_HEADER_KEY) if isinstance(payload, dict) else None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path} is not an ASO-SE checkpoint; pass a file written by "

@@ -10,7 +10,16 @@ import pytest
 import torch
 from torch import nn
 
-from aso_se.run.checkpoint import CheckpointError, load_checkpoint, restore_errors, save_checkpoint
+from aso_se.run.checkpoint import (
+    CheckpointError,
+    UnreadableCheckpoint,
+    history,
+    load_checkpoint,
+    load_newest_readable,
+    older,
+    restore_errors,
+    save_checkpoint,
+)
 from search_space.errors import UserInputError
 
 
@@ -94,3 +103,36 @@ def test_sigkill_mid_write_never_corrupts(tmp_path: Path) -> None:
         writer.wait()
         loaded = load_checkpoint(path, kind="search")
         assert torch.equal(loaded["w"], torch.full((1_500_000,), float(loaded["version"])))
+
+
+def test_saves_keep_the_configured_history_newest_first(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoints" / "last.pt"
+    for value in range(4):
+        save_checkpoint({"value": value}, path, kind="train", keep=3)
+    assert history(path) == [path, older(path, 1), older(path, 2)]
+    assert [load_checkpoint(p, kind="train")["value"] for p in history(path)] == [3, 2, 1]
+    save_checkpoint({"value": 4}, path, kind="train", keep=1)  # keep=1: the history is left as it is
+    assert [load_checkpoint(p, kind="train")["value"] for p in history(path)] == [4, 2, 1]
+
+
+def test_a_truncated_newest_checkpoint_falls_back_to_the_one_before(tmp_path: Path) -> None:
+    path = tmp_path / "last.pt"
+    for value in range(3):
+        save_checkpoint({"value": value}, path, kind="train", keep=3)
+    path.write_bytes(path.read_bytes()[:100])
+    warnings: list[str] = []
+    state, loaded = load_newest_readable(path, kind="train", warn=warnings.append)
+    assert (state["value"], loaded) == (1, older(path, 1))
+    (line,) = warnings
+    assert str(path) in line and "unreadable" in line and str(older(path, 1)) in line
+    assert (tmp_path / "last.pt.corrupt").is_file() and not path.exists()  # set aside, out of the history
+
+
+def test_every_kept_checkpoint_damaged_is_one_error_naming_the_oldest(tmp_path: Path) -> None:
+    path = tmp_path / "last.pt"
+    for value in range(2):
+        save_checkpoint({"value": value}, path, kind="train", keep=2)
+    for damaged in history(path):
+        damaged.write_bytes(b"\x00" * 64)
+    with pytest.raises(UnreadableCheckpoint, match=f"checkpoint {older(path, 1)} is unreadable"):
+        load_newest_readable(path, kind="train", warn=lambda line: None)

@@ -87,6 +87,25 @@ def test_a_retrain_in_pieces_each_resumed_from_a_copied_run_dir_equals_uninterru
     assert [r["train_loss"] for r in metrics[0]["history"]] == [r["train_loss"] for r in metrics[1]["history"]]
 
 
+def test_a_truncated_last_checkpoint_resumes_from_the_one_before_and_ends_as_uninterrupted(
+        run_app: RunApp, tmp_path: Path) -> None:
+    """trainer.keep_checkpoints=2 (the default): last.pt damaged after the run, the resume says so in one line,
+    continues from last.1.pt (the end of epoch 1) and ends with the uninterrupted run's weights."""
+    code, stderr = run_app("train", *TRAIN, "trainer.checkpoint_every_min=null", "hydra.run.dir=run")
+    assert code == 0, stderr
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    straight = load_checkpoint(last, kind="train")
+    assert load_checkpoint(last.with_name("last.1.pt"), kind="train")["trainer"]["epoch"] == 1
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    code, stderr = run_app("train", f"resume={tmp_path / 'run'}")
+    assert code == 0, stderr
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert f"{last} is unreadable" in log and "last.1.pt, the checkpoint saved before it" in log
+    resumed = load_checkpoint(last, kind="train")
+    for name, weight in straight["trainer"]["model"].items():
+        assert torch.equal(weight, resumed["trainer"]["model"][name]), name
+
+
 def test_sigterm_during_the_snn_evaluation_stops_it_and_resume_redoes_only_the_evaluation(
         run_app: RunApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """neuron=st_bif_qann: after training, the SNN's evaluation (minutes on a CPU) ends at the next batch
