@@ -32,6 +32,7 @@ from typing import Any
 import hydra.errors
 import numpy as np
 import torch
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -53,6 +54,9 @@ log = logging.getLogger(__name__)
 
 EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_OUT_OF_MEMORY, EXIT_WRITE_FAILED = 2, 3, 4, 5
 CHECKPOINT = Path("checkpoints") / "last.pt"
+# What a resume may set anew: where this machine keeps the data and how many processes read it
+# (``+data.root=<dir>``: the default config a resume composes, mnist5k's, has no root).
+MACHINE_KEYS = ("data.root", "data.num_workers")
 # Knobs that shrink activation memory, named in the out-of-memory line per entry point.
 _MEMORY_KNOBS = {
     "search": ("batch_size, search.supernet.channels, search.supernet.layers, neuron.timesteps "
@@ -376,15 +380,25 @@ class Run:
             raise Interrupted(self._signum, self.run_dir, self.entry_point)
 
     def _load_resumed_state(self) -> None:
-        extra = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
+        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
+        machine = [o for o in overrides if o.split("=", 1)[0].lstrip("+") in MACHINE_KEYS]
+        extra = [o for o in overrides if o not in machine]
         if extra:
             raise UserInputError(f"resume continues a run with its saved config; drop the "
-                                 f"overrides {' '.join(extra)}, or start a new run with them")
+                                 f"overrides {' '.join(extra)} (a resume takes only {', '.join(MACHINE_KEYS)}), "
+                                 f"or start a new run with them")
         # A truncated or corrupt last.pt: the one saved before it (trainer.keep_checkpoints); rank 0 sets it aside.
         self.state, _ = checkpoint.load_newest_readable(self.checkpoint_path, kind=self.entry_point,
                                                         warn=log.warning,
                                                         set_aside=int(os.environ.get("RANK", "0")) == 0)
         self.cfg = OmegaConf.create(self.state["config"])
+        for override in machine:  # where this machine keeps the data: a run dir copied here resumes
+            key, value = override.split("=", 1)
+            key = key.lstrip("+")  # +data.root=: the default data set (mnist5k) has no root to override
+            if OmegaConf.select(self.cfg, key) is None:
+                raise UserInputError(f"{override}: this run's data has no {key.split('.', 1)[1]} setting; drop it "
+                                     f"from the resume")
+            OmegaConf.update(self.cfg, key, yaml.safe_load(value), merge=False)
 
     def save(self, state: Mapping[str, Any], path: Path | None = None) -> None:
         """Checkpoint ``state`` with the config it belongs to (rank 0 only; others return)."""

@@ -83,7 +83,10 @@ def test_resume_dir_without_checkpoint(run_app: RunApp, tmp_path: Path) -> None:
 
 
 def test_resume_corrupt_checkpoint_keeps_the_run(damaged_copy: Path, run_app: RunApp) -> None:
+    """No checkpoint before it to fall back to (test_retrain_resume.py has the fallback): one line, nothing touched."""
     last = damaged_copy / "checkpoints" / "last.pt"
+    for kept in damaged_copy.glob("checkpoints/last.*.pt"):
+        kept.unlink()
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
     before = {path: path.read_bytes() for path in damaged_copy.rglob("*") if path.is_file()}
     code, stderr = run_app("search", f"resume={damaged_copy}")
@@ -114,6 +117,12 @@ def test_resume_with_other_overrides(damaged_copy: Path, run_app: RunApp) -> Non
     code, stderr = run_app("search", f"resume={damaged_copy}", "batch_size=8")
     assert code == app.EXIT_BAD_INPUT
     assert_one_line(stderr, "drop the overrides batch_size=8")
+
+
+def test_resume_with_a_data_setting_the_run_does_not_have(damaged_copy: Path, run_app: RunApp) -> None:
+    code, stderr = run_app("search", f"resume={damaged_copy}", "+data.root=/elsewhere")  # mnist5k has no root
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, "+data.root=/elsewhere: this run's data has no root setting")
 
 
 def _nan_from_call(call: int, monkeypatch: pytest.MonkeyPatch) -> None:

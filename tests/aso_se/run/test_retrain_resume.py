@@ -75,7 +75,8 @@ def test_a_retrain_in_pieces_each_resumed_from_a_copied_run_dir_equals_uninterru
         with monkeypatch.context() as interrupt:
             if piece == 2:
                 _interrupt_at_step(3, interrupt)  # epoch 2, step 2: a stop inside the resumed epoch
-            code, stderr = run_app("train", f"resume={run_dir}")
+            machine = ["data.num_workers=1"] if piece == 3 else []  # a setting of the new machine
+            code, stderr = run_app("train", f"resume={run_dir}", *machine)
         assert code == (128 + signal.SIGINT if piece == 2 else 0), stderr
     straight, pieces = (load_checkpoint(run / "checkpoints" / "last.pt", kind="train")
                         for run in (tmp_path / "straight", run_dir))
