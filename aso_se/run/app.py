@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from aso_se.data import loaders
-from aso_se.errors import TrainingDiverged, UserInputError
+from aso_se.errors import TrainingDiverged
 from aso_se.monitor.tensorboard import TensorBoardLogger
 from aso_se.parallel.distributed import (
     DistributedContext,
@@ -48,6 +48,7 @@ from aso_se.parallel.distributed import (
     shutdown_distributed,
 )
 from aso_se.run import checkpoint
+from search_space.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
