@@ -49,6 +49,7 @@ from aso_se.parallel.distributed import (
 )
 from aso_se.run import checkpoint
 from search_space.errors import UserInputError
+from search_space.genotypes import Genotype, load_genotype
 
 log = logging.getLogger(__name__)
 
@@ -377,6 +378,13 @@ class Run:
         self.state = checkpoint.load_checkpoint(self.checkpoint_path, kind=self.entry_point)
         self.cfg = OmegaConf.create(self.state["config"])
 
+    def restore(self, component: Any, key: str) -> None:
+        """On a resumed run, ``component.load_state_dict(state[key])`` of the checkpoint; a state that
+        does not fit is bad input (``checkpoint.restore_errors``). Nothing on a fresh run."""
+        if self.resumed:
+            with checkpoint.restore_errors(self.checkpoint_path):
+                component.load_state_dict(self.state[key])
+
     def save(self, state: Mapping[str, Any], path: Path | None = None) -> None:
         """Checkpoint ``state`` with the config it belongs to (rank 0 only; others return)."""
         if self.ctx is not None and not self.ctx.is_main:
@@ -429,6 +437,13 @@ def _checkpoint_interval_s(minutes: Any) -> float | None:
         raise UserInputError(f"trainer.checkpoint_every_min={minutes} must be a positive number of "
                              f"minutes; or null to save at epoch ends only")
     return float(minutes) * 60.0
+
+
+def genotype_to_train(run: Run) -> Genotype:
+    """train.py's genotype: the resumed run's own, else ``genotype=``'s (see find_genotype)."""
+    if run.resumed:
+        return Genotype.from_json(run.state["genotype"])
+    return load_genotype(find_genotype(run.cfg.genotype))
 
 
 def find_genotype(name_or_path: str | None, search_root: Path = Path("outputs/search")) -> str:
