@@ -144,6 +144,14 @@ def exit_on_expected_failure(err: BaseException) -> None:
     sys.exit(code)
 
 
+# Optimizer groups of one entry point: given to the other, Hydra's "use +<group>=..." hint would add
+# an optimizer of the wrong shape that fails late, so the line names the right group instead.
+_OTHER_ENTRY_POINTS_GROUP = {
+    "optim": "optim is train.py's retrain optimizer; search.py's optimizers are search_optim=adam|darts",
+    "search_optim": "search_optim is search.py's; train.py's optimizer is optim=retrain",
+}
+
+
 def _one_line(err: BaseException) -> str:
     """A Hydra/OmegaConf report on one line; our own error when a resolver raised it."""
     cause = err
@@ -160,6 +168,9 @@ def _one_line(err: BaseException) -> str:
         separator = ", " if listing and not text.endswith(":") else " "
         text = f"{text}{separator}{line}" if text else line
         listing = listing or line.endswith(":")
+    for group, hint in _OTHER_ENTRY_POINTS_GROUP.items():
+        if text.startswith(f"Could not override '{group}'. No match in the defaults list."):
+            return f"Could not override '{group}': {hint}"
     return text
 
 
