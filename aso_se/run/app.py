@@ -266,6 +266,9 @@ class Run:
         if self.cfg.get("resume"):
             self._load_resumed_state()
             self._handle_stop_signals(self.cfg.trainer)  # the resumed run's own setting
+        if self.entry_point == "search" and self.cfg.get("model") is not None:  # conf/search.yaml pins it
+            raise UserInputError("model= chooses train.py's network; search.py's supernet is sized by "
+                                 "search.supernet.channels and search.supernet.layers")
         trainer = self.cfg.trainer
         if trainer.precision not in ("fp32", "bf16"):
             raise UserInputError(f"trainer.precision={trainer.precision} is not supported; "

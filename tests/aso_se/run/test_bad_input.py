@@ -38,6 +38,7 @@ def damaged_copy(finished_search: Path, tmp_path: Path) -> Path:
     ("trainer=ddp", ["torchrun --nproc_per_node"]),
     ("resume=no/such/dir", ["resume dir no/such/dir does not exist"]),
     ("optim=retrain", ["Could not override 'optim'", "search_optim=adam|darts"]),  # train.py's group
+    ("model=small", ["model= chooses train.py's network", "search.supernet.channels"]),  # likewise
 ])
 def test_bad_search_override(override: str, fragments: list[str], run_app: RunApp,
                              tmp_path: Path) -> None:
