@@ -10,7 +10,7 @@ import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from aso_se.run import app, checkpoint
+from aso_se.run import app
 from aso_se.run.search_callbacks import SearchCallbacks
 
 
@@ -24,9 +24,7 @@ def main(cfg: DictConfig) -> None:
             search_space=instantiate(cfg.search_space), neuron=neuron, num_classes=data.num_classes,
             in_channels=data.in_channels, optim=instantiate(cfg.optim, _convert_="object"),
             device=ctx.device, precision=cfg.trainer.precision, seed=cfg.seed)
-        if run.resumed:
-            with checkpoint.restore_errors(run.checkpoint_path):
-                engine.load_state_dict(run.state["engine"])
+        run.restore(engine, "engine")
         weights_loader, arch_loader = data.search_loaders(cfg.batch_size, seed=cfg.seed,
                                                           rank=ctx.rank, world_size=ctx.world_size)
         board = run.tensorboard(cfg.logger, step=engine.progress["global_step"])

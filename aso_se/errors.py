@@ -1,9 +1,11 @@
-"""Library errors, one per event. Only aso_se.run maps them to exit codes."""
+"""Library errors, one per event. Only aso_se.run maps them to exit codes.
+
+Bad user input is ``search_space.errors.UserInputError`` (the lowest layer's; import it from there
+only, so that every module names one path for it).
+"""
 from __future__ import annotations
 
-from search_space.errors import UserInputError
-
-__all__ = ["TrainingDiverged", "UserInputError"]
+__all__ = ["TrainingDiverged"]
 
 
 class TrainingDiverged(RuntimeError):

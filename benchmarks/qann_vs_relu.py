@@ -22,7 +22,7 @@ if str(REPO) not in sys.path:  # run as a script: the packages live beside bench
     sys.path.insert(0, str(REPO))
 
 from aso_se.run.checkpoint import save_json  # noqa: E402
-from benchmarks.search_vs_random import (  # noqa: E402
+from benchmarks.common import (  # noqa: E402
     SMOKE,
     BenchmarkError,
     Job,
@@ -35,7 +35,7 @@ from benchmarks.search_vs_random import (  # noqa: E402
     read_run_json,
     same_config,
 )
-from benchmarks.search_vs_random import check_overrides as check_run_overrides  # noqa: E402
+from benchmarks.common import check_overrides as check_run_overrides  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 
 ARMS = ("relu", "st_bif_qann", "st_bif")

@@ -31,7 +31,7 @@ if str(REPO) not in sys.path:  # run as a script: the packages live beside bench
     sys.path.insert(0, str(REPO))
 
 from aso_se.run.checkpoint import load_checkpoint, save_json  # noqa: E402
-from benchmarks.search_vs_random import (  # noqa: E402
+from benchmarks.common import (  # noqa: E402
     SMOKE,
     BenchmarkError,
     Job,

@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from aso_se.data import loaders
-from aso_se.errors import TrainingDiverged, UserInputError
+from aso_se.errors import TrainingDiverged
 from aso_se.monitor.tensorboard import TensorBoardLogger
 from aso_se.parallel.distributed import (
     DistributedContext,
@@ -49,6 +49,8 @@ from aso_se.parallel.distributed import (
     shutdown_distributed,
 )
 from aso_se.run import checkpoint
+from search_space.errors import UserInputError
+from search_space.genotypes import Genotype, load_genotype
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +148,14 @@ def exit_on_expected_failure(err: BaseException) -> None:
     sys.exit(code)
 
 
+# Optimizer groups of one entry point: given to the other, Hydra's "use +<group>=..." hint would add
+# an optimizer of the wrong shape that fails late, so the line names the right group instead.
+_OTHER_ENTRY_POINTS_GROUP = {
+    "optim": "optim is train.py's retrain optimizer; search.py's optimizers are search_optim=adam|darts",
+    "search_optim": "search_optim is search.py's; train.py's optimizer is optim=retrain",
+}
+
+
 def _one_line(err: BaseException) -> str:
     """A Hydra/OmegaConf report on one line; our own error when a resolver raised it."""
     cause = err
@@ -162,6 +172,9 @@ def _one_line(err: BaseException) -> str:
         separator = ", " if listing and not text.endswith(":") else " "
         text = f"{text}{separator}{line}" if text else line
         listing = listing or line.endswith(":")
+    for group, hint in _OTHER_ENTRY_POINTS_GROUP.items():
+        if text.startswith(f"Could not override '{group}'. No match in the defaults list."):
+            return f"Could not override '{group}': {hint}"
     return text
 
 
@@ -260,6 +273,9 @@ class Run:
         if self.cfg.get("resume"):
             self._load_resumed_state()
             self._handle_stop_signals(self.cfg.trainer)  # the resumed run's own setting
+        if self.entry_point == "search" and self.cfg.get("model") is not None:  # conf/search.yaml pins it
+            raise UserInputError("model= chooses train.py's network; search.py's supernet is sized by "
+                                 "search.supernet.channels and search.supernet.layers")
         trainer = self.cfg.trainer
         if trainer.precision not in ("fp32", "bf16"):
             raise UserInputError(f"trainer.precision={trainer.precision} is not supported; "
@@ -400,6 +416,13 @@ class Run:
                                      f"from the resume")
             OmegaConf.update(self.cfg, key, yaml.safe_load(value), merge=False)
 
+    def restore(self, component: Any, key: str) -> None:
+        """On a resumed run, ``component.load_state_dict(state[key])`` of the checkpoint; a state that
+        does not fit is bad input (``checkpoint.restore_errors``). Nothing on a fresh run."""
+        if self.resumed:
+            with checkpoint.restore_errors(self.checkpoint_path):
+                component.load_state_dict(self.state[key])
+
     def save(self, state: Mapping[str, Any], path: Path | None = None) -> None:
         """Checkpoint ``state`` with the config it belongs to (rank 0 only; others return)."""
         if self.ctx is not None and not self.ctx.is_main:
@@ -453,6 +476,13 @@ def _checkpoint_interval_s(minutes: Any) -> float | None:
         raise UserInputError(f"trainer.checkpoint_every_min={minutes} must be a positive number of "
                              f"minutes; or null to save at epoch ends only")
     return float(minutes) * 60.0
+
+
+def genotype_to_train(run: Run) -> Genotype:
+    """train.py's genotype: the resumed run's own, else ``genotype=``'s (see find_genotype)."""
+    if run.resumed:
+        return Genotype.from_json(run.state["genotype"])
+    return load_genotype(find_genotype(run.cfg.genotype))
 
 
 def find_genotype(name_or_path: str | None, search_root: Path = Path("outputs/search")) -> str:

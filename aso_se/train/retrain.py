@@ -9,6 +9,10 @@ on one GPU its steps can be captured in a CUDA graph and replayed (``cuda_graph`
 The loop keeps its running sums on the device and reads them on the host (one sync) every
 ``log_every_n_steps`` steps and at the end of an epoch, which is also where a NaN/Inf loss is
 noticed; the first non-finite step is tracked on the device so the error names it exactly.
+
+It reports through callbacks, as the search engine does: ``on_log`` gets those running scalars,
+``on_epoch_end`` runs once an epoch is tested (train.py's are in ``aso_se.run.train_callbacks``:
+TensorBoard, checkpoints). Its own output is the progress bar and the epoch's log line.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from torch import nn
 
 from aso_se.errors import TrainingDiverged
 from aso_se.monitor.progress import EpochProgress
-from aso_se.monitor.tensorboard import TensorBoardLogger, layer_of
+from aso_se.monitor.tensorboard import layer_of
 from aso_se.parallel.distributed import DistributedContext, broadcast_module, wrap_model
 from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
 from aso_se.train.graphed_step import FlatGradients, GraphedTrainStep, check_capturable
@@ -37,6 +41,7 @@ log = logging.getLogger(__name__)
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
+LogCallback = Callable[[dict[str, float], int], None]  # (running train loss/acc/lr, global step)
 
 
 class Retrainer:
@@ -96,7 +101,7 @@ class Retrainer:
         # Eager steps under the flat reduction: the same three parts, one after the other.
         self.eager_step = (GraphedTrainStep.eager_only(self._train_step, **split) if split and not cuda_graph
                            else self._train_step)
-        self.board: TensorBoardLogger | None = None  # set by fit
+        self.on_log: LogCallback | None = None  # set by fit
         self.log_every = max(1, log_every_n_steps)
         self.progress = EpochProgress(enabled=ctx.is_main)
         self.epoch = 0           # the epoch being (or next to be) trained
@@ -107,6 +112,7 @@ class Retrainer:
         self.last_test: dict[str, Any] = {}
         self.train_images = 0
         self.conv_paths: collections.Counter[str] = collections.Counter()  # sparse-conv dispatcher paths, whole run
+        self.epoch_conv_paths: dict[str, int] = {}  # those of the last epoch, for the callbacks
         self.train_seconds = 0.0
         self._epoch_sums: torch.Tensor | None = None  # the running epoch's summed loss and correct predictions
         self._epoch_images = 0
@@ -123,17 +129,18 @@ class Retrainer:
         return sum(p.numel() for name, p in self.network.named_parameters()
                    if "auxiliary" not in name) / 1e6
 
-    def fit(self, train_loader: Any, test_loader: Any, *, board: TensorBoardLogger | None,
-            should_stop: Callable[[], bool], on_epoch_end: Callable[[bool], None],
-            checkpoint_due: Callable[[], bool] = lambda: False,
-            save_checkpoint: Callable[[], None] = lambda: None) -> bool:
-        """Train the remaining epochs; ``on_epoch_end(is_best)`` after each one (save there).
+    def fit(self, train_loader: Any, test_loader: Any, *, should_stop: Callable[[], bool],
+            on_epoch_end: Callable[[bool], None], checkpoint_due: Callable[[], bool] = lambda: False,
+            save_checkpoint: Callable[[], None] = lambda: None, on_log: LogCallback | None = None) -> bool:
+        """Train the remaining epochs; ``on_epoch_end(is_best)`` after each one (save there; the
+        epoch's test figures are ``last_test`` and ``history[-1]``, its conv paths ``epoch_conv_paths``).
 
         Returns False when ``should_stop`` interrupted an epoch (the caller saves and exits).
         ``save_checkpoint()`` runs after a step when ``checkpoint_due()`` (a timed checkpoint:
-        the state a stop there saves).
+        the state a stop there saves). ``on_log(scalars, global_step)`` every ``log_every_n_steps``
+        steps and at an epoch's end, with the epoch's running train loss, accuracy and lr.
         """
-        self.board = board
+        self.on_log = on_log
         while self.epoch < self.epochs:
             drop_prob = self.drop_path_prob * self.epoch / self.epochs
             if self._drop_prob_on_device is not None:
@@ -152,13 +159,8 @@ class Retrainer:
             self.best_test_acc = max(self.best_test_acc, test["acc"])
             self.progress.end_epoch(f"retrain epoch {self.epoch + 1}/{self.epochs}",
                                     {k: v for k, v in record.items() if k != "epoch"})
-            if self.board is not None:
-                self.board.scalars("test", {"loss": test["loss"], "acc": test["acc"]},
-                                   self.global_step)
-                self.board.firing_rates(test["firing_rates"], self.global_step)
-                self.board.sparse_conv_paths(path_counts(), self.global_step)
-                self.board.flush()
-            self.conv_paths.update(path_counts())
+            self.epoch_conv_paths = path_counts()
+            self.conv_paths.update(self.epoch_conv_paths)
             reset_path_counts()
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
             on_epoch_end(is_best)
@@ -198,8 +200,8 @@ class Retrainer:
                 shown = self._read_running(sums, first_bad_step, self._epoch_images)
                 self.progress.advance(self.step_in_epoch - done, shown)
                 done = self.step_in_epoch
-                if self.board is not None:
-                    self.board.scalars("train", shown, self.global_step)
+                if self.on_log is not None:
+                    self.on_log(shown, self.global_step)
             if should_stop():
                 return None
             if self.step_in_epoch < steps and checkpoint_due():  # the epoch's end saves anyway

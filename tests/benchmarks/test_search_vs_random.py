@@ -1,5 +1,6 @@
 """benchmarks/search_vs_random.py: the --smoke benchmark end to end, its statistics and α entropy, its plan,
-and that the random cells are ones the search's derivation could have produced."""
+and that the random cells are ones the search's derivation could have produced (the parts it shares with the
+other benchmarks: test_common.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -20,8 +21,8 @@ import torch
 
 from aso_se.search.evolution import derive_genotype
 from benchmarks import search_vs_random as bench
+from benchmarks.common import DONE
 from benchmarks.search_vs_random import ArmStats
-from search_space.errors import UserInputError
 from search_space.genotypes import GENOTYPES, Genotype, random_genotype
 from search_space.ops import PRIMITIVE_SETS
 
@@ -117,11 +118,11 @@ def test_resume_reuses_finished_runs_and_reruns_an_unfinished_one(smoke, tmp_pat
     out = tmp_path / "copy"
     shutil.copytree(smoke[0], out)
     unfinished = out / "train_random_1_seed0"
-    (unfinished / bench.DONE).unlink()
+    (unfinished / DONE).unlink()
     kept = {path: path.stat().st_mtime_ns for path in out.glob("*/metrics.json") if path.parent != unfinished}
     assert bench.main(["--out", str(out), "--smoke", "--parallel", "2", "--resume"]) == 0
     assert {path: path.stat().st_mtime_ns for path in kept} == kept  # not run again
-    assert (unfinished / bench.DONE).is_file() and (unfinished / "metrics.json").is_file()
+    assert (unfinished / DONE).is_file() and (unfinished / "metrics.json").is_file()
     before = json.loads((smoke[0] / "summary.json").read_text())
     after = json.loads((out / "summary.json").read_text())
     assert after["stats"] == before["stats"]  # the rerun retrain is the same seeded CPU run
@@ -206,13 +207,6 @@ def test_search_space_rules_follow_the_overrides(tmp_path):
 
 
 # ----------------------------------------------------------------------------- statistics and entropy
-def test_mean_std_is_the_sample_std():
-    assert bench.mean_std([0.5, 0.7, 0.9]) == (pytest.approx(0.7), pytest.approx(0.2))
-    assert bench.mean_std([0.25]) == (0.25, None)
-    with pytest.raises(ValueError):
-        bench.mean_std([])
-
-
 def test_arm_stats_means_and_missing_firing_rates():
     runs = [{"test_acc": 0.6, "params_m": 1.0, "firing_rate_mean": 0.1},
             {"test_acc": 0.8, "params_m": 3.0, "firing_rate_mean": 0.3}]
@@ -291,25 +285,3 @@ def test_random_cells_are_what_the_search_derivation_can_produce():
                                   _probabilities_choosing(genotype.reduce, 4), DARTS, steps=4, multiplier=4,
                                   max_skip_connect=2)
         assert derived == genotype
-
-
-def test_user_input_errors_are_one_line():
-    with pytest.raises(UserInputError, match="single quote"):
-        bench.quoted("/tmp/it's")
-
-
-def test_same_config_ignores_only_the_keys_it_is_told_to(tmp_path):
-    def result(name: str, seed: int, epochs: int) -> bench.JobResult:
-        run_dir = tmp_path / name
-        (run_dir / ".hydra").mkdir(parents=True)
-        (run_dir / ".hydra" / "config.yaml").write_text(f"seed: {seed}\nepochs: {epochs}\ndata: {{name: mnist5k}}\n")
-        job = bench.Job(name=name, arm="a", script="train.py", overrides=(), run_dir=run_dir, log=run_dir / "log",
-                        seed=seed, source=name)
-        return bench.JobResult(job, returncode=0, wall_s=1.0, cpu_s=1.0)
-
-    same = [result("a", 0, 5), result("b", 1, 5)]
-    assert bench.same_config(same, ignore=("seed",)) == {"epochs": 5, "data": {"name": "mnist5k"}}
-    with pytest.raises(bench.BenchmarkError, match="runs a and b ran with different configs"):
-        bench.same_config(same, ignore=())
-    with pytest.raises(bench.BenchmarkError, match=r"runs a and c .*c/\.hydra/config\.yaml"):
-        bench.same_config([*same, result("c", 2, 6)], ignore=("seed",))

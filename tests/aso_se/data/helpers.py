@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aso_se.data import DataError
+from aso_se.data.errors import DataError
 from search_space.errors import UserInputError
 
 

@@ -120,7 +120,8 @@ def test_unreadable_image_in_a_worker_is_still_one_line(tmp_path, digit_folder):
     root, broken = break_one_png(digit_folder, tmp_path)
     script = f"""
 import sys
-from aso_se.data import DataError, ImageFolderData
+from aso_se.data import ImageFolderData
+from aso_se.data.errors import DataError
 data = ImageFolderData(root={str(root)!r}, in_channels=1, image_size=28, mean=(0.5,), std=(0.5,), num_workers=2)
 try:
     next(iter(data.train_loaders(40, seed=0)[1]))

@@ -37,6 +37,8 @@ def damaged_copy(finished_search: Path, tmp_path: Path) -> Path:
     ("trainer.precision=fp16", ["trainer.precision=fp16", "fp32 or bf16"]),
     ("trainer=ddp", ["torchrun --nproc_per_node"]),
     ("resume=no/such/dir", ["resume dir no/such/dir does not exist"]),
+    ("optim=retrain", ["Could not override 'optim'", "search_optim=adam|darts"]),  # train.py's group
+    ("model=small", ["model= chooses train.py's network", "search.supernet.channels"]),  # likewise
 ])
 def test_bad_search_override(override: str, fragments: list[str], run_app: RunApp,
                              tmp_path: Path) -> None:
@@ -59,6 +61,12 @@ def test_bad_genotype_file(text: str, fragments: list[str], run_app: RunApp,
     assert code == app.EXIT_BAD_INPUT
     assert_one_line(stderr, *fragments)
     assert (tmp_path / "genotype.json").read_text() == text
+
+
+def test_search_optimizer_given_to_train(run_app: RunApp) -> None:
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "search_optim=darts")
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, "Could not override 'search_optim'", "optim=retrain")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for runs without a GPU")

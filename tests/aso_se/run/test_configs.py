@@ -95,6 +95,16 @@ def test_every_model_option_builds_the_retrain_network(model: str) -> None:
     assert (network.auxiliary_head is not None) == cfg.model.network.auxiliary
 
 
+@pytest.mark.parametrize("option", options("search_optim"))
+def test_every_search_optimizer_option(option: str) -> None:
+    """search.py's optimizer group lands at cfg.optim, where the engine reads it."""
+    optim = compose_config("search", f"search_optim={option}").optim
+    parameter = torch.nn.Parameter(torch.randn(3))
+    weights = instantiate(optim.weights)([parameter])
+    instantiate(optim.arch)([parameter])
+    assert instantiate(optim.weights_scheduler)(weights, T_max=2).T_max == 2
+
+
 def test_optimizer_states_load_safely(tmp_path: Path) -> None:
     """Optimizer states hold only plain containers, so checkpoints load with weights_only."""
     cfg = compose_config("search")

@@ -91,7 +91,7 @@ def retrainer(network, cuda_graph, drop_path_prob=0.0, optimizer=SGD):
 
 
 def fit(trainer, train, test):
-    assert trainer.fit(Batches(train), Batches(test), board=None, should_stop=lambda: False,
+    assert trainer.fit(Batches(train), Batches(test), should_stop=lambda: False,
                        on_epoch_end=lambda is_best: None)
 
 
@@ -168,7 +168,7 @@ def test_retrain_with_cuda_graph_and_a_pinned_memory_loader():
     loader = PinnedLoader(torch.randn(16 * 12, 1, 16, 16, generator=generator),
                           torch.randint(0, 10, (16 * 12,), generator=generator))
     trainer = retrainer(network, True)
-    assert trainer.fit(loader, loader, board=None, should_stop=lambda: False, on_epoch_end=lambda is_best: None)
+    assert trainer.fit(loader, loader, should_stop=lambda: False, on_epoch_end=lambda is_best: None)
     assert trainer.graphed_step.captures == 2 and trainer.graphed_step.replays == 2 * 9
     assert all(torch.isfinite(torch.tensor(record["train_loss"])) for record in trainer.history)
 

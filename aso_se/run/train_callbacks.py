@@ -1,0 +1,86 @@
+"""What train.py does at the Retrainer's callbacks: TensorBoard, checkpoints, metrics.json.
+
+The Retrainer (``aso_se.train.retrain.Retrainer``) calls ``on_log`` with the running train
+scalars every ``trainer.log_every_n_steps`` steps and ``on_epoch_end(is_best)`` once an epoch is
+tested; ``save`` is its timed checkpoint and the entry point's save at a stop. Here they become
+TensorBoard scalars and histograms, ``checkpoints/last.pt`` at every epoch end, and
+``checkpoints/best.pt`` when the test accuracy is the best so far. ``finish`` writes metrics.json,
+with the exact SNN's evaluation for a QANN and the energy per image. Only rank 0 writes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from aso_se.monitor.tensorboard import TensorBoardLogger
+from aso_se.run.app import Run
+from aso_se.run.checkpoint import save_json
+from aso_se.train.energy_report import energy_metrics
+from aso_se.train.retrain import Retrainer
+from aso_se.train.snn_eval import is_qann, snn_metrics
+from search_space.genotypes import Genotype
+
+
+class TrainCallbacks:
+    """The Retrainer's callbacks for one retrain run of ``genotype`` (see the module docstring).
+
+    The genotype goes to TensorBoard at construction, at the step the run starts from.
+    """
+
+    def __init__(self, run: Run, board: TensorBoardLogger | None, *, trainer: Retrainer,
+                 genotype: Genotype) -> None:
+        self.run = run
+        self.board = board
+        self.trainer = trainer
+        self.genotype = genotype
+        if board is not None:
+            board.genotype(genotype, trainer.global_step)
+
+    def on_log(self, scalars: dict[str, float], step: int) -> None:
+        if self.board is not None:
+            self.board.scalars("train", scalars, step)
+
+    def on_epoch_end(self, is_best: bool) -> None:
+        trainer = self.trainer
+        if self.board is not None:
+            test, step = trainer.last_test, trainer.global_step
+            self.board.scalars("test", {"loss": test["loss"], "acc": test["acc"]}, step)
+            self.board.firing_rates(test["firing_rates"], step)
+            self.board.sparse_conv_paths(trainer.epoch_conv_paths, step)
+            self.board.flush()
+        self.save(is_best)
+
+    def save(self, is_best: bool = False) -> None:
+        """``checkpoints/last.pt``: the Retrainer's whole state; with ``is_best`` also ``best.pt``:
+        the weights alone, with the epoch and its test accuracy (rank 0)."""
+        self.run.save({"genotype": self.genotype.to_json(), "trainer": self.trainer.state_dict()})
+        if is_best:
+            self.run.save({"genotype": self.genotype.to_json(), "model": self.trainer.network.state_dict(),
+                           "epoch": self.trainer.epoch, "test_acc": self.trainer.best_test_acc},
+                          self.run.run_dir / "checkpoints" / "best.pt")
+
+    def finish(self, data: Any) -> None:
+        """``metrics.json`` (rank 0): the Retrainer's metrics, a QANN's exact SNN, the energy per image.
+
+        Both evaluations read the full test set of ``data`` (a ClassificationData), not a rank's shard.
+        """
+        run, trainer, cfg, ctx = self.run, self.trainer, self.run.cfg, self.run.ctx
+        if not ctx.is_main:
+            return
+        network, step = trainer.network, trainer.global_step
+        metrics = trainer.metrics()
+        _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
+        if is_qann(network):  # minutes on a CPU: a stop signal ends it (the last epoch is saved; resume redoes it)
+            snn_test = full_test
+            if cfg.snn_eval_samples is not None:  # the SNN runs up to T_eq steps per image: allow a cap
+                data.max_test_samples = min(cfg.snn_eval_samples, data.max_test_samples or cfg.snn_eval_samples)
+                _, snn_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
+            metrics.update(snn_metrics(network, snn_test, device=ctx.device, max_timesteps=cfg.snn_max_timesteps,
+                                       dtype=cfg.snn_eval_dtype, board=self.board, step=step,
+                                       before_batch=run.raise_if_stopped))
+            run.raise_if_stopped()
+        metrics.update(energy_metrics(network, full_test, device=ctx.device, board=self.board, step=step,
+                                      snn_timesteps=metrics.get("snn_timesteps")))
+        save_json({**metrics, "wall_time_s": run.wall_time_s, "genotype": self.genotype.to_json(),
+                   "world_size": ctx.world_size, "device": str(ctx.device), "precision": cfg.trainer.precision,
+                   "cuda_graph": cfg.cuda_graph},
+                  run.run_dir / "metrics.json")
