@@ -1,8 +1,8 @@
 """The op registry ``OPS``: every candidate operation of a cell edge, one line per op.
 
-Two families: (a) DARTS's operations (quark0/darts ``cnn/operations.py``) exactly, the ReLU replaced
+Three families: (a) DARTS's operations (quark0/darts ``cnn/operations.py``) exactly, the ReLU replaced
 by the configured neuron (with ``neuron="relu"`` they are DARTS's ops); (b) spiking ops, neuron →
-conv → BN. A conv that follows a neuron reads spikes and is a ``kernels.sparse_conv.SparseConv2d``
+conv → BN; (c) spike-native separable and dilated convs, a neuron before every conv. A conv that follows a neuron reads spikes and is a ``kernels.sparse_conv.SparseConv2d``
 (fed the ST-BIF kernel's block map by :func:`neuron_then_conv`); convs after another conv read real
 values and stay ``nn.Conv2d``. Attribute names follow DARTS, so state_dict keys match its checkpoints.
 """
@@ -183,6 +183,49 @@ class SepConv(nn.Module):
         return bn_2(pointwise_2(neuron_then_conv(neuron_2, depthwise_2, x)))
 
 
+class SpikingDilConv(nn.Module):
+    """DilConv whose 1x1 conv reads spikes too: neuron → depthwise dilated conv → BN → neuron → 1x1 conv → BN.
+
+    In DARTS's DilConv the 1x1 conv reads the depthwise conv's real values, dense MACs at every time step;
+    here a neuron (a QANN: a quantizer) sits between the two, so every conv of the op reads spikes."""
+
+    def __init__(
+        self, C_in: int, C_out: int, kernel_size: int, stride: int, padding: int, dilation: int, *,
+        neuron: NeuronFactoryFn, affine: bool = True,
+    ) -> None:
+        super().__init__()
+        self.op = nn.Sequential(
+            neuron(),
+            SparseConv2d(C_in, C_in, kernel_size, stride=stride, padding=padding, dilation=dilation,
+                         groups=C_in, bias=False),
+            batch_norm(C_in, affine),
+            neuron(),
+            SparseConv2d(C_in, C_out, 1, bias=False),
+            batch_norm(C_out, affine),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        neuron_1, depthwise, bn_1, neuron_2, pointwise, bn_2 = self.op
+        x = bn_1(neuron_then_conv(neuron_1, depthwise, x))
+        return bn_2(neuron_then_conv(neuron_2, pointwise, x))
+
+
+class SpikingSepConv(nn.Module):
+    """SepConv whose 1x1 convs read spikes: (neuron → depthwise → BN → neuron → 1x1 → BN) twice, stride on
+    the first depthwise conv."""
+
+    def __init__(
+        self, C_in: int, C_out: int, kernel_size: int, stride: int, padding: int, *,
+        neuron: NeuronFactoryFn, affine: bool = True,
+    ) -> None:
+        super().__init__()
+        self.first = SpikingDilConv(C_in, C_in, kernel_size, stride, padding, 1, neuron=neuron, affine=affine)
+        self.second = SpikingDilConv(C_in, C_out, kernel_size, 1, padding, 1, neuron=neuron, affine=affine)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x))
+
+
 class FactorizedReduce(nn.Module):
     """DARTS's stride-2 reduction: neuron, two 1x1 stride-2 convs on pixel grids offset by one, concat, BN.
 
@@ -230,6 +273,12 @@ def _conv_7x1_1x7(C: int, stride: int, affine: bool, neuron: NeuronFactoryFn) ->
 register_op("spike_conv_3x3")(lambda C, stride, affine, neuron: NeuronConvBN(C, C, 3, stride, 1, neuron=neuron, affine=affine))
 register_op("spike_conv_1x1")(lambda C, stride, affine, neuron: NeuronConvBN(C, C, 1, stride, 0, neuron=neuron, affine=affine))
 
+# (c) Spike-native separable and dilated convs: a neuron before every conv, the 1x1 ones included.
+register_op("spike_sep_conv_3x3")(lambda C, stride, affine, neuron: SpikingSepConv(C, C, 3, stride, 1, neuron=neuron, affine=affine))
+register_op("spike_sep_conv_5x5")(lambda C, stride, affine, neuron: SpikingSepConv(C, C, 5, stride, 2, neuron=neuron, affine=affine))
+register_op("spike_dil_conv_3x3")(lambda C, stride, affine, neuron: SpikingDilConv(C, C, 3, stride, 2, 2, neuron=neuron, affine=affine))
+register_op("spike_dil_conv_5x5")(lambda C, stride, affine, neuron: SpikingDilConv(C, C, 5, stride, 4, 2, neuron=neuron, affine=affine))
+
 # DARTS's search space, in DARTS's order (quark0/darts cnn/genotypes.py PRIMITIVES).
 DARTS_PRIMITIVES: tuple[str, ...] = (
     "none", "max_pool_3x3", "avg_pool_3x3", "skip_connect",
@@ -241,8 +290,19 @@ SPIKING_PRIMITIVES: tuple[str, ...] = (
 )
 
 
+# DARTS's space with every weighted op reading spikes: its parameter-free ops, the spike-native
+# separable and dilated convs in place of DARTS's, and the plain spiking convs.
+SPIKE_NATIVE_PRIMITIVES: tuple[str, ...] = (
+    "none", "max_pool_3x3", "avg_pool_3x3", "skip_connect",
+    "spike_sep_conv_3x3", "spike_sep_conv_5x5", "spike_dil_conv_3x3", "spike_dil_conv_5x5",
+    "spike_conv_3x3", "spike_conv_1x1",
+)
+
+
 # The named primitive lists that conf/search_space/*.yaml refer to.
-PRIMITIVE_SETS: dict[str, tuple[str, ...]] = {"darts": DARTS_PRIMITIVES, "spiking": SPIKING_PRIMITIVES}
+PRIMITIVE_SETS: dict[str, tuple[str, ...]] = {
+    "darts": DARTS_PRIMITIVES, "spiking": SPIKING_PRIMITIVES, "spike_native": SPIKE_NATIVE_PRIMITIVES,
+}
 
 
 def check_primitives(names: Iterable[str] | str) -> tuple[str, ...]:

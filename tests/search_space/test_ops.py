@@ -11,9 +11,11 @@ from torch import nn
 from kernels.sparse_conv import SparseConv2d
 from search_space.errors import UserInputError
 from search_space.neurons import NEURON_KINDS, NeuronFactory
+from search_space.neurons.st_bif_qann import QuantizedActivation
 from search_space.ops import (
     DARTS_PRIMITIVES,
     OPS,
+    SPIKE_NATIVE_PRIMITIVES,
     SPIKING_PRIMITIVES,
     FactorizedReduce,
     NeuronConvBN,
@@ -164,12 +166,33 @@ def test_registering_a_name_twice_is_refused():
         register_op("none")(lambda C, stride, affine, neuron: nn.Identity())
 
 
-@pytest.mark.parametrize("name", ["darts", "spiking"])
+@pytest.mark.parametrize("name", ["darts", "spiking", "spike_native"])
 def test_search_space_configs_instantiate(name):
     space = instantiate(OmegaConf.load(CONF / "search_space" / f"{name}.yaml"))
     assert isinstance(space, SearchSpace)
-    assert space.primitives == (DARTS_PRIMITIVES if name == "darts" else SPIKING_PRIMITIVES)
+    expected = {"darts": DARTS_PRIMITIVES, "spiking": SPIKING_PRIMITIVES, "spike_native": SPIKE_NATIVE_PRIMITIVES}
+    assert space.primitives == expected[name]
     assert (space.steps, space.multiplier) == (4, 4)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_every_conv_of_the_spike_native_space_reads_spikes(stride):
+    """Each conv of a spike-native op is a SparseConv2d reading a neuron's output (DARTS's 1x1 convs read the
+    depthwise convs' real values); the space keeps DARTS's parameter-free ops."""
+    assert set(SPIKE_NATIVE_PRIMITIVES) >= {"none", "max_pool_3x3", "avg_pool_3x3", "skip_connect"}
+    weighted = 0
+    for name in SPIKE_NATIVE_PRIMITIVES:
+        op = OPS[name](8, stride, True, NeuronFactory("st_bif_qann", timesteps=1))
+        modules = [m for m in op.modules() if not list(m.children())]
+        for index, module in enumerate(modules):
+            if isinstance(module, nn.Conv2d):
+                weighted += 1
+                assert isinstance(module, SparseConv2d), (name, index)
+                before = index - 1
+                while isinstance(modules[before], nn.Conv2d):  # FactorizedReduce: two convs read one neuron
+                    before -= 1
+                assert isinstance(modules[before], QuantizedActivation), (name, index, modules[before])
+    assert weighted >= 4 * 3 + 2  # sep (4 convs), dil (2), spike convs (1 each), a stride-2 skip's reduce
 
 
 def test_search_space_validation():
