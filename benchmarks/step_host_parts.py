@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_search_step as bench
 
 import aso_se.search.engine as engine_module
-import kernels.pool3x3 as pool3x3
-import kernels.weighted_sum as weighted_sum
 from aso_se.search import architect, graphed_ops, supernet
+from kernels.pool3x3.function import Pool3x3Function
+from kernels.weighted_sum.function import TorchWeightedSum, TritonWeightedSum
 
 SECONDS: dict[str, float] = collections.defaultdict(float)
 CALLS: dict[str, int] = collections.defaultdict(int)
@@ -45,11 +45,11 @@ def instrument(engine) -> None:
     supernet.SearchCell.forward = timed("  cells' forward", supernet.SearchCell.forward)
     graphed_ops.OpGraphs.__call__ = timed("    ops' forward (graphed or eager)", graphed_ops.OpGraphs.__call__)
     graphed_ops._Replay.backward = staticmethod(timed("  graphed ops' backward", graphed_ops._Replay.backward))
-    for cls in (weighted_sum._TritonWeightedSum, weighted_sum._TorchWeightedSum):
+    for cls in (TritonWeightedSum, TorchWeightedSum):
         cls.forward = staticmethod(timed("    node sums' forward", cls.forward))
         cls.backward = staticmethod(timed("  node sums' backward", cls.backward))
-    pool3x3._Pool3x3.forward = staticmethod(timed("    pools' forward", pool3x3._Pool3x3.forward))
-    pool3x3._Pool3x3.backward = staticmethod(timed("  pools' backward", pool3x3._Pool3x3.backward))
+    Pool3x3Function.forward = staticmethod(timed("    pools' forward", Pool3x3Function.forward))
+    Pool3x3Function.backward = staticmethod(timed("  pools' backward", Pool3x3Function.backward))
     engine_module.first_order_arch_step = timed("alpha step: forward + backward", architect.first_order_arch_step)
     torch.Tensor.backward = timed("weight step: backward", torch.Tensor.backward)
     torch.nn.utils.clip_grad_norm_ = timed("clip_grad_norm_", torch.nn.utils.clip_grad_norm_)

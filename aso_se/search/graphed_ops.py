@@ -138,7 +138,7 @@ def _capturable(module: nn.Module) -> bool:
 def _routes_known(convs: list[SparseConv2d]) -> bool:
     """Every spike-reading conv has a fixed eager path (cuDNN), which ``dense_captures`` makes the captured
     one too; None: the dispatcher still decides per call (e.g. its next eager call calibrates)."""
-    return all(conv._dense_route is not None for conv in convs)
+    return all(conv.fixed_route is not None for conv in convs)
 
 
 class OpGraphs:

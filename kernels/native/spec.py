@@ -10,13 +10,28 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from . import build_error, enabled, module
 from .arguments import NativeKernel, native_kernel
+from .build import build_error, enabled, module
 
 ROLE_NAMES = ("x", "out", "theta", "grad_out", "grad_x", "partials", "counter", "grad_theta")
 
-# Plan.native: None until decided, NEVER where the node cannot take this kind of input, else a NativeSpec.
-NEVER = False
+
+class Unavailable:
+    """What a neuron keeps for a kind of input the node cannot take (turned off, failed to build, or kernels it
+    cannot launch): the Python path runs it from then on. Falsy, as None (not decided yet) is, so that `if native:`
+    asks whether there is a spec to run."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "UNAVAILABLE"
+
+
+# Plan.native: None until decided, UNAVAILABLE where the node cannot take this kind of input, else a NativeSpec.
+UNAVAILABLE = Unavailable()
 
 
 class NativeSpec:
@@ -72,4 +87,5 @@ def available() -> bool:
     return enabled() and build_error() is None
 
 
-__all__ = ["NEVER", "NativeSpec", "available", "native_kernel", "new_spec", "raw_stream", "roles", "set_backward"]
+__all__ = ["UNAVAILABLE", "NativeSpec", "Unavailable", "available", "native_kernel", "new_spec", "raw_stream", "roles",
+           "set_backward"]

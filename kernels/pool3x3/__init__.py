@@ -8,44 +8,17 @@ slow (RESULTS.md, "Search step"); these kernels read and write each tensor once.
 tensors and PyTorch's pools elsewhere; "triton" on CPU tensors needs TRITON_INTERPRET=1.
 """
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from kernels.backend import BACKENDS, use_triton
 
-from .triton import pool_bwd, pool_fwd
+from .function import Pool3x3Function
+from .reference import pool3x3_reference
 
 __all__ = ["BACKENDS", "KINDS", "pool3x3", "pool3x3_reference"]
 
 KINDS = ("avg", "max")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def pool3x3_reference(x: Tensor, kind: str, stride: int) -> Tensor:
-    """PyTorch's pools, as DARTS defines them.
-
-    Not a reference for gradients on CUDA channels_last tensors: there PyTorch's average-pool backward (its NHWC
-    kernel) leaves out the padding offset and sends each input pixel the wrong windows' gradients
-    (pytorch/pytorch#188344, fixed upstream in mid-2026); compare with the CPU or NCHW CUDA pools instead.
-    """
-    if kind == "avg":
-        return F.avg_pool2d(x, 3, stride, 1, count_include_pad=False)
-    return F.max_pool2d(x, 3, stride, 1)
-
-
-class _Pool3x3(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, kind: str, stride: int) -> Tensor:
-        x = x.contiguous(memory_format=torch.channels_last)
-        y, idx = pool_fwd(x, stride, kind == "max")
-        ctx.save_for_backward(idx)
-        ctx.size, ctx.stride = x.shape[2:], stride
-        return y
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
-        (idx,) = ctx.saved_tensors
-        return pool_bwd(grad.contiguous(memory_format=torch.channels_last), idx, ctx.size, ctx.stride), None, None
 
 
 def _use_triton(x: Tensor, backend: str) -> bool:
@@ -62,4 +35,4 @@ def pool3x3(x: Tensor, kind: str, stride: int, backend: str = "auto") -> Tensor:
         raise ValueError(f"pool3x3: kind {kind!r} and stride {stride} must be one of {KINDS} and 1 or 2")
     if not _use_triton(x, backend) or torch.compiler.is_compiling():
         return pool3x3_reference(x, kind, stride)
-    return _Pool3x3.apply(x, kind, stride)
+    return Pool3x3Function.apply(x, kind, stride)

@@ -116,8 +116,8 @@ def quantize_bwd(
 
 
 # The C++ autograd node (kernels/native) per kind of call, made once the Python path has launched both ways;
-# False where it cannot be had.
-_SPECS: dict[tuple, native_spec.NativeSpec | bool] = {}
+# UNAVAILABLE where it cannot be had.
+_SPECS: dict[tuple, native_spec.NativeSpec | native_spec.Unavailable] = {}
 _MAX_SPECS = 4096
 _FWD_ROLES = native_spec.roles("x", "out", "theta")
 _BWD_ROLES = native_spec.roles("x", "grad_out", "grad_x", "theta", "partials", "counter", "grad_theta")
@@ -178,5 +178,5 @@ def native_spec_for(x: Tensor, theta: Tensor, neg_min: int, pos_max: int, theta_
         spec = None
     if len(_SPECS) >= _MAX_SPECS:
         _SPECS.clear()
-    _SPECS[key] = spec or False
+    _SPECS[key] = spec or native_spec.UNAVAILABLE
     return spec

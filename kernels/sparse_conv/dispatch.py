@@ -1,13 +1,14 @@
-"""`sparse_conv2d`: validates a call and runs it on the backend the dispatch table names.
+"""`sparse_conv2d`: validates a call and runs it on its backend.
 
-Backends: "torch" (F.conv2d, i.e. cuDNN on CUDA; ``dense.dense_conv2d``), "triton" (the sparse kernels, forward
-and weight gradient; under TRITON_INTERPRET=1 also on CPU tensors), "reference" (the readable torch two-stage
-algorithm), and "auto": F.conv2d for eager calls, whose host work alone costs more than cuDNN's
-GPU time, and the sparse kernels for a call captured in a CUDA graph where its shape's crossover
-(calibration.py) says they win at the density its call site measured before. Eager calls inside
+Backends (kernels/backend.py, and "reference"): "torch" (F.conv2d, i.e. cuDNN on CUDA; ``dense.dense_conv2d``),
+"triton" (the sparse kernels, forward and weight gradient; under TRITON_INTERPRET=1 also on CPU tensors),
+"reference" (the readable torch two-stage algorithm), and "auto": F.conv2d for eager calls, whose host work alone
+costs more than cuDNN's GPU time, and the sparse kernels for a call captured in a CUDA graph where its shape's
+crossover (calibration.py) says they win at the density its call site measured before. Eager calls inside
 `capture_warmup()` calibrate their shape and measure that density; other eager calls do not
 calibrate (but the first after a capture that found its shape uncalibrated). Unsupported calls
-(channels_last input among them) take the dense path on every backend. Every call counts its path.
+(channels_last input among them) take the dense path on every backend. Every call counts its path in
+`PATH_COUNTS`; what "auto" remembers between calls is `STATE`.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.backend import BACKENDS, check_backend
 from kernels.block_map import BlockMap
 from kernels.sparse_conv.calibration import Crossover, CrossoverCache, call_key, default_cache_file
 from kernels.sparse_conv.dense import dense_conv2d
@@ -33,67 +35,7 @@ IntPair = int | tuple[int, int] | list[int]
 EAGER_SAMPLE_EVERY = 256
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DENSE_KERNELS, DEPTHWISE_KERNELS, STRIDES, DILATIONS = (1, 3, 5), (3, 5), (1, 2), (1, 2)
-
-_PATH_COUNTS: collections.Counter[str] = collections.Counter()
-_CROSSOVERS = CrossoverCache(default_cache_file())
-_warmups = 0  # open capture_warmup() contexts
-
-
-def path_counts() -> dict[str, int]:
-    """Snapshot of how many calls took each path since the last reset."""
-    return dict(_PATH_COUNTS)
-
-
-def reset_path_counts() -> None:
-    _PATH_COUNTS.clear()
-
-
-@contextlib.contextmanager
-def capture_warmup() -> Iterator[None]:
-    """Marks the eager calls inside as the warm-up of a CUDA-graph capture to come: "auto" calls
-    calibrate their shape (once; cached on disk) and measure their input's density, so that the
-    captured calls can take the sparse path. They still compute with cuDNN."""
-    global _warmups
-    _warmups += 1
-    try:
-        yield
-    finally:
-        _warmups -= 1
-
-
-def warming_up() -> bool:
-    """True inside `capture_warmup()`."""
-    return _warmups > 0
-
-
-def _on_gpu(x: torch.Tensor) -> bool:
-    """Whether "auto" treats x as a CUDA tensor (CPU tests of the dispatcher replace it)."""
-    return x.is_cuda
-
-
-def _capturing() -> bool:
-    """Whether the current stream is capturing a CUDA graph (asked on CUDA calls only)."""
-    return torch.cuda.is_current_stream_capturing()
-
-
-_DENSE_CAPTURES = [False]
-
-
-@contextlib.contextmanager
-def dense_captures() -> Iterator[None]:
-    """Calls captured inside take the path that eager calls take (cuDNN), so that a graph equals the
-    eager op: the searched supernet's op graphs (aso_se.search.graphed_ops)."""
-    before = _DENSE_CAPTURES[0]
-    _DENSE_CAPTURES[0] = True
-    try:
-        yield
-    finally:
-        _DENSE_CAPTURES[0] = before
-
-
-def capturing_sparse() -> bool:
-    """Whether a call now is captured with the sparse path open to it (`_capturing`, outside `dense_captures`)."""
-    return not _DENSE_CAPTURES[0] and _capturing()
+SPARSE_CONV_BACKENDS = (*BACKENDS, "reference")
 
 
 class DensityTracker:
@@ -131,6 +73,119 @@ class DensityTracker:
         event = torch.cuda.Event()
         event.record()
         self._pending = (host, event)
+
+
+class PathCounts:
+    """How many calls took each path ("sparse", "reference", "dense:<why>"; "probe" and "sparse_wgrad" count
+    density measurements and sparse weight gradients), since the last `snapshot_and_reset`: what a monitor logs."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self) -> None:
+        self._counts: collections.Counter[str] = collections.Counter()
+
+    def count(self, path: str, calls: int = 1) -> None:
+        self._counts[path] += calls
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    def reset(self) -> None:
+        self._counts.clear()
+
+    def snapshot_and_reset(self) -> dict[str, int]:
+        """The counts so far, then zero: one reading per logging period."""
+        counts = dict(self._counts)
+        self._counts.clear()
+        return counts
+
+
+PATH_COUNTS = PathCounts()
+
+
+def path_counts() -> dict[str, int]:
+    """`PATH_COUNTS.snapshot()`, for callers written before `PATH_COUNTS`."""
+    return PATH_COUNTS.snapshot()
+
+
+def reset_path_counts() -> None:
+    """`PATH_COUNTS.reset()`, for callers written before `PATH_COUNTS`."""
+    PATH_COUNTS.reset()
+
+
+class DispatchState:
+    """What "auto" remembers between calls: plans per call signature, the crossover cache, density trackers
+    shared by calls without a tracker of their own, and the open `capture_warmup` and `dense_captures` contexts.
+
+    `crossovers` (a CrossoverCache; None: the default file's) is made on first use, so importing the package
+    touches no path on disk.
+    """
+
+    def __init__(self, crossovers: CrossoverCache | None = None) -> None:
+        self._crossovers = crossovers
+        self.plans: dict[tuple, _Plan] = {}
+        self.shared_trackers: dict[str, DensityTracker] = collections.defaultdict(DensityTracker)
+        # Signatures captured before their shape was calibrated (a capture cannot time): their next eager
+        # call calibrates, so that a later capture can take the sparse path.
+        self.captured_uncalibrated: set[tuple] = set()
+        self.warmups = 0  # open capture_warmup() contexts
+        self.dense_captures = False  # inside dense_captures()
+
+    @property
+    def crossovers(self) -> CrossoverCache:
+        if self._crossovers is None:
+            self._crossovers = CrossoverCache(default_cache_file())
+        return self._crossovers
+
+
+# The process's dispatcher state. Functions here read it at each call, so a test may swap in a fresh one.
+STATE = DispatchState()
+
+
+@contextlib.contextmanager
+def capture_warmup() -> Iterator[None]:
+    """Marks the eager calls inside as the warm-up of a CUDA-graph capture to come: "auto" calls
+    calibrate their shape (once; cached on disk) and measure their input's density, so that the
+    captured calls can take the sparse path. They still compute with cuDNN."""
+    state = STATE
+    state.warmups += 1
+    try:
+        yield
+    finally:
+        state.warmups -= 1
+
+
+def warming_up() -> bool:
+    """True inside `capture_warmup()`."""
+    return STATE.warmups > 0
+
+
+def on_gpu(x: torch.Tensor) -> bool:
+    """Whether "auto" treats x as a CUDA tensor (CPU tests of the dispatcher replace it)."""
+    return x.is_cuda
+
+
+def capturing() -> bool:
+    """Whether the current stream is capturing a CUDA graph (asked on CUDA calls only)."""
+    return torch.cuda.is_current_stream_capturing()
+
+
+@contextlib.contextmanager
+def dense_captures() -> Iterator[None]:
+    """Calls captured inside take the path that eager calls take (cuDNN), so that a graph equals the
+    eager op: the searched supernet's op graphs (aso_se.search.graphed_ops)."""
+    state = STATE
+    before = state.dense_captures
+    state.dense_captures = True
+    try:
+        yield
+    finally:
+        state.dense_captures = before
+
+
+def capturing_sparse() -> bool:
+    """Whether a call now is captured with the sparse path open to it (`capturing`, outside `dense_captures`)."""
+    return not STATE.dense_captures and capturing()
 
 
 @dataclass(frozen=True)
@@ -236,15 +291,15 @@ def unsupported_reason(call: ConvCall) -> str | None:
 
 
 def _dense(call: ConvCall, path: str) -> torch.Tensor:
-    _PATH_COUNTS[path] += 1
+    PATH_COUNTS.count(path)
     return dense_conv2d(call.x, call.weight, call.bias, call.stride, call.padding, call.dilation, call.groups)
 
 
 def _sparse(call: ConvCall, sparse_wgrad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, block map) from the Triton kernels; without autograd (and outside torch.compile) the
     custom op's dispatch is skipped: on small layers the host time is what a call costs."""
-    _PATH_COUNTS["sparse"] += 1
-    _PATH_COUNTS["sparse_wgrad"] += int(sparse_wgrad and call.needs_weight_grad)
+    PATH_COUNTS.count("sparse")
+    PATH_COUNTS.count("sparse_wgrad", int(sparse_wgrad and call.needs_weight_grad))
     args = (call.x, call.weight, call.bias, call.stride, call.padding, call.dilation, call.groups)
     if call.needs_autograd or torch.compiler.is_compiling():
         return sparse_conv2d_triton(*args, sparse_wgrad, call.block_map, call.plane_map)
@@ -258,7 +313,7 @@ def _run_torch(call: ConvCall) -> torch.Tensor:
 def _run_reference(call: ConvCall) -> torch.Tensor:
     if unsupported_reason(call) is not None:
         return _dense(call, "dense:unsupported")
-    _PATH_COUNTS["reference"] += 1
+    PATH_COUNTS.count("reference")
     return sparse_conv2d_reference(call.x, call.weight, call.bias, call.geometry)
 
 
@@ -281,13 +336,6 @@ class _Plan:
     crossover: Crossover | None = None  # None: not calibrated yet
 
 
-_PLANS: dict[tuple, _Plan] = {}
-_SHARED_TRACKERS: dict[str, DensityTracker] = collections.defaultdict(DensityTracker)
-# Signatures captured before their shape was calibrated (a capture cannot time): their next eager
-# call calibrates, so that a later capture can take the sparse path.
-_CAPTURED_UNCALIBRATED: set[tuple] = set()
-
-
 def _signature(call: ConvCall) -> tuple:
     x, weight = call.x, call.weight
     return (x.shape, x.stride(), x.dtype, x.device, weight.shape, *call.stride, *call.padding,
@@ -299,62 +347,65 @@ def _plan_of(key: str, geometry: ConvGeometry, crossover: Crossover | None) -> _
     return _Plan("dense:never_wins" if never else None, key, geometry, crossover)
 
 
-def _plan(call: ConvCall, signature: tuple) -> _Plan:
+def _plan(state: DispatchState, call: ConvCall, signature: tuple) -> _Plan:
     """The call's plan, from the cache (a dict lookup) or made now, with the crossover of its shape
     if one was measured before (in memory or in the cache file). Never calibrates."""
-    plan = _PLANS.get(signature)
+    plan = state.plans.get(signature)
     if plan is None:
         if unsupported_reason(call) is not None:
             plan = _Plan("dense:unsupported")
         else:
             key = call_key(call.x, call.weight, call.stride, call.padding, call.dilation, call.groups)
-            plan = _plan_of(key, call.geometry, _CROSSOVERS.get(key))
-        _PLANS[signature] = plan
+            plan = _plan_of(key, call.geometry, state.crossovers.get(key))
+        state.plans[signature] = plan
     return plan
 
 
-def _calibrated(call: ConvCall, signature: tuple, plan: _Plan) -> _Plan:
+def _calibrated(state: DispatchState, call: ConvCall, signature: tuple, plan: _Plan) -> _Plan:
     """`plan` with its shape's crossover measured now (the GPU runs timing loops for a while)."""
-    crossover = _CROSSOVERS.measure(plan.key, call.x, call.weight, call.stride, call.padding, call.dilation,
-                                    call.groups)
-    plan = _PLANS[signature] = _plan_of(plan.key, plan.geometry, crossover)
-    _CAPTURED_UNCALIBRATED.discard(signature)
+    crossover = state.crossovers.measure(plan.key, call.x, call.weight, call.stride, call.padding, call.dilation,
+                                         call.groups)
+    plan = state.plans[signature] = _plan_of(plan.key, plan.geometry, crossover)
+    state.captured_uncalibrated.discard(signature)
     return plan
 
 
 def _run_auto(call: ConvCall) -> torch.Tensor:
-    if not _on_gpu(call.x):
+    if not on_gpu(call.x):
         return _dense(call, "dense:cpu")
+    state = STATE
     signature = _signature(call)
-    plan = _plan(call, signature)
+    plan = _plan(state, call, signature)
     if plan.dense_path is not None:
         return _dense(call, plan.dense_path)
-    tracker = call.tracker if call.tracker is not None else _SHARED_TRACKERS[plan.key]
-    if _capturing():
-        if _DENSE_CAPTURES[0]:
+    tracker = call.tracker if call.tracker is not None else state.shared_trackers[plan.key]
+    if capturing():
+        if state.dense_captures:
             return _dense(call, "dense:eager")
-        return _run_captured(call, signature, plan, tracker)
-    calibrating = plan.crossover is None and (warming_up() or signature in _CAPTURED_UNCALIBRATED)
+        return _run_captured(state, call, signature, plan, tracker)
+    warm_up = state.warmups > 0
+    calibrating = plan.crossover is None and (warm_up or signature in state.captured_uncalibrated)
     if plan.crossover is None and not calibrating:
         return _dense(call, "dense:eager")  # it could not win: not worth a calibration
     if calibrating:
-        plan = _calibrated(call, signature, plan)
+        plan = _calibrated(state, call, signature, plan)
         if plan.dense_path is not None:
             return _dense(call, plan.dense_path)
     tracker.poll()  # here, not in a capture: querying an event is not allowed there
-    if tracker.sample_due(EAGER_SAMPLE_EVERY, now=calibrating or warming_up()):
-        _PATH_COUNTS["probe"] += 1  # the density, for a capture to come
+    if tracker.sample_due(EAGER_SAMPLE_EVERY, now=calibrating or warm_up):
+        PATH_COUNTS.count("probe")  # the density, for a capture to come
         blocks = call.block_map if call.block_map is not None else block_activity(call.x)
         tracker.record(work_fractions(call.x, blocks, plan.geometry))
     return _dense(call, "dense:eager")
 
 
-def _run_captured(call: ConvCall, signature: tuple, plan: _Plan, tracker: DensityTracker) -> torch.Tensor:
+def _run_captured(state: DispatchState, call: ConvCall, signature: tuple, plan: _Plan, tracker: DensityTracker
+                  ) -> torch.Tensor:
     """A call being captured: the graph replays the path picked now, so the sparse one only at a
     density measured before, at which the crossover says it wins."""
     crossover = plan.crossover
     if crossover is None:
-        _CAPTURED_UNCALIBRATED.add(signature)
+        state.captured_uncalibrated.add(signature)
         return _dense(call, "dense:uncalibrated")
     limit = crossover.graph_forward if call.block_map is None else crossover.graph_map_forward
     if limit < 0:
@@ -374,7 +425,7 @@ def _known_plan(x: torch.Tensor, weight: torch.Tensor, stride: IntPair, padding:
     call = ConvCall(x, weight, None, _pair(stride, "stride"), _pair(padding, "padding"),
                     _pair(dilation, "dilation"), groups, None)
     signature = _signature(call)
-    return signature, _PLANS.get(signature)
+    return signature, STATE.plans.get(signature)
 
 
 def fixed_dense_path(
@@ -389,10 +440,10 @@ def fixed_dense_path(
         return "dense:requested", False
     if backend != "auto":
         return None
-    if not _on_gpu(x):
+    if not on_gpu(x):
         return "dense:cpu", False
     signature, plan = _known_plan(x, weight, stride, padding, dilation, groups)
-    if plan is None or signature in _CAPTURED_UNCALIBRATED:  # the next eager call calibrates
+    if plan is None or signature in STATE.captured_uncalibrated:  # the next eager call calibrates
         return None
     if plan.dense_path is not None:
         return plan.dense_path, False
@@ -411,12 +462,7 @@ def captured_call_wants_block_map(
     return tracker.forward <= plan.crossover.graph_map_forward
 
 
-def count_path(path: str) -> None:
-    """Counts a call that took `path` outside `sparse_conv2d` (SparseConv2d's fixed route)."""
-    _PATH_COUNTS[path] += 1
-
-
-_BACKENDS: dict[str, Callable[[ConvCall], torch.Tensor]] = {
+_RUNS: dict[str, Callable[[ConvCall], torch.Tensor]] = {
     "auto": _run_auto,
     "torch": _run_torch,
     "triton": _run_triton,
@@ -446,8 +492,7 @@ def sparse_conv2d(
     blocks alone): the sparse path then skips its prescan. A wrong map gives wrong results; its
     shape, dtype and device are checked.
     """
-    if backend not in _BACKENDS:
-        raise ValueError(f"sparse_conv2d: unknown backend {backend!r}; expected one of {sorted(_BACKENDS)}")
+    check_backend(backend, "sparse_conv2d", SPARSE_CONV_BACKENDS)
     if isinstance(padding, str):
         raise ValueError(f"sparse_conv2d: padding must be numeric, got {padding!r}; pass an int or a pair")
     x, weight, bias = _autocast(x, weight, bias)
@@ -455,4 +500,4 @@ def sparse_conv2d(
     blocks, planes = _split_block_map(x, block_map) if block_map is not None else (None, None)
     call = ConvCall(x, weight, bias, _pair(stride, "stride"), _pair(padding, "padding"),
                     _pair(dilation, "dilation"), groups, tracker, blocks, planes)
-    return _BACKENDS[backend](call)
+    return _RUNS[backend](call)

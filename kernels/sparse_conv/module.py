@@ -1,14 +1,32 @@
 """`SparseConv2d`: an nn.Conv2d whose forward goes through the spike-sparse dispatcher."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
+from kernels.backend import check_backend
 from kernels.block_map import BlockMap
 from kernels.sparse_conv import dispatch
 from kernels.sparse_conv.dense import dense_conv2d
-from kernels.sparse_conv.dispatch import DensityTracker, count_path, fixed_dense_path, sparse_conv2d
+from kernels.sparse_conv.dispatch import (
+    PATH_COUNTS,
+    SPARSE_CONV_BACKENDS,
+    DensityTracker,
+    fixed_dense_path,
+    sparse_conv2d,
+)
 from kernels.sparse_conv.triton import interpreted
+
+
+class FixedRoute(NamedTuple):
+    """A layer's eager calls of one kind that always run on cuDNN: they skip the dispatcher, whose host work
+    would cost as much as a small layer's GPU time."""
+
+    key: tuple  # the kind: x's shape, strides, dtype and device, the weight's dtype, the backend, autocast
+    path: str  # the counter in PATH_COUNTS that these calls add to
+    captures_differ: bool  # warm-up and captured calls of this kind may differ, so they still go through the dispatcher
 
 
 class SparseConv2d(nn.Conv2d):
@@ -16,7 +34,7 @@ class SparseConv2d(nn.Conv2d):
 
     `backend` picks the implementation ("auto": the dispatcher decides per call, from this
     layer's own sparsity measurements). Only padding_mode="zeros" is supported. `from_dense`
-    converts an nn.Conv2d.
+    converts an nn.Conv2d; `fixed_route` says whether eager calls still go through the dispatcher.
     """
 
     def __init__(self, *args, backend: str = "auto", **kwargs) -> None:
@@ -33,10 +51,18 @@ class SparseConv2d(nn.Conv2d):
             )
         self.backend = backend
         self.density = DensityTracker()  # not a buffer: state_dict keys stay nn.Conv2d's
-        # (call key, counter, warm-up and captured calls differ) once this layer's eager calls of
-        # that key always run on cuDNN: they then skip the dispatcher, whose host work would cost
-        # as much as a small layer's GPU time.
-        self._dense_route: tuple[tuple, str, bool] | None = None
+        self._route: FixedRoute | None = None
+
+    @property
+    def fixed_route(self) -> FixedRoute | None:
+        """The cuDNN route of this layer's last kind of eager call once the dispatcher has fixed it; None while
+        the dispatcher still decides per call (e.g. its next eager call calibrates)."""
+        return self._route
+
+    @property
+    def _dense_route(self) -> FixedRoute | None:
+        # The name before `fixed_route`, for callers not moved to it yet.
+        return self._route
 
     @classmethod
     def from_dense(cls, conv: nn.Conv2d, *, backend: str = "auto") -> SparseConv2d:
@@ -55,7 +81,7 @@ class SparseConv2d(nn.Conv2d):
         used: by the sparse path only ("triton", or an "auto" call captured where it wins)."""
         if self.backend == "triton":
             return x.is_cuda or interpreted()
-        if self.backend != "auto" or not dispatch._on_gpu(x) or not dispatch.capturing_sparse():
+        if self.backend != "auto" or not dispatch.on_gpu(x) or not dispatch.capturing_sparse():
             return False
         return dispatch.captured_call_wants_block_map(x, self.weight, self.stride, self.padding, self.dilation,
                                                       self.groups, self.density)
@@ -63,20 +89,29 @@ class SparseConv2d(nn.Conv2d):
     def forward(self, x: torch.Tensor, block_map: BlockMap | torch.Tensor | None = None) -> torch.Tensor:
         key = (x.shape, x.stride(), x.dtype, x.device, self.weight.dtype, self.backend,
                torch.is_autocast_enabled(x.device.type))
-        route = self._dense_route  # route[2]: warm-up and captured calls go through the dispatcher
-        dispatched = route is not None and route[2] and (dispatch.warming_up() or dispatch.capturing_sparse())
-        if route is not None and route[0] == key and not dispatched:
-            if route[2] and not dispatch._capturing():
+        route = self._route
+        dispatched = route is not None and route.captures_differ and (
+            dispatch.warming_up() or dispatch.capturing_sparse())
+        if route is not None and route.key == key and not dispatched:
+            if route.captures_differ and not dispatch.capturing():
                 self.density.poll()  # read the density measurement now: no event query in a capture
-            count_path(route[1])
+            PATH_COUNTS.count(route.path)
             return dense_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
         y = sparse_conv2d(
             x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
             backend=self.backend, tracker=self.density, block_map=block_map,
         )
         route = fixed_dense_path(x, self.weight, self.stride, self.padding, self.dilation, self.groups, self.backend)
-        self._dense_route = None if route is None else (key, *route)
+        self._route = None if route is None else FixedRoute(key, *route)
         return y
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, backend={self.backend!r}"
+
+
+def set_backend(model: nn.Module, backend: str) -> None:
+    """Sets `backend` on every SparseConv2d in `model` (e.g. a network built with the default, "auto")."""
+    check_backend(backend, "SparseConv2d", SPARSE_CONV_BACKENDS)
+    for module in model.modules():
+        if isinstance(module, SparseConv2d):
+            module.backend = backend

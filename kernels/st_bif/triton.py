@@ -322,8 +322,8 @@ class Plan:
         self.fwd_handles: dict[Hashable, Handle] = {}
         self.bwd_handles: dict[Hashable, Handle] = {}
         # The C++ node (kernels/native): for contiguous CUDA input, set up once the Python path has launched.
-        self.native: native_spec.NativeSpec | None | bool = (
-            None if self.device_index is not None and x_seq.is_contiguous() else native_spec.NEVER)
+        self.native: native_spec.NativeSpec | native_spec.Unavailable | None = (
+            None if self.device_index is not None and x_seq.is_contiguous() else native_spec.UNAVAILABLE)
 
 
 # Triton specializes pointers on their alignment to this many bytes: part of a compiled launch's key.
@@ -467,14 +467,14 @@ _BWD_ROLES = native_spec.roles("x", "grad_out", "grad_x", "theta", "partials", "
 
 def _offer_forward(plan: Plan, key: tuple, x_seq: Tensor, q_threshold: Tensor, arguments: tuple) -> None:
     """Sets up the plan's C++ node from the forward just launched, for aligned contiguous input (the key);
-    leaves plan.native None while the node builds, NEVER where it cannot be had."""
+    leaves plan.native None while the node builds, UNAVAILABLE where it cannot be had."""
     if not native_spec.available():
-        plan.native = native_spec.NEVER
+        plan.native = native_spec.UNAVAILABLE
         return
     try:
         kernel = native_spec.native_kernel(plan.fwd_handles[key][3], plan.fwd[2], arguments, _FWD_ROLES)
     except ValueError:
-        plan.native = native_spec.NEVER
+        plan.native = native_spec.UNAVAILABLE
         return
     spec = native_spec.new_spec(x_seq, q_threshold, plan.bwd[2], kernel,
                                 lambda grad_out, x, theta, grad_threshold: backward(plan, grad_out, x, theta,

@@ -1,4 +1,4 @@
-"""Input checks shared by the public API and the module: one ValueError per bad input.
+"""Input checks shared by the public API and the module, one ValueError per bad input, and the bounds they check.
 
 Values of tensors are never read here (that would be a host sync per call): a tensor
 threshold is checked for shape, dtype and device only; its positivity is the caller's
@@ -22,6 +22,13 @@ def check_sequence(x_seq: Tensor) -> None:
         raise ValueError(
             f"x_seq has shape {tuple(x_seq.shape)}: expected [T, ...] with T >= 1 time steps"
         )
+
+
+def level_bounds(level: int, sym: bool) -> tuple[int, int]:
+    """(pos_max, neg_min) of a `level`-level quantizer: symmetric or unsigned."""
+    if not isinstance(level, int) or level < 2:
+        raise ValueError(f"level={level!r}: expected an int >= 2 (quantization levels)")
+    return (level // 2 - 1, -(level // 2)) if sym else (level - 1, 0)
 
 
 def check_bounds(pos_max: int, neg_min: int) -> None:

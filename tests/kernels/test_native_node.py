@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from kernels import native
+from kernels.native import build as native_build
 from kernels.native.arguments import FIXED, argument_slots, native_kernel
-from kernels.native.spec import NEVER, roles
+from kernels.native.spec import UNAVAILABLE, roles
 from kernels.st_bif import st_bif_multistep
 from kernels.st_bif.triton import get_plan
 
@@ -88,11 +89,9 @@ def test_a_failed_build_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("ASO_SE_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "false")
     with pytest.raises(RuntimeError, match="the compiler exited 1"):
-        native.build()
+        native.build_library()
     assert not list(tmp_path.glob("*.so"))  # nothing half-written left behind
-    monkeypatch.setattr(native, "_module", None)
-    monkeypatch.setattr(native, "_error", None)
-    monkeypatch.setattr(native, "_thread", None)
+    monkeypatch.setattr(native_build, "BUILD", native_build.Build())
     with pytest.warns(UserWarning, match="the C\\+\\+ neuron node was not built"):
         assert native.wait() is None
     assert "the compiler exited 1" in native.build_error()
@@ -101,16 +100,17 @@ def test_a_failed_build_says_why(tmp_path, monkeypatch):
 
 def test_switched_off_it_neither_builds_nor_loads(monkeypatch):
     monkeypatch.setenv("ASO_SE_NATIVE", "0")
-    monkeypatch.setattr(native, "_thread", None)
+    fresh = native_build.Build()
+    monkeypatch.setattr(native_build, "BUILD", fresh)
     assert not native.enabled()
     assert native.module() is None and native.wait() is None
-    assert native._thread is None
+    assert fresh.thread is None
 
 
 def test_cpu_plans_never_use_the_node(monkeypatch):
-    monkeypatch.setattr(native, "_start", lambda: pytest.fail("a CPU call started the build"))
+    monkeypatch.setattr(native_build.BUILD, "start", lambda: pytest.fail("a CPU call started the build"))
     x = torch.randn(4, 3, 5)
     st_bif_multistep(x, 1.0, 3, -4, backend="torch")
     if os.environ.get("TRITON_INTERPRET") == "1":
         st_bif_multistep(x.requires_grad_(), 1.0, 3, -4, backend="triton").sum().backward()
-        assert get_plan(x, 3, -4).native is NEVER
+        assert get_plan(x, 3, -4).native is UNAVAILABLE

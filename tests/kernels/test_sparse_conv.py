@@ -1,6 +1,5 @@
 """Spike-sparse convolution: Triton kernels (under TRITON_INTERPRET=1 on CPU), the torch reference
 and the dispatcher against F.conv2d, forward and both gradients."""
-import collections
 import copy
 import dataclasses
 import itertools
@@ -12,7 +11,15 @@ import torch
 import torch.nn.functional as F
 
 from kernels.block_map import BlockMap
-from kernels.sparse_conv import SparseConv2d, capture_warmup, path_counts, reset_path_counts, sparse_conv2d
+from kernels.sparse_conv import (
+    PATH_COUNTS,
+    SparseConv2d,
+    capture_warmup,
+    path_counts,
+    reset_path_counts,
+    set_backend,
+    sparse_conv2d,
+)
 from kernels.sparse_conv import calibration as sparse_calibration
 from kernels.sparse_conv import dispatch as sparse_dispatch
 from kernels.sparse_conv import packed as sparse_packed
@@ -451,6 +458,37 @@ def test_a_layer_with_a_fixed_cudnn_route_skips_the_dispatcher(monkeypatch):
     assert len(calls) == 1
 
 
+def test_a_layer_says_its_fixed_route_and_set_backend_reaches_every_layer():
+    conv = SparseConv2d(6, 5, 3, padding=1)
+    model = torch.nn.Sequential(conv, torch.nn.ReLU())
+    x = (torch.rand(3, 6, 9, 9) < 0.2).float()
+    assert conv.fixed_route is None  # no call yet: the dispatcher decides
+    model(x)
+    assert conv.fixed_route.path == "dense:cpu" and conv.fixed_route.key[0] == x.shape
+    set_backend(model, "torch")
+    assert conv.backend == "torch"
+    model(x)
+    assert conv.fixed_route.path == "dense:requested"
+    with pytest.raises(ValueError, match="unknown backend"):
+        set_backend(model, "cudnn")
+
+
+def test_path_counts_are_read_and_zeroed_in_one_call():
+    x, weight, bias, _ = conv_case("dense", 3)
+    PATH_COUNTS.reset()
+    sparse_conv2d(x, weight, bias, 1, 1)
+    sparse_conv2d(x, weight, bias, 1, 1, backend="torch")
+    assert PATH_COUNTS.snapshot_and_reset() == {"dense:cpu": 1, "dense:requested": 1}
+    assert PATH_COUNTS.snapshot() == {} and path_counts() == {}
+
+
+def test_the_crossover_cache_file_is_found_at_first_use(tmp_path, monkeypatch):
+    state = sparse_dispatch.DispatchState()  # as at import: no cache yet
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert state.crossovers.path == tmp_path / "aso_se" / "sparse_conv_crossovers.json"
+    assert state.crossovers is state.crossovers and not state.crossovers.path.exists()
+
+
 def test_crossing_of_the_linear_time_model():
     assert _crossing(budget=50.0, at_zero=10.0, at_full=90.0) == pytest.approx(0.5)
     assert _crossing(budget=50.0, at_zero=60.0, at_full=90.0) < 0  # never wins
@@ -555,13 +593,10 @@ def fake_gpu(monkeypatch):
         state.calibrations.append(args)
         return state.crossover
 
-    monkeypatch.setattr(sparse_dispatch, "_on_gpu", lambda x: True)
-    monkeypatch.setattr(sparse_dispatch, "_capturing", lambda: state.capturing)
+    monkeypatch.setattr(sparse_dispatch, "on_gpu", lambda x: True)
+    monkeypatch.setattr(sparse_dispatch, "capturing", lambda: state.capturing)
     monkeypatch.setattr(sparse_calibration, "measure_crossover", measure)
-    monkeypatch.setattr(sparse_dispatch, "_CROSSOVERS", CrossoverCache(None))
-    monkeypatch.setattr(sparse_dispatch, "_PLANS", {})
-    monkeypatch.setattr(sparse_dispatch, "_CAPTURED_UNCALIBRATED", set())
-    monkeypatch.setattr(sparse_dispatch, "_SHARED_TRACKERS", collections.defaultdict(DensityTracker))
+    monkeypatch.setattr(sparse_dispatch, "STATE", sparse_dispatch.DispatchState(CrossoverCache(None)))
     reset_path_counts()
     return state
 

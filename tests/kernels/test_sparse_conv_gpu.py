@@ -122,9 +122,8 @@ def fresh_dispatcher(tmp_path, monkeypatch):
     calibrations = []
     measure = calibration.measure_crossover
     monkeypatch.setattr(calibration, "measure_crossover", lambda *args: calibrations.append(args) or measure(*args))
-    monkeypatch.setattr(dispatch, "_CROSSOVERS", calibration.CrossoverCache(tmp_path / "crossovers.json"))
-    monkeypatch.setattr(dispatch, "_PLANS", {})
-    monkeypatch.setattr(dispatch, "_CAPTURED_UNCALIBRATED", set())
+    monkeypatch.setattr(dispatch, "STATE",
+                        dispatch.DispatchState(calibration.CrossoverCache(tmp_path / "crossovers.json")))
     return calibrations
 
 
@@ -167,7 +166,7 @@ def test_captured_calls_follow_the_graph_crossover_and_the_measured_density():
             for _ in range(3):
                 sparse(x)
         torch.cuda.synchronize()
-        crossover = dispatch._CROSSOVERS.get(call_key(x, sparse.weight, [1, 1], [1, 1], [1, 1], 1))
+        crossover = dispatch.STATE.crossovers.get(call_key(x, sparse.weight, [1, 1], [1, 1], [1, 1], 1))
         assert crossover.graph_dense_us is not None and crossover.graph_map_zero_us is not None
         for tracker, measured in ((sparse.density, True), (DensityTracker(), False)):
             def call():
