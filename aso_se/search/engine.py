@@ -310,10 +310,7 @@ class ASOSEEngine:
         return scalars
 
     def _draw(self, num_samples: int, temperature: float) -> PendingDraw:
-        return self.supernet.start_draw(
-            num_samples, k=self.sampling.k, weight_threshold=self.sampling.weight_threshold,
-            temperature=temperature, generator=self.generator if self.sampling.gumbel else None,
-        )
+        return self.supernet.start_draw(num_samples, self.sampling, temperature=temperature, generator=self.generator)
 
     def _take_draw(self, num_samples: int, temperature: float) -> list[list[ArchSample]]:
         """This step's samples: the draw started last step if it is this one, else a new draw."""

@@ -16,11 +16,12 @@ import torch
 from torch import Tensor, nn
 
 from aso_se.search.arch_params import (
+    ARGMAX,
     ArchSample,
     BatchedArchitectureUpdate,
     PendingDraw,
+    SamplingConfig,
     active_weights,
-    draw_samples,
     start_draw,
 )
 from aso_se.search.graphed_ops import OpGraphs
@@ -213,29 +214,20 @@ class SearchNetwork(nn.Module):
     def weight_parameters(self) -> Iterator[nn.Parameter]:
         return (p for name, p in self.named_parameters() if not name.startswith("arch."))
 
-    def draw(
-        self, num_samples: int, *, k: int | None, weight_threshold: float, temperature: float,
-        generator: torch.Generator | None,
-    ) -> list[list[ArchSample]]:
+    def draw(self, num_samples: int, sampling: SamplingConfig, *, temperature: float,
+             generator: torch.Generator | None = None) -> list[list[ArchSample]]:
         """``num_samples`` draws for both cell types, one host sync (``aso_se.search.arch_params.draw_samples``)."""
-        archs = [self.arch[kind] for kind in CELL_TYPES]
-        return draw_samples(
-            archs, num_samples, k=k, weight_threshold=weight_threshold, temperature=temperature, generator=generator
-        )
+        return self.start_draw(num_samples, sampling, temperature=temperature, generator=generator).samples()
 
-    def start_draw(
-        self, num_samples: int, *, k: int | None, weight_threshold: float, temperature: float,
-        generator: torch.Generator | None,
-    ) -> PendingDraw:
+    def start_draw(self, num_samples: int, sampling: SamplingConfig, *, temperature: float,
+                   generator: torch.Generator | None = None) -> PendingDraw:
         """``draw`` queued without waiting; ``.samples()`` of the result gives the same samples."""
         archs = [self.arch[kind] for kind in CELL_TYPES]
-        return start_draw(
-            archs, num_samples, k=k, weight_threshold=weight_threshold, temperature=temperature, generator=generator
-        )
+        return start_draw(archs, num_samples, sampling, temperature=temperature, generator=generator)
 
     def argmax_sample(self) -> list[ArchSample]:
         """Every edge's most likely op alone, with weight 1 (eval: the supernet's single best path)."""
-        return self.draw(1, k=1, weight_threshold=0.0, temperature=1.0, generator=None)[0]
+        return self.draw(1, ARGMAX, temperature=1.0)[0]
 
     def forward(self, x: Tensor, samples: Sequence[ArchSample] | None = None, *, arch_grad: bool = True) -> Tensor:
         """Logits ``[B, classes]``. ``samples``: one ArchSample per cell type (``draw``); None = ``argmax_sample()``.
