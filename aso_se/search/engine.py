@@ -36,8 +36,9 @@ from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
 from aso_se.search import fast_math
 from aso_se.search.arch_params import ArchSample, PendingDraw, SamplingConfig
 from aso_se.search.architect import first_order_arch_step, second_order_arch_step
+from aso_se.search.derive import supernet_genotype
 from aso_se.search.energy_cost import expected_energy, measure_op_costs, uniform_energy
-from aso_se.search.evolution import EvolutionConfig, derive_genotype, prune_weak_ops, track_weak_ops
+from aso_se.search.evolution import EvolutionConfig, prune_weak_ops, track_weak_ops
 from aso_se.search.growth import grow_supernet, rebind_optimizer
 from aso_se.search.schedule import Phase, PlanEntry, SearchSchedule
 from aso_se.search.supernet import CELL_TYPES, SearchNetwork, SupernetStructure
@@ -465,8 +466,7 @@ class ASOSEEngine:
 
     def alpha_probabilities(self) -> dict[str, Tensor]:
         """``{"normal": [edges, ops], "reduce": [edges, ops]}`` softmax of α on the CPU (columns: ``primitives``)."""
-        with torch.no_grad():
-            return {kind: self.supernet.arch[kind].probabilities().float().cpu() for kind in CELL_TYPES}
+        return self.supernet.alpha_probabilities()
 
     def entropy(self) -> dict[str, float]:
         """Mean per-edge entropy (nats) of each cell type's α."""
@@ -475,12 +475,7 @@ class ASOSEEngine:
 
     def genotype(self) -> Genotype:
         """The genotype derived from the current α (top-2 inputs per node without none, skip cap)."""
-        probs = self.alpha_probabilities()
-        space = self.supernet.search_space
-        return derive_genotype(
-            probs["normal"], probs["reduce"], space.primitives, steps=space.steps, multiplier=space.multiplier,
-            max_skip_connect=self.evolution.max_skip_connect,
-        )
+        return supernet_genotype(self.supernet, self.evolution.max_skip_connect)
 
     # ----------------------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:

@@ -211,6 +211,11 @@ class SearchNetwork(nn.Module):
     def arch_parameters(self) -> list[nn.Parameter]:
         return [self.arch[kind].alpha for kind in CELL_TYPES]
 
+    def alpha_probabilities(self) -> dict[str, Tensor]:
+        """``{"normal": [edges, ops], "reduce": [edges, ops]}`` softmax of α on the CPU (columns: the primitives)."""
+        with torch.no_grad():
+            return {kind: self.arch[kind].probabilities().float().cpu() for kind in CELL_TYPES}
+
     def weight_parameters(self) -> Iterator[nn.Parameter]:
         return (p for name, p in self.named_parameters() if not name.startswith("arch."))
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aso_se.search.evolution import derive_genotype
+from aso_se.search.derive import derive_genotype
 from benchmarks import search_vs_random as bench
 from benchmarks.search_vs_random import ArmStats
 from search_space.errors import UserInputError
