@@ -211,6 +211,10 @@ class SearchNetwork(nn.Module):
     def arch_parameters(self) -> list[nn.Parameter]:
         return [self.arch[kind].alpha for kind in CELL_TYPES]
 
+    def arch_logits(self) -> Tensor:
+        """``[cell types, edges, ops]`` α with ``-inf`` for pruned ops (``BatchedArchitectureUpdate.logits``)."""
+        return torch.stack([self.arch[kind].logits() for kind in CELL_TYPES])
+
     def alpha_probabilities(self) -> dict[str, Tensor]:
         """``{"normal": [edges, ops], "reduce": [edges, ops]}`` softmax of α on the CPU (columns: the primitives)."""
         with torch.no_grad():

@@ -16,8 +16,9 @@ def run_steps(digits, *, ahead: bool, arch_steps: bool = True, device: str = "cp
     images, labels = digits
     engine = make_engine(tiny_supernet("st_bif"), device=device, **engine_kwargs)
     drawn = []
-    take = engine._take_draw
-    engine._take_draw = lambda *args: drawn.append(take(*args)) or drawn[-1]
+    draws = engine.step.draws
+    take = draws.take
+    draws.take = lambda *args: drawn.append(take(*args)) or drawn[-1]
     for step, temperature in enumerate(TEMPERATURES):
         next_temperature = TEMPERATURES[step + 1] if ahead and step + 1 < len(TEMPERATURES) else None
         engine.train_step((images[:8], labels[:8]), (images[8:], labels[8:]) if arch_steps else None,
@@ -55,7 +56,7 @@ def test_the_early_draw_reads_alpha_after_the_arch_update(digits) -> None:
     engine = make_engine(tiny_supernet("st_bif"), arch_optimizer=lambda params: torch.optim.SGD(params, lr=100.0))
     alpha_before = [alpha.detach().clone() for alpha in engine.supernet.arch_parameters()]
     engine.train_step((images[:8], labels[:8]), (images[8:], labels[8:]), temperature=1.0, next_temperature=1.0)
-    pending, generator_state = engine._next_draw
+    pending, generator_state = engine.step.draws.pending
 
     def chosen_from(alphas) -> list[torch.Tensor]:
         copies = [arch(0, edges=alpha.shape[0]) for alpha in alphas]
