@@ -337,7 +337,7 @@ class ASOSEEngine:
     def _graph_ops_apply(self, supernet: SearchNetwork) -> bool:
         """Whether graph_ops can act here; if not, says why once (the ops run eagerly, with the same results)."""
         reason = ("the device is not CUDA" if self.device.type != "cuda" else
-                  "checkpointed cells recompute ops in backward" if supernet.checkpointing else None)
+                  "recomputed cells run ops again in backward" if supernet.recompute else None)
         if reason is not None:
             logger.warning("search.graph_ops=true has no effect here (%s): the ops run eagerly", reason)
         return reason is None

@@ -9,7 +9,6 @@ draw during this one and changes no draw.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Callable, Literal, Sequence
 
 import torch
@@ -173,8 +172,7 @@ class SearchStep:
         if self.second_order:
             second_order_arch_step(arch_loss, train_loss, alphas, self.weight_params, self.weights_optimizer)
         else:
-            graphs = self.supernet.op_graphs  # graphed ops skip the weight gradients eager ops skip here too
-            with graphs.without_weight_grads() if graphs is not None else contextlib.nullcontext():
+            with self.supernet.op_runner.without_weight_grads():  # graphed ops skip them as eager ops do
                 first_order_arch_step(arch_loss, alphas)
         all_reduce_gradients(alphas)
         self.arch_optimizer.step()

@@ -20,12 +20,12 @@ SMALL_SPACE = SearchSpace(
 
 def tiny_supernet(
     neuron: str = "st_bif", *, timesteps: int = 2, space: SearchSpace = SMALL_SPACE, channels: int = 4,
-    layers: int = 3, in_channels: int = 1, checkpointing: bool = False, seed: int = 0,
+    layers: int = 3, in_channels: int = 1, recompute: bool = False, seed: int = 0,
 ) -> SearchNetwork:
     torch.manual_seed(seed)
     return build_supernet(
         search_space=space, neuron=NeuronFactory(neuron, timesteps=timesteps), channels=channels, layers=layers,
-        num_classes=10, in_channels=in_channels, timesteps=timesteps, checkpointing=checkpointing,
+        num_classes=10, in_channels=in_channels, timesteps=timesteps, recompute=recompute,
     )
 
 

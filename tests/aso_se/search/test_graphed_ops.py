@@ -73,12 +73,12 @@ def test_cells_route_every_op_through_the_graphs_with_one_slot_per_edge_place(di
         assert all(source[1] in range(2 + cell.steps) for _, source in mine[2:])
 
 
-def test_checkpointed_supernets_and_cpu_engines_run_without_graphs(digits, caplog) -> None:
+def test_recomputing_supernets_and_cpu_engines_run_without_graphs(digits, caplog) -> None:
     images, labels = digits
     engine = make_engine(tiny_supernet("st_bif", space=DARTS_SPACE), graph_ops=True)  # CPU: nothing to capture
     assert engine.supernet.op_graphs is None
     assert "search.graph_ops=true has no effect here (the device is not CUDA)" in caplog.text
-    supernet = tiny_supernet("st_bif", space=DARTS_SPACE, checkpointing=True)
+    supernet = tiny_supernet("st_bif", space=DARTS_SPACE, recompute=True)
     recorder = RoutingRecorder()
     supernet.op_graphs = recorder
     supernet(images, sample_ops(supernet, k=2)).sum().backward()
