@@ -6,9 +6,9 @@ import copy
 import pytest
 import torch
 
-from aso_se.search.graphed_ops import OpGraphs, StalePassError
-from search_space.neurons import set_firing_rate_recording
-from search_space.ops import DARTS_PRIMITIVES
+from aso_se.search.graphed_ops import OpGraphs, StalePassError, _capturable
+from search_space.neurons import NeuronFactory, SpikingNeuron, set_firing_rate_recording
+from search_space.ops import DARTS_PRIMITIVES, OPS
 from search_space.space import SearchSpace
 from tests.aso_se.helpers import make_engine, sample_ops, tiny_supernet
 
@@ -83,6 +83,17 @@ def test_recomputing_supernets_and_cpu_engines_run_without_graphs(digits, caplog
     supernet.op_graphs = recorder
     supernet(images, sample_ops(supernet, k=2)).sum().backward()
     assert recorder.passes == []  # a recomputation in backward would replay a graph twice in one pass
+
+
+@pytest.mark.parametrize("neuron", ["st_bif", "st_bif_qann", "relu", "lif"])
+def test_the_neuron_kinds_say_they_capture_and_an_unknown_spiking_neuron_stays_eager(neuron: str) -> None:
+    factory = NeuronFactory(neuron, timesteps=1 if neuron == "st_bif_qann" else 2)
+    op = OPS["sep_conv_3x3"](4, 1, False, factory)
+    assert _capturable(op)
+    for module in op.modules():
+        if isinstance(module, SpikingNeuron):
+            module.capturable = False  # as SpikingNeuron(neuron, T) of a neuron its builder does not vouch for
+            assert not _capturable(op)
 
 
 def test_a_copied_supernet_gets_graphs_of_its_own() -> None:
