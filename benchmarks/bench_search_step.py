@@ -2,7 +2,7 @@
 
 One supernet layout (8 cells, C = 16, batch 64, T = 4, 32x32 CIFAR-10, DARTS's 8 ops and optimizers) and
 the same inputs for every row of ``ROWS``: from DARTS's all-op MixedOp with LIF (the hand-written baseline)
-through top-2, ST-BIF, checkpointing, the sparse-conv dispatcher and bf16, to the ReLU (ANN) references.
+through top-2, ST-BIF, recompute, the sparse-conv dispatcher and bf16, to the ReLU (ANN) references.
 Each row: median wall time of ``--steps`` synced steps after ``--warmup``, peak memory, and from one
 profiled step the CUDA kernels, their GPU time and the host syncs. ``--anchor`` also runs the
 hand-written DARTS supernet script in this process.
@@ -58,7 +58,7 @@ class Row:
     neuron: str
     timesteps: int
     k: int | None
-    checkpointing: bool = False
+    recompute: bool = False
     sparse_conv: bool = False
     precision: str = "fp32"
     per_term_sum: bool = False  # a node summed as before: a multiply per term and an add per pair
@@ -72,9 +72,9 @@ ROWS = (
     Row("DARTS MixedOp all ops, LIF", "lif", 4, None),
     Row("FastMixedOp top-2, LIF", "lif", 4, 2),
     Row("top-2, ST-BIF", "st_bif", 4, 2),
-    Row("top-2, ST-BIF, checkpointing", "st_bif", 4, 2, checkpointing=True),
-    Row("top-2, ST-BIF, ckpt, sparse conv", "st_bif", 4, 2, checkpointing=True, sparse_conv=True),
-    Row("top-2, ST-BIF, ckpt, sparse, bf16", "st_bif", 4, 2, checkpointing=True, sparse_conv=True, precision="bf16"),
+    Row("top-2, ST-BIF, recompute", "st_bif", 4, 2, recompute=True),
+    Row("top-2, ST-BIF, recompute, sparse conv", "st_bif", 4, 2, recompute=True, sparse_conv=True),
+    Row("top-2, ST-BIF, recompute, sparse, bf16", "st_bif", 4, 2, recompute=True, sparse_conv=True, precision="bf16"),
     Row("top-2, ReLU (ANN)", "relu", 1, 2),
     Row("DARTS MixedOp all ops, ReLU (ANN)", "relu", 1, None),
     Row("top-2, ST-BIF QANN (T = 1)", "st_bif_qann", 1, 2),
@@ -109,8 +109,9 @@ ROWS = (
 )
 
 
-def per_term_sum(terms: list[torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
-    """The node sum as it was before ``weighted_sum``: the baseline of rows with ``per_term_sum``."""
+def per_term_sum(terms: list[torch.Tensor], weights: torch.Tensor, grad_buffers=None, out=None) -> torch.Tensor:
+    """The node sum as it was before ``weighted_sum``: the baseline of rows with ``per_term_sum`` (no graphed
+    ops, so no buffers to use)."""
     return sum_terms(w * term for w, term in zip(weights.unbind(), terms))
 
 
@@ -131,7 +132,7 @@ def make_engine(row: Row, channels: int, layers: int, device: torch.device) -> A
     neuron = NeuronFactory(row.neuron, timesteps=row.timesteps, **NEURON_PARAMS[row.neuron])
     supernet = build_supernet(
         search_space=SearchSpace(DARTS_PRIMITIVES), neuron=neuron, channels=channels, layers=layers,
-        num_classes=10, timesteps=row.timesteps, checkpointing=row.checkpointing,
+        num_classes=10, timesteps=row.timesteps, recompute=row.recompute,
     )
     set_firing_rate_recording(supernet, False)  # a logging option, not part of the search step
     if row.channels_last:
@@ -341,7 +342,7 @@ def main() -> None:
               f"{result['gpu_ms']:.1f} | {result['syncs']} |")
     ratios = [
         ("all ops / top-2 (LIF)", "DARTS MixedOp all ops, LIF", "FastMixedOp top-2, LIF", "ms"),
-        ("peak memory, no ckpt / ckpt (ST-BIF)", "top-2, ST-BIF", "top-2, ST-BIF, checkpointing", "peak_gib"),
+        ("peak memory, stored / recomputed (ST-BIF)", "top-2, ST-BIF", "top-2, ST-BIF, recompute", "peak_gib"),
         ("spiking (ST-BIF top-2) / ANN (ReLU top-2)", "top-2, ST-BIF", "top-2, ReLU (ANN)", "ms"),
         ("baseline / best engine row", "DARTS MixedOp all ops, LIF", None, "ms"),
         ("per-term / one-shot node sums (ST-BIF)", "top-2, ST-BIF, per-term node sums", "top-2, ST-BIF", "ms"),

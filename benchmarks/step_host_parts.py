@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_search_step as bench
 
 import aso_se.search.engine as engine_module
+import aso_se.search.step as step_module
 from aso_se.search import architect, graphed_ops, supernet
 from kernels.pool3x3.function import Pool3x3Function
 from kernels.weighted_sum.function import TorchWeightedSum, TritonWeightedSum
@@ -50,7 +51,7 @@ def instrument(engine) -> None:
         cls.backward = staticmethod(timed("  node sums' backward", cls.backward))
     Pool3x3Function.forward = staticmethod(timed("    pools' forward", Pool3x3Function.forward))
     Pool3x3Function.backward = staticmethod(timed("  pools' backward", Pool3x3Function.backward))
-    engine_module.first_order_arch_step = timed("alpha step: forward + backward", architect.first_order_arch_step)
+    step_module.first_order_arch_step = timed("alpha step: forward + backward", architect.first_order_arch_step)
     torch.Tensor.backward = timed("weight step: backward", torch.Tensor.backward)
     torch.nn.utils.clip_grad_norm_ = timed("clip_grad_norm_", torch.nn.utils.clip_grad_norm_)
     engine.weights_optimizer.step = timed("weights optimizer step", engine.weights_optimizer.step)

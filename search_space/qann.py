@@ -157,7 +157,7 @@ def _convert_children(module: nn.Module, timesteps: int) -> None:
             backend = "torch" if child.q_threshold.dtype == torch.float64 else "auto"
             neuron = STBIFNeuron(q_threshold=1.0, level=child.level, sym=child.sym, backend=backend)
             neuron.q_threshold = child.q_threshold.detach().clone()  # exactly the QANN's θ
-            replacement = SpikingNeuron(neuron, timesteps)
+            replacement = SpikingNeuron(neuron, timesteps, capturable=True)
         elif isinstance(child, nn.modules.batchnorm._BatchNorm):
             replacement = _ShiftAtFirstStep(child, timesteps)
         elif isinstance(child, nn.MaxPool2d):

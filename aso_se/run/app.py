@@ -62,7 +62,7 @@ MACHINE_KEYS = ("data.root", "data.num_workers")
 # Knobs that shrink activation memory, named in the out-of-memory line per entry point.
 _MEMORY_KNOBS = {
     "search": ("batch_size, search.supernet.channels, search.supernet.layers, neuron.timesteps "
-               "or search.sampling.k (or set search.supernet.checkpointing=true)"),
+               "or search.sampling.k (or set search.supernet.recompute=true)"),
     "train": "batch_size, model.network.channels, model.network.layers or neuron.timesteps",
 }
 

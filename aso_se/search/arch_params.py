@@ -17,6 +17,34 @@ from search_space.errors import UserInputError
 
 
 @dataclass(frozen=True)
+class SamplingConfig:
+    """Which ops a draw picks per edge (:func:`draw_samples`); the one place these knobs are spelled out.
+
+    ``k``: the top-k ops of ``α + Gumbel noise`` (None = every op: DARTS's MixedOp, exactly when
+    ``gumbel`` is off). ``weight_threshold``: also skip chosen ops (but the best) whose relaxed
+    weight is under it. ``gumbel``: sample (exploration) or take the top-k of α itself.
+    """
+
+    k: int | None = 2
+    weight_threshold: float = 0.0
+    gumbel: bool = True
+
+    def __post_init__(self) -> None:
+        if self.k is not None and self.k < 1:
+            raise UserInputError(f"sampling k={self.k}: need k >= 1 or null (every op); fix search.sampling.k")
+        if not 0.0 <= self.weight_threshold < 1.0:
+            raise UserInputError(
+                f"sampling weight_threshold={self.weight_threshold}: need 0 <= threshold < 1; "
+                "fix search.sampling.weight_threshold"
+            )
+
+
+# The fixed draws: every edge's most likely op alone (the supernet's single best path), every unpruned op.
+ARGMAX = SamplingConfig(k=1, gumbel=False)
+EVERY_OP = SamplingConfig(k=None, gumbel=False)
+
+
+@dataclass(frozen=True)
 class ArchSample:
     """One cell type's draw: Gumbel noise, chosen ops, temperature. Holds no autograd graph.
 
@@ -91,23 +119,17 @@ def active_weights(weights: Tensor, sample: ArchSample) -> list[tuple[Tensor, ..
 
 
 def draw_samples(
-    archs: Sequence[BatchedArchitectureUpdate],
-    num_samples: int,
-    *,
-    k: int | None,
-    weight_threshold: float,
-    temperature: float,
-    generator: torch.Generator | None,
+    archs: Sequence[BatchedArchitectureUpdate], num_samples: int, sampling: SamplingConfig, *, temperature: float,
+    generator: torch.Generator | None = None,
 ) -> list[list[ArchSample]]:
     """``num_samples`` independent draws for every cell type in ``archs``: ``[sample][cell type]``.
 
-    Per edge: the top-``k`` ops of ``α + g`` (``k=None``: every unpruned op; ``generator=None``: no
-    noise), minus those whose ``softmax((α + g) / τ)`` is under ``weight_threshold`` (the best is
-    always kept). All cell types must have the same shape. One host sync in total.
+    Per edge: the top-``sampling.k`` ops of ``α + g`` (``k=None``: every unpruned op), where ``g`` is
+    Gumbel noise from ``generator`` if ``sampling.gumbel`` (else none), minus those whose
+    ``softmax((α + g) / temperature)`` is under ``sampling.weight_threshold`` (the best is always
+    kept). All cell types must have the same shape. One host sync in total.
     """
-    return start_draw(
-        archs, num_samples, k=k, weight_threshold=weight_threshold, temperature=temperature, generator=generator
-    ).samples()
+    return start_draw(archs, num_samples, sampling, temperature=temperature, generator=generator).samples()
 
 
 class PendingDraw:
@@ -153,49 +175,22 @@ class PendingDraw:
 
 
 def start_draw(
-    archs: Sequence[BatchedArchitectureUpdate],
-    num_samples: int,
-    *,
-    k: int | None,
-    weight_threshold: float,
-    temperature: float,
-    generator: torch.Generator | None,
+    archs: Sequence[BatchedArchitectureUpdate], num_samples: int, sampling: SamplingConfig, *, temperature: float,
+    generator: torch.Generator | None = None,
 ) -> PendingDraw:
     """:func:`draw_samples` without waiting: the draw is queued and its choice starts for the host."""
     logits = torch.stack([arch.logits().detach() for arch in archs])  # [types, edges, ops]
     shape = (num_samples, *logits.shape)
-    if generator is None:
+    if not sampling.gumbel:
         noise = torch.zeros(shape, device=logits.device)
     else:
         # Gumbel(0, 1) = -log(Exponential(1)), drawn as torch.nn.functional.gumbel_softmax draws it.
         noise = -torch.empty(shape, device=logits.device).exponential_(generator=generator).log()
     perturbed = logits + noise
     num_ops = logits.shape[-1]
-    top_values, top_ops = perturbed.topk(num_ops if k is None else min(k, num_ops), dim=-1)
+    k = num_ops if sampling.k is None else min(sampling.k, num_ops)
+    top_values, top_ops = perturbed.topk(k, dim=-1)
     soft = torch.softmax(perturbed / temperature, dim=-1).gather(-1, top_ops)
-    keep = torch.isfinite(top_values) & (soft >= weight_threshold)
+    keep = torch.isfinite(top_values) & (soft >= sampling.weight_threshold)
     keep[..., 0] = True
     return PendingDraw(noise, top_ops.masked_fill(~keep, -1), temperature)
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """Which ops a training step computes per edge.
-
-    ``k``: the top-k ops of ``α + Gumbel noise`` (None = every op: DARTS's MixedOp, exactly when
-    ``gumbel`` is off). ``weight_threshold``: also skip chosen ops (but the best) whose relaxed
-    weight is under it. ``gumbel``: sample (exploration) or take the top-k of α itself.
-    """
-
-    k: int | None = 2
-    weight_threshold: float = 0.0
-    gumbel: bool = True
-
-    def __post_init__(self) -> None:
-        if self.k is not None and self.k < 1:
-            raise UserInputError(f"sampling k={self.k}: need k >= 1 or null (every op); fix search.sampling.k")
-        if not 0.0 <= self.weight_threshold < 1.0:
-            raise UserInputError(
-                f"sampling weight_threshold={self.weight_threshold}: need 0 <= threshold < 1; "
-                "fix search.sampling.weight_threshold"
-            )

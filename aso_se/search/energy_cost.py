@@ -13,6 +13,7 @@ import re
 import torch
 from torch import Tensor, nn
 
+from aso_se.search.arch_params import EVERY_OP
 from aso_se.search.supernet import CELL_TYPES, SearchNetwork
 from search_space.energy import E_AC_PJ, E_MAC_PJ, count_energy
 
@@ -27,7 +28,7 @@ class _EveryOp(nn.Module):
         self.supernet = supernet
 
     def forward(self, x: Tensor) -> Tensor:
-        every_op = self.supernet.draw(1, k=None, weight_threshold=0.0, temperature=1.0, generator=None)[0]
+        every_op = self.supernet.draw(1, EVERY_OP, temperature=1.0)[0]
         return self.supernet(x, every_op, arch_grad=False)
 
 

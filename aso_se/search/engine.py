@@ -10,36 +10,29 @@ every RNG; the loaders' ``set_epoch(epoch, start_batch=k)`` makes the data order
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Literal, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from aso_se.errors import TrainingDiverged
 from aso_se.monitor.step_metrics import AsyncStepMetrics
-from aso_se.parallel.distributed import (
-    all_reduce_gradients,
-    broadcast_module,
-    check_identical_across_ranks,
-    distributed_world_size,
-)
+from aso_se.parallel.distributed import broadcast_module, check_identical_across_ranks, distributed_world_size
 from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
 from aso_se.search import fast_math
-from aso_se.search.arch_params import ArchSample, PendingDraw, SamplingConfig
-from aso_se.search.architect import first_order_arch_step, second_order_arch_step
-from aso_se.search.energy_cost import expected_energy, measure_op_costs, uniform_energy
-from aso_se.search.evolution import EvolutionConfig, derive_genotype, prune_weak_ops, track_weak_ops
+from aso_se.search.arch_params import SamplingConfig
+from aso_se.search.derive import supernet_genotype
+from aso_se.search.evolution import EvolutionConfig, prune_weak_ops, track_weak_ops
 from aso_se.search.growth import grow_supernet, rebind_optimizer
 from aso_se.search.schedule import Phase, PlanEntry, SearchSchedule
+from aso_se.search.step import Batch, Precision, SearchStep, mean_entropy
 from aso_se.search.supernet import CELL_TYPES, SearchNetwork, SupernetStructure
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype
@@ -47,8 +40,6 @@ from search_space.neurons import set_firing_rate_recording
 
 logger = logging.getLogger(__name__)
 
-Precision = Literal["fp32", "bf16"]
-Batch = Sequence[Tensor]  # (inputs, labels)
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[[Optimizer], LRScheduler]
 STATE_VERSION = 1
@@ -116,24 +107,27 @@ class ASOSEEngine:
         if not (isinstance(energy_weight, (int, float)) and math.isfinite(energy_weight) and energy_weight >= 0):
             raise UserInputError(f"energy_weight={energy_weight!r}: need a number >= 0 (0 = off); "
                                  "fix search.energy_weight")
-        self.energy_weight = float(energy_weight)
-        self._op_costs: Tensor | None = None  # [types, edges, ops] µJ per image, measured each search epoch
         self.device = torch.device(device)
         self.schedule, self.sampling, self.evolution = schedule, sampling, evolution
-        self.second_order, self.grad_clip, self.precision, self.seed = second_order, grad_clip, precision, seed
+        self.precision, self.seed = precision, seed
         self._make_weights_optimizer, self._make_arch_optimizer = weights_optimizer, arch_optimizer
         self._make_weights_scheduler = weights_scheduler
         # channels_last: conv weights and image batches in NHWC memory, where cuDNN's batch norm and
         # depthwise convs are several times faster than in NCHW (benchmarks/bench_norm_conv.py)
         self.memory_format = torch.channels_last if channels_last else torch.preserve_format
+        # One generator for all Gumbel draws, seeded alike on every rank (aso_se.parallel.distributed).
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.step = SearchStep(
+            sampling=sampling, generator=generator, second_order=second_order, grad_clip=grad_clip,
+            device=self.device, precision=precision, energy_weight=float(energy_weight),
+            memory_format=self.memory_format,
+        )
         # graph_ops: on CUDA, each op's forward and backward replayed from CUDA graphs (host-bound steps)
         self.graph_ops = bool(graph_ops) and self._graph_ops_apply(supernet)
         self._use_supernet(supernet.to(self.device))
-        # One generator for all Gumbel draws, seeded alike on every rank (aso_se.parallel.distributed).
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._plan = schedule.plan()
         self._position = 0  # index of the current plan entry
-        self._step = 0  # steps done in the current epoch
+        self._epoch_step = 0  # steps done in the current epoch
         self._global_step = 0
         self._epoch_totals: dict[str, float] = {}
         self._epoch_start_logits = self._stacked_logits()
@@ -142,9 +136,23 @@ class ASOSEEngine:
         self.temperature = schedule.temperature_start
         self._metrics = AsyncStepMetrics()
         self._pending_rng: dict[str, Any] | None = None
-        # The next step's draw, started early (train_step's next_temperature), and the Gumbel
-        # generator's state before it: what a checkpoint saves, as if the draw had not started.
-        self._next_draw: tuple[PendingDraw, Tensor | None] | None = None
+
+    @property
+    def supernet(self) -> SearchNetwork:
+        return self.step.supernet
+
+    @property
+    def weights_optimizer(self) -> Optimizer:
+        return self.step.weights_optimizer
+
+    @property
+    def arch_optimizer(self) -> Optimizer:
+        return self.step.arch_optimizer
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The generator of every Gumbel draw."""
+        return self.step.draws.generator
 
     # ----------------------------------------------------------------------------- the loop
     def run(
@@ -166,7 +174,7 @@ class ASOSEEngine:
         also steps, seconds, arch_kl and the epoch means. ``on_cycle_end(engine, CycleResult)`` when
         a cycle's genotype is derived. ``should_stop()`` is polled after every step.
         """
-        if self._position == 0 and self._step == 0:
+        if self._position == 0 and self._epoch_step == 0:
             broadcast_module(self.supernet)  # identical start on every rank
         while self._position < len(self._plan):
             entry = self._plan[self._position]
@@ -188,27 +196,27 @@ class ASOSEEngine:
         searching = entry.phase is Phase.SEARCH
         loaders = [weights_loader, arch_loader] if searching else [weights_loader]
         for loader in loaders:
-            loader.set_epoch(entry.epoch, start_batch=self._step)
-        steps_per_epoch = self._step + min(len(loader) for loader in loaders)
+            loader.set_epoch(entry.epoch, start_batch=self._epoch_step)
+        steps_per_epoch = self._epoch_step + min(len(loader) for loader in loaders)
         if self._pending_rng is not None:  # a resumed run: the RNG as it was after the last step
             restore_rng_state(self._pending_rng)
             self._pending_rng = None
         last_push = time.perf_counter()
         world_size = distributed_world_size()  # images/s counts every rank's images
         for batches in zip(*loaders):
-            if searching and self.energy_weight > 0 and (self._step == 0 or self._op_costs is None):
+            if searching and self.step.energy_weight > 0 and (self._epoch_step == 0 or self.step.op_costs is None):
                 # Firing rates change as the weights train: the costs are measured anew each search epoch.
-                self._op_costs = measure_op_costs(self.supernet, self._to_device(batches[1])[0])
-            progress = self.schedule.search_progress(entry.epoch_in_phase, self._step, steps_per_epoch)
+                self.step.measure_op_costs(batches[1])
+            progress = self.schedule.search_progress(entry.epoch_in_phase, self._epoch_step, steps_per_epoch)
             self.temperature = self.schedule.temperature(entry.phase, progress)
             entropy_weight = self.schedule.entropy_weight(progress) if searching else 0.0
-            last_step = self._step == steps_per_epoch - 1
+            last_step = self._epoch_step == steps_per_epoch - 1
             if last_step:  # the firing rates that on_epoch_end reads (module docstring)
                 set_firing_rate_recording(self.supernet, True)
             # The next step's ops are drawn during this one (not across an epoch's end: evolution and
             # pruning come between epochs), so the host never waits for the GPU to drain.
             next_temperature = None if last_step else self.schedule.temperature(
-                entry.phase, self.schedule.search_progress(entry.epoch_in_phase, self._step + 1, steps_per_epoch)
+                entry.phase, self.schedule.search_progress(entry.epoch_in_phase, self._epoch_step + 1, steps_per_epoch)
             )
             scalars = self.train_step(
                 batches[0], batches[1] if searching else None,
@@ -221,7 +229,7 @@ class ASOSEEngine:
             self._metrics.push(
                 {
                     "cycle": entry.cycle, "phase": entry.phase.value, "epoch": entry.epoch,
-                    "epoch_in_phase": entry.epoch_in_phase, "step": self._step, "global_step": self._global_step,
+                    "epoch_in_phase": entry.epoch_in_phase, "step": self._epoch_step, "global_step": self._global_step,
                     "lr": self.weights_optimizer.param_groups[0]["lr"], "temperature": self.temperature,
                     "entropy_weight": entropy_weight, "images": images,
                     "images_per_second": images / max(now - last_push, 1e-9),
@@ -229,7 +237,7 @@ class ASOSEEngine:
                 scalars,
             )
             last_push = now
-            self._step += 1
+            self._epoch_step += 1
             self._global_step += 1
             self._deliver(on_step, wait=False)
             if should_stop():
@@ -239,7 +247,7 @@ class ASOSEEngine:
         return True
 
     def _end_epoch(self, entry: PlanEntry, on_epoch_end: Callable[[ASOSEEngine, dict[str, Any]], None] | None) -> None:
-        self._undo_draw()  # none is started across an epoch's end; this keeps it so for any caller
+        self.step.draws.undo()  # none is started across an epoch's end; this keeps it so for any caller
         if self.weights_scheduler is not None:
             self.weights_scheduler.step()
         if entry.phase is Phase.SEARCH and self.evolution.prune_threshold > 0:
@@ -254,12 +262,12 @@ class ASOSEEngine:
             "epoch_in_phase": entry.epoch_in_phase, "steps": int(steps), "seconds": seconds,
             "images_per_second": images / max(seconds, 1e-9),
             "lr": self.weights_optimizer.param_groups[0]["lr"], "temperature": self.temperature,
-            "entropy": float(self._mean_entropy(logits)),
+            "entropy": float(mean_entropy(logits)),
             "arch_kl": float(fast_math.kl_divergence(logits, self._epoch_start_logits).mean()),
             **{name: total / max(steps, 1.0) for name, total in totals.items()},
         }
         self._position += 1
-        self._step = 0
+        self._epoch_step = 0
         self._epoch_totals = {}
         self._epoch_start_logits = logits
         self._epoch_started = time.perf_counter()
@@ -280,115 +288,15 @@ class ASOSEEngine:
             if on_step is not None:
                 on_step(metrics)
 
-    # ----------------------------------------------------------------------------- the steps
+    # ----------------------------------------------------------------------------- the step
     def train_step(
         self, weights_batch: Batch, arch_batch: Batch | None, *, temperature: float, entropy_weight: float = 0.0,
         next_temperature: float | None = None,
     ) -> dict[str, Tensor]:
-        """One step: an α step on ``arch_batch`` (skipped when None: α frozen), then a weight step on
-        ``weights_batch``, each with its own ops from ONE batched draw (the step's only host sync).
-        Returns the step's scalars as 0-dim device tensors (nothing is synchronized).
-
-        ``next_temperature``: the next step's temperature, if the next step is a ``train_step`` with
-        the same kind of batches: its draw then starts after this step's α update and before its weight
-        step (the same draw, from the same α and generator), and the next step takes it without waiting
-        for this step's weight step to finish on the GPU.
-        """
-        num_samples = 1 if arch_batch is None else 2
-        samples = self._take_draw(num_samples, temperature)
-        weights_batch = self._to_device(weights_batch)
-        scalars: dict[str, Tensor] = {}
-        if arch_batch is None:
-            with torch.no_grad():
-                scalars["entropy"] = self._mean_entropy(self._stacked_logits())
-        else:  # DARTS's order: the α step, then the weight step
-            scalars.update(self._arch_step(self._to_device(arch_batch), weights_batch, samples[1], entropy_weight))
-        if next_temperature is not None:  # α is final for the next step: draw its ops now
-            state_before = self.generator.get_state() if self.sampling.gumbel else None
-            self._next_draw = (self._draw(num_samples, next_temperature), state_before)
-        scalars.update(self._weight_step(weights_batch, samples[0]))
-        return scalars
-
-    def _draw(self, num_samples: int, temperature: float) -> PendingDraw:
-        return self.supernet.start_draw(
-            num_samples, k=self.sampling.k, weight_threshold=self.sampling.weight_threshold,
-            temperature=temperature, generator=self.generator if self.sampling.gumbel else None,
-        )
-
-    def _take_draw(self, num_samples: int, temperature: float) -> list[list[ArchSample]]:
-        """This step's samples: the draw started last step if it is this one, else a new draw."""
-        pending = self._next_draw
-        if pending is not None and pending[0].num_samples == num_samples and pending[0].temperature == temperature:
-            self._next_draw = None
-            return pending[0].samples()
-        self._undo_draw()
-        return self._draw(num_samples, temperature).samples()
-
-    def _undo_draw(self) -> None:
-        """Drops the early draw, if any, the generator set back as if it had not been drawn."""
-        if self._next_draw is not None and self._next_draw[1] is not None:
-            self.generator.set_state(self._next_draw[1])
-        self._next_draw = None
-
-    def _autocast(self) -> torch.autocast:
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
-
-    def _to_device(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        inputs, labels = batch[0], batch[1]
-        layout = self.memory_format if inputs.dim() == 4 else torch.preserve_format  # DVS frames are 5-d
-        return (inputs.to(self.device, non_blocking=True, memory_format=layout),
-                labels.to(self.device, non_blocking=True))
-
-    def _loss(
-        self, batch: tuple[Tensor, Tensor], sample: Sequence[ArchSample], *, arch_grad: bool
-    ) -> tuple[Tensor, Tensor]:
-        """(cross-entropy loss, accuracy) of one supernet forward with ``sample``."""
-        inputs, labels = batch
-        with self._autocast():
-            logits = self.supernet(inputs, sample, arch_grad=arch_grad)
-        loss = F.cross_entropy(logits.float(), labels)
-        return loss, (logits.detach().argmax(dim=-1) == labels).float().mean()
-
-    def _weight_step(self, batch: tuple[Tensor, Tensor], sample: Sequence[ArchSample]) -> dict[str, Tensor]:
-        self.weights_optimizer.zero_grad(set_to_none=True)
-        loss, accuracy = self._loss(batch, sample, arch_grad=False)
-        loss.backward()
-        all_reduce_gradients(self._weight_params)
-        if self.grad_clip is not None:
-            nn.utils.clip_grad_norm_(self._weight_params, self.grad_clip)
-        self.weights_optimizer.step()
-        return {"loss": loss.detach(), "accuracy": accuracy}
-
-    def _arch_step(
-        self, batch: tuple[Tensor, Tensor], weights_batch: tuple[Tensor, Tensor], sample: Sequence[ArchSample],
-        entropy_weight: float,
-    ) -> dict[str, Tensor]:
-        outputs: dict[str, Tensor] = {}  # the last arch_loss() call's parts, for the metrics
-
-        def arch_loss() -> Tensor:
-            outputs["arch_loss"], outputs["arch_accuracy"] = self._loss(batch, sample, arch_grad=True)
-            logits = torch.stack([self.supernet.arch[kind].logits() for kind in CELL_TYPES])
-            outputs["entropy"] = self._mean_entropy(logits)
-            loss = outputs["arch_loss"] + entropy_weight * outputs["entropy"]
-            if self.energy_weight > 0 and self._op_costs is not None:
-                outputs["energy_uj"] = expected_energy(logits, self._op_costs)
-                unit = uniform_energy(logits.detach(), self._op_costs).clamp_min(1e-12)
-                loss = loss + self.energy_weight * outputs["energy_uj"] / unit
-            return loss
-
-        def train_loss() -> Tensor:
-            return self._loss(weights_batch, sample, arch_grad=True)[0]
-
-        alphas = self.supernet.arch_parameters()
-        if self.second_order:
-            second_order_arch_step(arch_loss, train_loss, alphas, self._weight_params, self.weights_optimizer)
-        else:
-            graphs = self.supernet.op_graphs  # graphed ops skip the weight gradients eager ops skip here too
-            with graphs.without_weight_grads() if graphs is not None else contextlib.nullcontext():
-                first_order_arch_step(arch_loss, alphas)
-        all_reduce_gradients(alphas)
-        self.arch_optimizer.step()
-        return {name: value.detach() for name, value in outputs.items()}
+        """One ASO-SE step (``aso_se.search.step.SearchStep``): an α step on ``arch_batch`` (None: α frozen),
+        then a weight step on ``weights_batch``; the step's scalars as 0-dim device tensors."""
+        return self.step(weights_batch, arch_batch, temperature=temperature, entropy_weight=entropy_weight,
+                         next_temperature=next_temperature)
 
     # ----------------------------------------------------------------------------- evolution
     def _evolve(self, cycle: int) -> CycleResult:
@@ -429,30 +337,25 @@ class ASOSEEngine:
     def _graph_ops_apply(self, supernet: SearchNetwork) -> bool:
         """Whether graph_ops can act here; if not, says why once (the ops run eagerly, with the same results)."""
         reason = ("the device is not CUDA" if self.device.type != "cuda" else
-                  "checkpointed cells recompute ops in backward" if supernet.checkpointing else None)
+                  "recomputed cells run ops again in backward" if supernet.recompute else None)
         if reason is not None:
             logger.warning("search.graph_ops=true has no effect here (%s): the ops run eagerly", reason)
         return reason is None
 
     def _use_supernet(self, supernet: SearchNetwork) -> None:
         """Makes ``supernet`` the searched one, with fresh optimizers (and scheduler) over it."""
-        self.supernet = supernet.to(memory_format=self.memory_format)  # keeps the Parameter objects
+        supernet = supernet.to(memory_format=self.memory_format)  # keeps the Parameter objects
         supernet.use_op_graphs(self.graph_ops)
         set_firing_rate_recording(supernet, False)  # on for each epoch's last step only
-        self._weight_params = list(supernet.weight_parameters())
-        self.weights_optimizer = self._make_weights_optimizer(self._weight_params)
-        self.arch_optimizer = self._make_arch_optimizer(supernet.arch_parameters())
+        weights_optimizer = self._make_weights_optimizer(list(supernet.weight_parameters()))
+        self.step.bind(supernet, weights_optimizer, self._make_arch_optimizer(supernet.arch_parameters()))
         self.weights_scheduler = (
-            None if self._make_weights_scheduler is None else self._make_weights_scheduler(self.weights_optimizer)
+            None if self._make_weights_scheduler is None else self._make_weights_scheduler(weights_optimizer)
         )
 
     def _stacked_logits(self) -> Tensor:
         with torch.no_grad():
-            return torch.stack([self.supernet.arch[kind].logits() for kind in CELL_TYPES])
-
-    @staticmethod
-    def _mean_entropy(logits: Tensor) -> Tensor:
-        return fast_math.entropy(logits).mean()
+            return self.supernet.arch_logits()
 
     # ----------------------------------------------------------------------------- for logging
     @property
@@ -463,13 +366,12 @@ class ASOSEEngine:
     def progress(self) -> dict[str, Any]:
         """Where the search is: cycle, phase, epoch (training epochs done), step in the epoch."""
         entry = self._plan[min(self._position, len(self._plan) - 1)]
-        return {"cycle": entry.cycle, "phase": entry.phase.value, "epoch": entry.epoch, "step": self._step,
+        return {"cycle": entry.cycle, "phase": entry.phase.value, "epoch": entry.epoch, "step": self._epoch_step,
                 "global_step": self._global_step, "finished": self._position >= len(self._plan)}
 
     def alpha_probabilities(self) -> dict[str, Tensor]:
         """``{"normal": [edges, ops], "reduce": [edges, ops]}`` softmax of α on the CPU (columns: ``primitives``)."""
-        with torch.no_grad():
-            return {kind: self.supernet.arch[kind].probabilities().float().cpu() for kind in CELL_TYPES}
+        return self.supernet.alpha_probabilities()
 
     def entropy(self) -> dict[str, float]:
         """Mean per-edge entropy (nats) of each cell type's α."""
@@ -478,12 +380,7 @@ class ASOSEEngine:
 
     def genotype(self) -> Genotype:
         """The genotype derived from the current α (top-2 inputs per node without none, skip cap)."""
-        probs = self.alpha_probabilities()
-        space = self.supernet.search_space
-        return derive_genotype(
-            probs["normal"], probs["reduce"], space.primitives, steps=space.steps, multiplier=space.multiplier,
-            max_skip_connect=self.evolution.max_skip_connect,
-        )
+        return supernet_genotype(self.supernet, self.evolution.max_skip_connect)
 
     # ----------------------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
@@ -497,21 +394,15 @@ class ASOSEEngine:
             "arch_optimizer": self.arch_optimizer.state_dict(),
             "weights_scheduler": None if self.weights_scheduler is None else self.weights_scheduler.state_dict(),
             "position": self._position,
-            "step": self._step,
+            "step": self._epoch_step,
             "global_step": self._global_step,
             "epoch_totals": dict(self._epoch_totals),
             "epoch_start_logits": self._epoch_start_logits.cpu(),
             "genotypes": [genotype.to_json() for genotype in self.genotypes],
             "rng": capture_rng_state(),
-            "gumbel_rng": self._gumbel_state(),
-            "op_costs": None if self._op_costs is None else self._op_costs.cpu(),
+            "gumbel_rng": self.step.draws.generator_state(),
+            "op_costs": None if self.step.op_costs is None else self.step.op_costs.cpu(),
         }
-
-    def _gumbel_state(self) -> Tensor:
-        """The Gumbel generator's state, before the next step's early draw if one is pending."""
-        if self._next_draw is not None and self._next_draw[1] is not None:
-            return self._next_draw[1]
-        return self.generator.get_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a ``state_dict()``; the global RNGs are set when ``run`` reaches the saved step."""
@@ -533,15 +424,14 @@ class ASOSEEngine:
         self.arch_optimizer.load_state_dict(state["arch_optimizer"])
         if self.weights_scheduler is not None:
             self.weights_scheduler.load_state_dict(state["weights_scheduler"])
-        self._position, self._step, self._global_step = state["position"], state["step"], state["global_step"]
+        self._position, self._epoch_step, self._global_step = state["position"], state["step"], state["global_step"]
         self._epoch_totals = dict(state["epoch_totals"])
         self._epoch_start_logits = state["epoch_start_logits"].to(self.device)
         self.genotypes = [Genotype.from_json(text) for text in state["genotypes"]]
-        self._next_draw = None
-        self.generator.set_state(state["gumbel_rng"])
+        self.step.draws.restore(state["gumbel_rng"])
         self._pending_rng = state["rng"]
         costs = state.get("op_costs")  # absent in checkpoints from before the energy-aware loss
-        self._op_costs = None if costs is None else costs.to(self.device)
+        self.step.op_costs = None if costs is None else costs.to(self.device)
 
 
 def build_engine(

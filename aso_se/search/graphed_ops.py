@@ -17,9 +17,10 @@ each op's own (they live until the optimizer step). Captures take the convs' eag
 
 An op runs eagerly instead (same function) when: not on CUDA, not training, grad disabled, under another
 autocast state than its capture's, while a neuron records its firing rate, while a spike-reading conv's path
-is not fixed yet, when the op has no weights (pools, identity: one or two kernels), its neurons are not
-ST-BIF/QANN/ReLU/LIF, its output differs from its slot's other ops', or its first call (a warm-up: cuDNN's
-autotuner and Triton's compiler must not run inside a capture).
+is not fixed yet, when the op has no weights (pools, identity: one or two kernels), one of its modules says
+``capturable = False`` (a spiking neuron says so unless its builder vouches for it: ``search_space.neurons``),
+its output differs from its slot's other ops', or its first call (a warm-up: cuDNN's autotuner and Triton's
+compiler must not run inside a capture).
 A failed capture (logged) ends capturing: the ops not captured by then stay eager.
 """
 from __future__ import annotations
@@ -30,18 +31,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterator
 
 import torch
-from spikingjelly.activation_based.neuron import LIFNode
 from torch import Tensor, nn
 
 from kernels.sparse_conv import SparseConv2d
 from kernels.sparse_conv.dispatch import dense_captures
-from kernels.st_bif import STBIFNeuron
-from search_space.neurons import QuantizedActivation, SpikingNeuron
+from search_space.neurons import SpikingNeuron
 
 logger = logging.getLogger(__name__)
-
-# Neurons whose forward and backward are known to capture (no host state, no host syncs).
-_CAPTURABLE_NEURONS = (STBIFNeuron, QuantizedActivation, nn.ReLU, LIFNode)
 
 
 def _autocast_state() -> tuple[bool, torch.dtype]:
@@ -126,13 +122,10 @@ def _unshare_grads(params: tuple[Tensor, ...], buffers: tuple[Tensor | None, ...
 
 
 def _capturable(module: nn.Module) -> bool:
-    """Whether ``module`` has weights and only parts known to capture (checked once per op)."""
+    """Whether ``module`` has weights and no part that says it does not capture (checked once per op)."""
     if not any(p.requires_grad for p in module.parameters()):
         return False
-    for sub in module.modules():
-        if isinstance(sub, SpikingNeuron) and not isinstance(sub.neuron, _CAPTURABLE_NEURONS):
-            return False
-    return True
+    return all(getattr(sub, "capturable", True) for sub in module.modules())
 
 
 def _routes_known(convs: list[SparseConv2d]) -> bool:

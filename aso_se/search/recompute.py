@@ -1,4 +1,5 @@
-"""Per-cell activation checkpointing that leaves results and BatchNorm statistics unchanged."""
+"""Per-cell activation recompute (``search.supernet.recompute``): activations recomputed in backward instead
+of stored, with results and BatchNorm statistics unchanged."""
 from __future__ import annotations
 
 import contextlib
@@ -27,11 +28,12 @@ def _frozen_batchnorm_statistics(module: nn.Module) -> Iterator[None]:
             norm.momentum, norm.num_batches_tracked = momentum, counter
 
 
-class MemoryEfficientCell(nn.Module):
+class RecomputedCell(nn.Module):
     """Wraps a cell; with ``enabled`` its activations are recomputed in backward instead of stored.
 
-    Non-reentrant checkpointing accepts the host lists of active ops and inputs without grad; neurons
-    restart from their initial state each forward, so the recomputation replays the same spikes.
+    Built on torch's activation checkpointing: its non-reentrant mode accepts the host lists of active ops and
+    inputs without grad; neurons restart from their initial state each forward, so the recomputation replays
+    the same spikes.
     No-grad forwards run plain. The wrapper is always present, so state_dict keys don't depend on ``enabled``.
     """
 

@@ -16,16 +16,18 @@ import torch
 from torch import Tensor, nn
 
 from aso_se.search.arch_params import (
+    ARGMAX,
     ArchSample,
     BatchedArchitectureUpdate,
     PendingDraw,
+    SamplingConfig,
     active_weights,
-    draw_samples,
     start_draw,
 )
 from aso_se.search.graphed_ops import OpGraphs
 from aso_se.search.mixed_op import FastMixedOp, weighted_sum
-from aso_se.search.recompute import MemoryEfficientCell
+from aso_se.search.op_runner import EAGER, OpRunner
+from aso_se.search.recompute import RecomputedCell
 from search_space.cell import CellLayout, cell_layouts, cell_preprocessing, edge_stride, reduction_indices
 from search_space.errors import UserInputError
 from search_space.multistep import Stem, mean_over_time
@@ -64,11 +66,16 @@ class SupernetStructure:
 
 @dataclass(frozen=True)
 class NodeTerms:
-    """What one node of a cell computes: ``sum(w * edges[e].ops[o](states[s]))`` over ``terms[i] = (e, s, o)``
-    with ``w = weights[i]``, a 1-d tensor (``node_terms``)."""
+    """What one node of a cell computes: ``sum(w * edges[e].ops[o](states[s]))`` over its ``inputs``
+    ``(e, s, ops)`` and each ``o`` of their ``ops``, with the ``w`` of ``weights`` in that order (``node_terms``)."""
 
-    terms: tuple[tuple[int, int, int], ...]
+    inputs: tuple[tuple[int, int, tuple[int, ...]], ...]
     weights: Tensor
+
+    @property
+    def terms(self) -> tuple[tuple[int, int, int], ...]:
+        """``(e, s, o)`` of every term, in ``weights``' order."""
+        return tuple((edge, state, op) for edge, state, ops in self.inputs for op in ops)
 
 
 def node_terms(
@@ -89,7 +96,13 @@ def node_terms(
             for op, weight in zip(sample.active_ops[offset + state], per_edge[offset + state])
         ]
         kept = [term for term in candidates if term[2] != none_op] or candidates[:1]
-        nodes.append(NodeTerms(tuple(term[:3] for term in kept), torch.stack([term[3] for term in kept])))
+        inputs: list[tuple[int, int, tuple[int, ...]]] = []
+        for edge, state, op, _ in kept:  # kept terms of one edge are adjacent
+            if inputs and inputs[-1][0] == edge:
+                inputs[-1] = (edge, state, (*inputs[-1][2], op))
+            else:
+                inputs.append((edge, state, (op,)))
+        nodes.append(NodeTerms(tuple(inputs), torch.stack([term[3] for term in kept])))
         offset += 2 + node
     return nodes
 
@@ -113,28 +126,20 @@ class SearchCell(nn.Module):
         # A grown cell starts as the identity on s1 (see the module docstring).
         self.gate = nn.Parameter(torch.zeros(())) if grown else None
 
-    def forward(self, s0: Tensor, s1: Tensor, nodes: Sequence[NodeTerms], graphs: OpGraphs | None = None) -> Tensor:
-        """``nodes``: what each node computes (``node_terms``); each node's terms are summed at once.
-        ``graphs``: runs the ops from their CUDA graphs where it can (``aso_se.search.graphed_ops``)."""
-        if graphs is None:
-            states = [self.preprocess0(s0), self.preprocess1(s1)]
-            for node in nodes:
-                outputs = [self.edges[edge].ops[op](states[state]) for edge, state, op in node.terms]
-                states.append(weighted_sum(outputs, node.weights))
-        else:  # a slot per (edge, place of the op among the edge's terms): its ops share one memory pool
-            cell = id(self)
-            states = [graphs((cell, "pre0"), (cell, "s0"), self.preprocess0, s0),
-                      graphs((cell, "pre1"), (cell, "s1"), self.preprocess1, s1)]
-            for node in nodes:
-                places: dict[int, int] = {}
-                outputs, grad_buffers = [], []
-                for edge, state, op in node.terms:
-                    place = places[edge] = places.get(edge, -1) + 1
-                    outputs.append(graphs((cell, edge, place), (cell, state), self.edges[edge].ops[op], states[state]))
-                    grad_buffers.append(graphs.last_grad_buffer)  # the node sum's backward writes it: no copy
-                # Training: written into the buffer the graphed ops read this state from (no copy into it).
-                out = graphs.state_buffer((cell, len(states))) if self.training else None
-                states.append(weighted_sum(outputs, node.weights, grad_buffers=grad_buffers, out=out))
+    def forward(self, s0: Tensor, s1: Tensor, nodes: Sequence[NodeTerms], run: OpRunner = EAGER) -> Tensor:
+        """DARTS's cell on the sampled ops: node ``j`` sums ``w * op(states[i])`` over its edges ``i -> j`` and
+        their active ops (``nodes``, from ``node_terms``), all at once; the cell outputs the last ``multiplier``
+        nodes. ``run`` calls every op: eagerly, or from its CUDA graphs (``aso_se.search.op_runner``)."""
+        cell = id(self)
+        states = [run((cell, "pre0"), (cell, "s0"), self.preprocess0, s0),
+                  run((cell, "pre1"), (cell, "s1"), self.preprocess1, s1)]
+        for node in nodes:
+            terms = [term for edge, state, ops in node.inputs
+                     for term in self.edges[edge](states[state], ops, run, slot=(cell, edge), source=(cell, state))]
+            # Training: computed into the memory the graphed ops read this state from (no copy into it).
+            out = run.state_buffer((cell, len(states))) if self.training else None
+            states.append(weighted_sum([term.value for term in terms], node.weights,
+                                       grad_buffers=[term.grad_buffer for term in terms], out=out))
         out = torch.cat(states[-self.multiplier:], dim=1)
         return out if self.gate is None else s1 + self.gate * out
 
@@ -156,7 +161,7 @@ class SearchNetwork(nn.Module):
     def __init__(
         self, structure: SupernetStructure, *, search_space: SearchSpace, neuron: Callable[[], nn.Module],
         num_classes: int, in_channels: int = 3, timesteps: int = 1, stem_multiplier: int = 3,
-        checkpointing: bool = False,
+        recompute: bool = False,
     ) -> None:
         super().__init__()
         self.structure = structure
@@ -177,7 +182,7 @@ class SearchNetwork(nn.Module):
                     "of its stage (it adds to that cell's output); fix the structure in the checkpoint"
                 )
             cell = SearchCell(search_space, layout, grown=kind == "grown", neuron=neuron)
-            self.cells.append(MemoryEfficientCell(cell, enabled=checkpointing))
+            self.cells.append(RecomputedCell(cell, enabled=recompute))
         C_prev = multiplier * layouts[-1].C  # a grown last cell keeps its stage's width
         self.classifier = nn.Linear(C_prev, num_classes)
         edges = num_edges(search_space.steps)
@@ -191,11 +196,18 @@ class SearchNetwork(nn.Module):
         self.op_graphs = OpGraphs() if enabled else None
 
     @property
-    def checkpointing(self) -> bool:
+    def op_runner(self) -> OpRunner:
+        """What runs the ops: the op graphs, unless off or cells are recomputed (a recomputation in backward
+        would run a graph twice in one pass), else the eager runner."""
+        return EAGER if self.op_graphs is None or self.recompute else self.op_graphs
+
+    @property
+    def recompute(self) -> bool:
+        """Whether the cells' activations are recomputed in backward instead of stored (``recompute.py``)."""
         return all(cell.enabled for cell in self.cells)
 
-    @checkpointing.setter
-    def checkpointing(self, enabled: bool) -> None:
+    @recompute.setter
+    def recompute(self, enabled: bool) -> None:
         for cell in self.cells:
             cell.enabled = enabled
 
@@ -204,38 +216,38 @@ class SearchNetwork(nn.Module):
         return SearchNetwork(
             structure, search_space=self.search_space, neuron=self._neuron, num_classes=self.num_classes,
             in_channels=self.in_channels, timesteps=self.timesteps, stem_multiplier=self.stem_multiplier,
-            checkpointing=self.checkpointing,
+            recompute=self.recompute,
         ).to(self.classifier.weight)
 
     def arch_parameters(self) -> list[nn.Parameter]:
         return [self.arch[kind].alpha for kind in CELL_TYPES]
 
+    def arch_logits(self) -> Tensor:
+        """``[cell types, edges, ops]`` α with ``-inf`` for pruned ops (``BatchedArchitectureUpdate.logits``)."""
+        return torch.stack([self.arch[kind].logits() for kind in CELL_TYPES])
+
+    def alpha_probabilities(self) -> dict[str, Tensor]:
+        """``{"normal": [edges, ops], "reduce": [edges, ops]}`` softmax of α on the CPU (columns: the primitives)."""
+        with torch.no_grad():
+            return {kind: self.arch[kind].probabilities().float().cpu() for kind in CELL_TYPES}
+
     def weight_parameters(self) -> Iterator[nn.Parameter]:
         return (p for name, p in self.named_parameters() if not name.startswith("arch."))
 
-    def draw(
-        self, num_samples: int, *, k: int | None, weight_threshold: float, temperature: float,
-        generator: torch.Generator | None,
-    ) -> list[list[ArchSample]]:
+    def draw(self, num_samples: int, sampling: SamplingConfig, *, temperature: float,
+             generator: torch.Generator | None = None) -> list[list[ArchSample]]:
         """``num_samples`` draws for both cell types, one host sync (``aso_se.search.arch_params.draw_samples``)."""
-        archs = [self.arch[kind] for kind in CELL_TYPES]
-        return draw_samples(
-            archs, num_samples, k=k, weight_threshold=weight_threshold, temperature=temperature, generator=generator
-        )
+        return self.start_draw(num_samples, sampling, temperature=temperature, generator=generator).samples()
 
-    def start_draw(
-        self, num_samples: int, *, k: int | None, weight_threshold: float, temperature: float,
-        generator: torch.Generator | None,
-    ) -> PendingDraw:
+    def start_draw(self, num_samples: int, sampling: SamplingConfig, *, temperature: float,
+                   generator: torch.Generator | None = None) -> PendingDraw:
         """``draw`` queued without waiting; ``.samples()`` of the result gives the same samples."""
         archs = [self.arch[kind] for kind in CELL_TYPES]
-        return start_draw(
-            archs, num_samples, k=k, weight_threshold=weight_threshold, temperature=temperature, generator=generator
-        )
+        return start_draw(archs, num_samples, sampling, temperature=temperature, generator=generator)
 
     def argmax_sample(self) -> list[ArchSample]:
         """Every edge's most likely op alone, with weight 1 (eval: the supernet's single best path)."""
-        return self.draw(1, k=1, weight_threshold=0.0, temperature=1.0, generator=None)[0]
+        return self.draw(1, ARGMAX, temperature=1.0)[0]
 
     def forward(self, x: Tensor, samples: Sequence[ArchSample] | None = None, *, arch_grad: bool = True) -> Tensor:
         """Logits ``[B, classes]``. ``samples``: one ArchSample per cell type (``draw``); None = ``argmax_sample()``.
@@ -251,15 +263,11 @@ class SearchNetwork(nn.Module):
                              self.search_space.steps, none_op)
             for kind, sample in zip(CELL_TYPES, samples)
         }
-        graphs = self.op_graphs
-        if graphs is not None:
-            if self.checkpointing:  # a recomputation in backward would run a graph twice in one pass
-                graphs = None
-            else:
-                graphs.begin_pass()
+        run = self.op_runner
+        run.begin_pass()
         s0 = s1 = self.stem(x)
         for wrapper, kind in zip(self.cells, self.structure.cells):
-            out = wrapper(s0, s1, nodes["reduce" if kind == "reduction" else "normal"], graphs)
+            out = wrapper(s0, s1, nodes["reduce" if kind == "reduction" else "normal"], run)
             s0, s1 = (s0, out) if kind == "grown" else (s1, out)
         features = mean_over_time(s1.mean(dim=(2, 3)), self.timesteps)
         return self.classifier(features)
@@ -267,11 +275,17 @@ class SearchNetwork(nn.Module):
 
 def build_supernet(
     *, search_space: SearchSpace, neuron: Callable[[], nn.Module], channels: int, layers: int, num_classes: int,
-    in_channels: int = 3, timesteps: int = 1, stem_multiplier: int = 3, checkpointing: bool = False,
+    in_channels: int = 3, timesteps: int = 1, stem_multiplier: int = 3, recompute: bool = False,
+    checkpointing: bool | None = None,
 ) -> SearchNetwork:
-    """The initial supernet (DARTS's layout with ``channels`` and ``layers``), for Hydra's ``_target_``."""
+    """The initial supernet (DARTS's layout with ``channels`` and ``layers``), for Hydra's ``_target_``.
+
+    ``checkpointing``: ``recompute``'s name in the configs that checkpoints saved before it was renamed
+    (a resumed search builds its supernet from its checkpoint's config)."""
+    if checkpointing is not None:
+        recompute = checkpointing
     return SearchNetwork(
         SupernetStructure.initial(channels, layers), search_space=search_space, neuron=neuron,
         num_classes=num_classes, in_channels=in_channels, timesteps=timesteps, stem_multiplier=stem_multiplier,
-        checkpointing=checkpointing,
+        recompute=recompute,
     )

@@ -55,15 +55,18 @@ class SpikingNeuron(nn.Module):
     (spikingjelly) neuron is reset after each forward; ours (ST-BIF) keeps no state. While
     ``record_firing_rate`` is on, each forward counts its spikes on the device (one reduction,
     no host sync); :attr:`firing_rate` (and :func:`firing_rates`) is the last recorded forward's
-    fraction of neuron-steps that spiked, 0 before any.
+    fraction of neuron-steps that spiked, 0 before any. ``capturable``: the builder vouches that
+    the neuron's forward and backward keep no host state and never sync, so CUDA graphs may capture
+    them (``aso_se.search.graphed_ops``); a neuron it does not know stays eager.
     """
 
     spike_count: torch.Tensor
 
-    def __init__(self, neuron: nn.Module, timesteps: int) -> None:
+    def __init__(self, neuron: nn.Module, timesteps: int, *, capturable: bool = False) -> None:
         super().__init__()
         self.neuron = neuron
         self.timesteps = timesteps
+        self.capturable = capturable
         self.stateful = isinstance(neuron, sj_base.MemoryModule)
         self.record_firing_rate = True
         self.neuron_steps = 1  # of the last recorded forward

@@ -48,4 +48,4 @@ def lif(
         detach_reset=detach_reset,
         step_mode="m",
     )
-    return SpikingNeuron(neuron, timesteps)
+    return SpikingNeuron(neuron, timesteps, capturable=True)

@@ -25,4 +25,4 @@ def st_bif(
         )
     except ValueError as error:  # kernels raise plain ValueError (they may not import search_space)
         raise UserInputError(f"neuron st_bif: {error}; fix it in conf/neuron/st_bif.yaml") from None
-    return SpikingNeuron(neuron, timesteps)
+    return SpikingNeuron(neuron, timesteps, capturable=True)

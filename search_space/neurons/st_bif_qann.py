@@ -21,6 +21,8 @@ class QuantizedActivation(nn.Module):
     """θ·clip(floor(x/θ + 0.5), neg_min, pos_max) with a straight-through gradient for x inside the
     clip range and LSQ's gradient (scaled by 1/sqrt(features·pos_max)) for a learnable θ."""
 
+    capturable = True  # no host state or syncs: CUDA graphs may capture it (aso_se.search.graphed_ops)
+
     def __init__(
         self, q_threshold: float = 1.0, level: int = 8, sym: bool = True, learn_threshold: bool = True,
         backend: str = "auto",

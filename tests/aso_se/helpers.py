@@ -5,7 +5,7 @@ import functools
 
 import torch
 
-from aso_se.search.arch_params import ArchSample
+from aso_se.search.arch_params import ArchSample, SamplingConfig
 from aso_se.search.engine import ASOSEEngine
 from aso_se.search.evolution import EvolutionConfig
 from aso_se.search.schedule import SearchSchedule
@@ -20,12 +20,12 @@ SMALL_SPACE = SearchSpace(
 
 def tiny_supernet(
     neuron: str = "st_bif", *, timesteps: int = 2, space: SearchSpace = SMALL_SPACE, channels: int = 4,
-    layers: int = 3, in_channels: int = 1, checkpointing: bool = False, seed: int = 0,
+    layers: int = 3, in_channels: int = 1, recompute: bool = False, seed: int = 0,
 ) -> SearchNetwork:
     torch.manual_seed(seed)
     return build_supernet(
         search_space=space, neuron=NeuronFactory(neuron, timesteps=timesteps), channels=channels, layers=layers,
-        num_classes=10, in_channels=in_channels, timesteps=timesteps, checkpointing=checkpointing,
+        num_classes=10, in_channels=in_channels, timesteps=timesteps, recompute=recompute,
     )
 
 
@@ -40,7 +40,7 @@ def darts_optimizers() -> dict[str, functools.partial]:
 def sample_ops(supernet: SearchNetwork, k: int | None, seed: int | None = 0) -> list[ArchSample]:
     """One draw of ``k`` ops per edge for both cell types (no Gumbel noise when ``seed`` is None)."""
     generator = None if seed is None else torch.Generator().manual_seed(seed)
-    return supernet.draw(1, k=k, weight_threshold=0.0, temperature=1.0, generator=generator)[0]
+    return supernet.draw(1, SamplingConfig(k=k, gumbel=seed is not None), temperature=1.0, generator=generator)[0]
 
 
 # The plan and evolution the engine tests were written for: no pruning, no caps on growth.

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aso_se.search.evolution import derive_genotype
+from aso_se.search.derive import derive_genotype
 from benchmarks import search_vs_random as bench
 from benchmarks.common import DONE
 from benchmarks.search_vs_random import ArmStats

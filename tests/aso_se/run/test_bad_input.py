@@ -171,7 +171,7 @@ def test_out_of_memory_names_the_knobs(run_app: RunApp, monkeypatch: pytest.Monk
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr("aso_se.search.engine.ASOSEEngine._weight_step", out_of_memory)
+    monkeypatch.setattr("aso_se.search.step.SearchStep.weight_step", out_of_memory)
     code, stderr = run_app("search", *SMOKE, "hydra.run.dir=run")
     assert code == app.EXIT_OUT_OF_MEMORY
     assert_one_line(stderr, "out of GPU memory", "batch_size", "search.supernet.channels")

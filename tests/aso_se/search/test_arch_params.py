@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from aso_se.search.arch_params import BatchedArchitectureUpdate, active_weights, draw_samples
+from aso_se.search.arch_params import BatchedArchitectureUpdate, SamplingConfig, active_weights, draw_samples
 from tests.aso_se.helpers import make_engine, sample_ops, tiny_supernet
 
 PRIMITIVES = ("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3", "dil_conv_3x3")
@@ -31,7 +31,7 @@ def test_alpha_is_one_parameter_per_cell_type_in_the_state_dict() -> None:
 
 def test_draw_picks_the_top_k_of_alpha_plus_noise_for_every_edge_at_once() -> None:
     archs = [arch(0), arch(1)]
-    samples = draw_samples(archs, 3, k=2, weight_threshold=0.0, temperature=1.0, generator=seeded(0))
+    samples = draw_samples(archs, 3, SamplingConfig(k=2), temperature=1.0, generator=seeded(0))
     assert len(samples) == 3 and all(len(sample) == 2 for sample in samples)
     for draw in samples:
         for module, sample in zip(archs, draw):
@@ -40,7 +40,7 @@ def test_draw_picks_the_top_k_of_alpha_plus_noise_for_every_edge_at_once() -> No
     # independent noise for every sample and cell type
     assert not torch.equal(samples[0][0].noise, samples[1][0].noise)
     assert not torch.equal(samples[0][0].noise, samples[0][1].noise)
-    again = draw_samples(archs, 3, k=2, weight_threshold=0.0, temperature=1.0, generator=seeded(0))
+    again = draw_samples(archs, 3, SamplingConfig(k=2), temperature=1.0, generator=seeded(0))
     assert [s.active_ops for d in again for s in d] == [s.active_ops for d in samples for s in d]
 
 
@@ -48,7 +48,8 @@ def test_threshold_drops_weak_chosen_ops_but_never_the_best() -> None:
     module = arch()
     with torch.no_grad():
         module.alpha[0] = torch.tensor([5.0, 0.0, 0.0, 0.0, 0.0])  # edge 0: one dominant op
-    (sample,) = draw_samples([module], 1, k=3, weight_threshold=0.2, temperature=1.0, generator=None)[0]
+    sampling = SamplingConfig(k=3, weight_threshold=0.2, gumbel=False)
+    (sample,) = draw_samples([module], 1, sampling, temperature=1.0)[0]
     assert sample.active_ops[0] == (0,)
     assert all(1 <= len(ops) <= 3 for ops in sample.active_ops)
 
@@ -56,20 +57,20 @@ def test_threshold_drops_weak_chosen_ops_but_never_the_best() -> None:
 def test_pruned_ops_are_never_chosen() -> None:
     module = arch()
     module.op_mask[:, 1:4] = False
-    for draw in draw_samples([module], 20, k=3, weight_threshold=0.0, temperature=1.0, generator=seeded(1)):
+    for draw in draw_samples([module], 20, SamplingConfig(k=3), temperature=1.0, generator=seeded(1)):
         assert all(set(ops) <= {0, 4} for ops in draw[0].active_ops)
 
 
 def test_every_op_chosen_without_noise_gives_darts_softmax() -> None:
     module = arch()
-    (sample,) = draw_samples([module], 1, k=None, weight_threshold=0.0, temperature=1.0, generator=None)[0]
+    (sample,) = draw_samples([module], 1, SamplingConfig(k=None, gumbel=False), temperature=1.0)[0]
     assert sample.computes_every_op
     assert torch.equal(module.edge_weights(sample, arch_grad=True), torch.softmax(module.alpha, dim=-1))
 
 
 def test_top_k_weights_are_renormalized_forward_and_straight_through_backward() -> None:
     module = arch()
-    (sample,) = draw_samples([module], 1, k=2, weight_threshold=0.0, temperature=0.5, generator=seeded(2))[0]
+    (sample,) = draw_samples([module], 1, SamplingConfig(k=2), temperature=0.5, generator=seeded(2))[0]
     weights = module.edge_weights(sample, arch_grad=True)
     soft = torch.softmax((module.alpha + sample.noise) / 0.5, dim=-1)
     chosen = torch.zeros_like(soft, dtype=torch.bool)
@@ -86,7 +87,7 @@ def test_top_k_weights_are_renormalized_forward_and_straight_through_backward() 
 
 def test_weight_steps_do_not_touch_alpha() -> None:
     module = arch()
-    (sample,) = draw_samples([module], 1, k=2, weight_threshold=0.0, temperature=1.0, generator=torch.Generator())[0]
+    (sample,) = draw_samples([module], 1, SamplingConfig(k=2), temperature=1.0, generator=torch.Generator())[0]
     assert not module.edge_weights(sample, arch_grad=False).requires_grad
 
 
@@ -182,7 +183,8 @@ def test_active_weights_are_the_indexed_weights_forward_and_backward(k, threshol
     with torch.no_grad():
         module.alpha.normal_(generator=seeded(4))
         module.op_mask[0, 1] = module.op_mask[2, :2] = False  # pruned ops come last in a row
-    (sample,) = draw_samples([module], 1, k=k, weight_threshold=threshold, temperature=0.7, generator=seeded(5))[0]
+    sampling = SamplingConfig(k=k, weight_threshold=threshold)
+    (sample,) = draw_samples([module], 1, sampling, temperature=0.7, generator=seeded(5))[0]
     assert all(ops == tuple(row[:len(ops)]) for ops, row in zip(sample.active_ops, sample.chosen.tolist()))
     weights = module.edge_weights(sample, arch_grad=True)
     gathered = active_weights(weights, sample)

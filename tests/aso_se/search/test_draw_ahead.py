@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aso_se.search.arch_params import draw_samples, start_draw
+from aso_se.search.arch_params import SamplingConfig, draw_samples, start_draw
 from tests.aso_se.helpers import make_engine, tiny_supernet
 from tests.aso_se.search.test_arch_params import HostSyncCounter, arch, seeded
 
@@ -16,8 +16,9 @@ def run_steps(digits, *, ahead: bool, arch_steps: bool = True, device: str = "cp
     images, labels = digits
     engine = make_engine(tiny_supernet("st_bif"), device=device, **engine_kwargs)
     drawn = []
-    take = engine._take_draw
-    engine._take_draw = lambda *args: drawn.append(take(*args)) or drawn[-1]
+    draws = engine.step.draws
+    take = draws.take
+    draws.take = lambda *args: drawn.append(take(*args)) or drawn[-1]
     for step, temperature in enumerate(TEMPERATURES):
         next_temperature = TEMPERATURES[step + 1] if ahead and step + 1 < len(TEMPERATURES) else None
         engine.train_step((images[:8], labels[:8]), (images[8:], labels[8:]) if arch_steps else None,
@@ -55,7 +56,7 @@ def test_the_early_draw_reads_alpha_after_the_arch_update(digits) -> None:
     engine = make_engine(tiny_supernet("st_bif"), arch_optimizer=lambda params: torch.optim.SGD(params, lr=100.0))
     alpha_before = [alpha.detach().clone() for alpha in engine.supernet.arch_parameters()]
     engine.train_step((images[:8], labels[:8]), (images[8:], labels[8:]), temperature=1.0, next_temperature=1.0)
-    pending, generator_state = engine._next_draw
+    pending, generator_state = engine.step.draws.pending
 
     def chosen_from(alphas) -> list[torch.Tensor]:
         copies = [arch(0, edges=alpha.shape[0]) for alpha in alphas]
@@ -64,7 +65,7 @@ def test_the_early_draw_reads_alpha_after_the_arch_update(digits) -> None:
                 copy.alpha.copy_(alpha)
         generator = torch.Generator().set_state(generator_state)
         return [sample.chosen for sample in
-                start_draw(copies, 2, k=2, weight_threshold=0.0, temperature=1.0, generator=generator).samples()[0]]
+                start_draw(copies, 2, SamplingConfig(k=2), temperature=1.0, generator=generator).samples()[0]]
 
     got = [sample.chosen for sample in pending.samples()[0]]
     after = chosen_from([alpha.detach() for alpha in engine.supernet.arch_parameters()])
@@ -110,8 +111,9 @@ def test_a_step_with_an_early_draw_still_reads_the_device_once(digits) -> None:
 
 def test_start_draw_then_samples_equals_draw_samples() -> None:
     archs = [arch(0), arch(1)]
-    pending = start_draw(archs, 2, k=2, weight_threshold=0.1, temperature=0.5, generator=seeded(4))
-    reference = draw_samples(archs, 2, k=2, weight_threshold=0.1, temperature=0.5, generator=seeded(4))
+    sampling = SamplingConfig(k=2, weight_threshold=0.1)
+    pending = start_draw(archs, 2, sampling, temperature=0.5, generator=seeded(4))
+    reference = draw_samples(archs, 2, sampling, temperature=0.5, generator=seeded(4))
     got = pending.samples()
     assert pending.num_samples == 2
     for samples, reference_samples in zip(got, reference):

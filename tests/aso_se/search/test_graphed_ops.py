@@ -6,9 +6,9 @@ import copy
 import pytest
 import torch
 
-from aso_se.search.graphed_ops import OpGraphs, StalePassError
-from search_space.neurons import set_firing_rate_recording
-from search_space.ops import DARTS_PRIMITIVES
+from aso_se.search.graphed_ops import OpGraphs, StalePassError, _capturable
+from search_space.neurons import NeuronFactory, SpikingNeuron, set_firing_rate_recording
+from search_space.ops import DARTS_PRIMITIVES, OPS
 from search_space.space import SearchSpace
 from tests.aso_se.helpers import make_engine, sample_ops, tiny_supernet
 
@@ -73,16 +73,27 @@ def test_cells_route_every_op_through_the_graphs_with_one_slot_per_edge_place(di
         assert all(source[1] in range(2 + cell.steps) for _, source in mine[2:])
 
 
-def test_checkpointed_supernets_and_cpu_engines_run_without_graphs(digits, caplog) -> None:
+def test_recomputing_supernets_and_cpu_engines_run_without_graphs(digits, caplog) -> None:
     images, labels = digits
     engine = make_engine(tiny_supernet("st_bif", space=DARTS_SPACE), graph_ops=True)  # CPU: nothing to capture
     assert engine.supernet.op_graphs is None
     assert "search.graph_ops=true has no effect here (the device is not CUDA)" in caplog.text
-    supernet = tiny_supernet("st_bif", space=DARTS_SPACE, checkpointing=True)
+    supernet = tiny_supernet("st_bif", space=DARTS_SPACE, recompute=True)
     recorder = RoutingRecorder()
     supernet.op_graphs = recorder
     supernet(images, sample_ops(supernet, k=2)).sum().backward()
     assert recorder.passes == []  # a recomputation in backward would replay a graph twice in one pass
+
+
+@pytest.mark.parametrize("neuron", ["st_bif", "st_bif_qann", "relu", "lif"])
+def test_the_neuron_kinds_say_they_capture_and_an_unknown_spiking_neuron_stays_eager(neuron: str) -> None:
+    factory = NeuronFactory(neuron, timesteps=1 if neuron == "st_bif_qann" else 2)
+    op = OPS["sep_conv_3x3"](4, 1, False, factory)
+    assert _capturable(op)
+    for module in op.modules():
+        if isinstance(module, SpikingNeuron):
+            module.capturable = False  # as SpikingNeuron(neuron, T) of a neuron its builder does not vouch for
+            assert not _capturable(op)
 
 
 def test_a_copied_supernet_gets_graphs_of_its_own() -> None:

@@ -1,4 +1,4 @@
-"""FastMixedOp: with every op active it is DARTS's MixedOp, term for term."""
+"""FastMixedOp: with every op active it is DARTS's MixedOp, term for term; nodes leave `none` out."""
 from __future__ import annotations
 
 import copy
@@ -8,7 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from aso_se.search.mixed_op import FastMixedOp, weighted_sum
+from aso_se.search.arch_params import ArchSample
+from aso_se.search.mixed_op import FastMixedOp, Term, sum_terms, weighted_sum
+from aso_se.search.supernet import node_terms
 from search_space.neurons import NeuronFactory
 from search_space.ops import DARTS_PRIMITIVES, OPS
 
@@ -30,6 +32,11 @@ def edge_ops(neuron: str, stride: int) -> list[nn.Module]:
     return [OPS[name](4, stride, False, factory) for name in DARTS_PRIMITIVES]
 
 
+def mixed(terms: Iterable[Term], weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """An edge's value from its terms: DARTS's ``sum(w * op(x))`` over its active ops."""
+    return sum_terms(w * term.value for w, term in zip(weights, terms))
+
+
 def run(
     forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], parameters: Iterable[nn.Parameter],
     x: torch.Tensor, weights: torch.Tensor,
@@ -49,7 +56,7 @@ def test_all_ops_active_equals_darts_mixed_op(neuron: str, stride: int) -> None:
     x = torch.randn(4, 4, 8, 8, generator=torch.Generator().manual_seed(2))  # T*B = 2*2
     weights = torch.softmax(torch.randn(len(ops), generator=torch.Generator().manual_seed(3)), dim=0)
     expected, expected_grads = run(darts, darts.parameters(), x, weights)
-    actual, actual_grads = run(lambda x, w: fast(x, w.unbind(), range(len(ops))), fast.parameters(), x, weights)
+    actual, actual_grads = run(lambda x, w: mixed(fast(x, range(len(ops))), w.unbind()), fast.parameters(), x, weights)
     assert torch.equal(actual, expected)
     assert len(actual_grads) == len(expected_grads)
     for got, want in zip(actual_grads, expected_grads):
@@ -64,13 +71,14 @@ def test_only_the_active_ops_run() -> None:
     fast = FastMixedOp(ops)
     x = torch.randn(4, 4, 8, 8)
     weights = torch.softmax(torch.randn(len(ops)), dim=0)
-    out = fast(x, (weights[4], weights[1]), (4, 1))
+    out = mixed(fast(x, (4, 1)), (weights[4], weights[1]))
     torch.testing.assert_close(out, weights[4] * ops[4](x) + weights[1] * ops[1](x))
     assert calls == [4, 1, 4, 1]  # two ops in the edge, then the two reference calls
 
 
 @pytest.mark.parametrize("stride", [1, 2])
 def test_none_is_left_out_of_the_sum_unless_it_is_alone(stride: int) -> None:
+    """A node's terms (``node_terms``) leave ``none`` out unless it is all the node has; its edges run just those."""
     ops = edge_ops("st_bif", stride)
     none = DARTS_PRIMITIVES.index("none")
     calls: list[int] = []
@@ -79,10 +87,20 @@ def test_none_is_left_out_of_the_sum_unless_it_is_alone(stride: int) -> None:
     fast = FastMixedOp(ops)
     x = torch.randn(4, 4, 8, 8, generator=torch.Generator().manual_seed(4))
     weights = torch.softmax(torch.randn(len(ops), generator=torch.Generator().manual_seed(5)), dim=0)
-    out = fast(x, (weights[none], weights[4]), (none, 4))
+
+    def node(*active_ops: tuple[int, ...]) -> torch.Tensor:
+        """One node over edges from the same state with ``active_ops``, summed as the supernet sums it."""
+        chosen = torch.tensor([list(ops) + [-1] * (2 - len(ops)) for ops in active_ops])
+        sample = ArchSample(noise=torch.zeros(len(active_ops), len(DARTS_PRIMITIVES)), chosen=chosen,
+                            active_ops=active_ops, temperature=1.0)
+        (terms,) = node_terms(weights.expand(len(active_ops), -1), sample, steps=1, none_op=none)
+        values = [value for _, _, ops in terms.inputs for value, _ in fast(x, ops)]
+        return weighted_sum(values, terms.weights)
+
+    out = node((none, 4), (none,))
     assert calls == [4]
     assert torch.equal(out, weights[none] * ops[none](x) + weights[4] * ops[4](x))
-    alone = fast(x, (weights[none],), (none,))
+    alone = node((none,), (none,))
     assert calls == [4, none, 4, none]
     assert torch.equal(alone, torch.zeros_like(out))
 

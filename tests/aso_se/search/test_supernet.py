@@ -34,13 +34,16 @@ def test_weighted_sum_equals_the_sum_of_products_forward_and_backward(count: int
 
 
 def edge_by_edge(cell: SearchCell, s0: torch.Tensor, s1: torch.Tensor, weights, active_ops) -> torch.Tensor:
-    """The cell computed as before nodes were summed at once: each FastMixedOp edge, then a sum per node."""
+    """The cell computed as DARTS does: each edge's ``sum(w * op(x))`` over its FastMixedOp terms (``none`` too:
+    it adds zeros), then a sum per node."""
+
+    def edge(index: int, h: torch.Tensor) -> torch.Tensor:
+        return sum_terms(w * term.value for w, term in zip(weights[index], cell.edges[index](h, active_ops[index])))
+
     states = [cell.preprocess0(s0), cell.preprocess1(s1)]
     offset = 0
     for _ in range(cell.steps):
-        states.append(sum_terms(
-            cell.edges[offset + j](h, weights[offset + j], active_ops[offset + j]) for j, h in enumerate(states)
-        ))
+        states.append(sum_terms(edge(offset + j, h) for j, h in enumerate(states)))
         offset += len(states) - 1
     return torch.cat(states[-cell.multiplier:], dim=1)
 
