@@ -19,7 +19,7 @@ from aso_se.monitor.tensorboard import TensorBoardLogger
 from aso_se.run.app import Run
 from aso_se.run.checkpoint import save_json
 from aso_se.search.engine import ASOSEEngine, CycleResult
-from kernels.sparse_conv import path_counts, reset_path_counts
+from kernels.sparse_conv import PATH_COUNTS
 from search_space.genotypes import Genotype
 from search_space.neurons import firing_rates
 
@@ -72,6 +72,7 @@ class SearchCallbacks:
         if engine.device.type == "cuda":
             summary["gpu_memory_gib"] = torch.cuda.max_memory_allocated(engine.device) / 2**30
         self.progress.end_epoch(_epoch_title(info), summary)
+        paths = PATH_COUNTS.snapshot_and_reset()  # the sparse-conv dispatcher's calls of this epoch
         if self.board is not None:
             step = engine.progress["global_step"]
             self.board.scalars("search_epoch", summary, step)
@@ -80,9 +81,8 @@ class SearchCallbacks:
             if rates:  # one host transfer for all neurons
                 values = torch.stack([rate.float() for rate in rates.values()]).tolist()
                 self.board.firing_rates(dict(zip(rates, values)), step)
-            self.board.sparse_conv_paths(path_counts(), step)
+            self.board.sparse_conv_paths(paths, step)
             self.board.flush()
-        reset_path_counts()
         self.save(engine)
 
     def on_cycle_end(self, engine: ASOSEEngine, result: CycleResult) -> None:

@@ -33,7 +33,7 @@ from aso_se.monitor.tensorboard import layer_of
 from aso_se.parallel.distributed import DistributedContext, broadcast_module, wrap_model
 from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
 from aso_se.train.graphed_step import FlatGradients, GraphedTrainStep, check_capturable
-from kernels.sparse_conv import path_counts, reset_path_counts
+from kernels.sparse_conv import PATH_COUNTS
 from search_space.errors import UserInputError
 from search_space.neurons import firing_rates
 
@@ -159,9 +159,8 @@ class Retrainer:
             self.best_test_acc = max(self.best_test_acc, test["acc"])
             self.progress.end_epoch(f"retrain epoch {self.epoch + 1}/{self.epochs}",
                                     {k: v for k, v in record.items() if k != "epoch"})
-            self.epoch_conv_paths = path_counts()
+            self.epoch_conv_paths = PATH_COUNTS.snapshot_and_reset()
             self.conv_paths.update(self.epoch_conv_paths)
-            reset_path_counts()
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
             on_epoch_end(is_best)
         return True
