@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.sparse_conv import SparseConv2d
+from kernels.sparse_conv import SparseConv2d, set_backend
 from search_space.cell import Cell, cell_layouts, reduction_indices
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype, load_genotype
@@ -176,7 +176,5 @@ def build_network(
         genotype, neuron=neuron, timesteps=_positive_int("timesteps", timesteps), channels=channels, layers=layers,
         num_classes=num_classes, in_channels=in_channels, auxiliary=auxiliary, image_size=image_size,
     )
-    for module in network.modules():
-        if isinstance(module, SparseConv2d):
-            module.backend = conv_backend
+    set_backend(network, conv_backend)
     return network

@@ -59,11 +59,6 @@ class SparseConv2d(nn.Conv2d):
         the dispatcher still decides per call (e.g. its next eager call calibrates)."""
         return self._route
 
-    @property
-    def _dense_route(self) -> FixedRoute | None:
-        # The name before `fixed_route`, for callers not moved to it yet.
-        return self._route
-
     @classmethod
     def from_dense(cls, conv: nn.Conv2d, *, backend: str = "auto") -> SparseConv2d:
         """A SparseConv2d sharing nothing with `conv` but holding copies of its weights."""
