@@ -36,7 +36,7 @@ def test_every_experiment_composes(entry_point: str, experiment: str) -> None:
 
 
 def test_search_data_settings_apply_to_their_data_set_and_entry_point_only() -> None:
-    assert compose_config("search").data.max_train_samples == 2000  # conf/search_data/mnist5k.yaml
+    assert compose_config("search").data.max_train_samples == 1024  # conf/search_data/mnist5k.yaml
     assert compose_config("train").data.max_train_samples is None
     assert compose_config("search", "data=fashion_mnist").data.max_train_samples is None
     assert compose_config("search", "data.max_train_samples=4000").data.max_train_samples == 4000
