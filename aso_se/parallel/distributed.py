@@ -9,7 +9,9 @@ fixed bucket plan does not fit), so the supernet is never wrapped.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
+import warnings
 from typing import Any, Iterable, TypeVar
 
 import torch
@@ -57,8 +59,11 @@ def resolve_device(device: str) -> torch.device:
                              f"use auto, cpu, cuda or cuda:<index>") from err
 
 
-def init_distributed(*, ddp: bool, device: str) -> DistributedContext:
-    """Join the torchrun process group when ``ddp`` (trainer=ddp), else run as a single process."""
+def init_distributed(*, ddp: bool, device: str, peer_timeout_s: float = 300.0) -> DistributedContext:
+    """Join the torchrun process group when ``ddp`` (trainer=ddp), else run as a single process.
+
+    A collective waits at most ``peer_timeout_s`` for a rank that hangs; a rank that dies fails
+    the others' next collective at once (`is_peer_failure` recognizes both)."""
     launched_world = int(os.environ.get("WORLD_SIZE", "1"))
     if not ddp:
         if launched_world > 1:
@@ -74,10 +79,47 @@ def init_distributed(*, ddp: bool, device: str) -> DistributedContext:
         resolved = torch.device("cuda", local_rank)
         torch.cuda.set_device(resolved)
     backend = "nccl" if resolved.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, device_id=resolved if backend == "nccl" else None)
-    control_group = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
+    timeout = datetime.timedelta(seconds=peer_timeout_s)
+    store = _store_of_this_attempt(timeout)
+    placement = {"store": store, "rank": rank, "world_size": int(os.environ["WORLD_SIZE"])} if store else {}
+    dist.init_process_group(backend=backend, device_id=resolved if backend == "nccl" else None, timeout=timeout,
+                            **placement)
+    control_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else dist.group.WORLD
     return DistributedContext(device=resolved, rank=rank, world_size=dist.get_world_size(),
                               local_rank=local_rank, control_group=control_group)
+
+
+# How gloo and NCCL word a collective that lost its peer (gloo raises plain RuntimeErrors).
+_PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Timed out", "timed out",
+                         "/gloo/", "NCCL")
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """True for a collective that failed because another rank died or stopped answering."""
+    if isinstance(err, dist.DistError):  # DistBackendError, DistNetworkError, DistStoreError
+        return True
+    return isinstance(err, RuntimeError) and any(marker in str(err) for marker in _PEER_FAILURE_MARKERS)
+
+
+def _store_of_this_attempt(timeout: datetime.timedelta) -> dist.Store | None:
+    """torchrun's own store, its keys prefixed by the restart count on one node (else None: env://).
+
+    torchrun shares its rendezvous store with the workers and keeps it across ``--max-restarts``:
+    a restarted process group would read the last attempt's addresses and hang (pytorch#135712).
+    Restart counts agree only on one node; across nodes torchrun needs
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which gives every attempt a store of its own."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    if os.environ.get("LOCAL_WORLD_SIZE") != os.environ.get("WORLD_SIZE"):
+        if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
+            warnings.warn("torchrun --max-restarts across nodes: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for "
+                          "torchrun, or a restarted job waits on the last attempt's addresses (pytorch#135712)",
+                          stacklevel=2)
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                timeout=timeout)
+    return dist.PrefixStore(f"aso_se/attempt_{attempt}", agent_store)
 
 
 def shutdown_distributed(ctx: DistributedContext) -> None:

@@ -9,6 +9,8 @@ Exit codes (documented in the README):
 4     out of GPU memory; the line names the knobs to lower
 5     a checkpoint or result file could not be written (disk full, read-only run dir); the
       previous checkpoint is intact
+6     under torchrun: another rank died, or hung past ``trainer.peer_timeout_s``; the last
+      checkpoint is intact (``torchrun --max-restarts=N`` resumes from it by itself)
 130   stopped by SIGINT (Ctrl-C) after saving a checkpoint; ``resume=<run_dir>`` goes on
 143   the same for SIGTERM, 138 for SIGUSR1 (``trainer.stop_signals``: 128 + the signal)
 ====  ===============================================================================
@@ -46,6 +48,7 @@ from aso_se.parallel.distributed import (
     any_rank,
     broadcast_from_main,
     init_distributed,
+    is_peer_failure,
     shutdown_distributed,
 )
 from aso_se.run import checkpoint
@@ -54,8 +57,11 @@ from search_space.genotypes import Genotype, load_genotype
 
 log = logging.getLogger(__name__)
 
-EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_OUT_OF_MEMORY, EXIT_WRITE_FAILED = 2, 3, 4, 5
+EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_OUT_OF_MEMORY, EXIT_WRITE_FAILED, EXIT_PEER_LOST = 2, 3, 4, 5, 6
 CHECKPOINT = Path("checkpoints") / "last.pt"
+# torchrun --max-restarts: the first attempt's rank 0 names its run dir here, keyed by the job's
+# rendezvous id; a restarted attempt resumes that run (see resume_elastic_restart).
+ELASTIC_MARKERS = Path("outputs") / ".torchelastic"
 # What a resume may set anew: where this machine keeps the data and how many processes read it
 # (``+data.root=<dir>``: the default config a resume composes, mnist5k's, has no root).
 MACHINE_KEYS = ("data.root", "data.num_workers")
@@ -117,6 +123,7 @@ def main_guard(hydra_main: Callable[[], Any]) -> None:
     """
     os.environ["HYDRA_FULL_ERROR"] = "1"
     register_resolvers()
+    resume_elastic_restart(Path(sys.argv[0]).stem)
     _quiet_nonzero_ranks()
     try:
         hydra_main()
@@ -207,6 +214,33 @@ def _run_dir(resume: str | None, fresh: str) -> str:
     return str(resume)
 
 
+def _elastic_marker(entry_point: str) -> Path | None:
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    return ELASTIC_MARKERS / f"{entry_point}-{run_id}" if run_id else None
+
+
+def resume_elastic_restart(entry_point: str) -> None:
+    """A worker restarted by ``torchrun --max-restarts=N`` continues its job's run: the command line
+    becomes ``resume=<the run dir the first attempt named>`` (with the machine keys it gave), when
+    that run saved a checkpoint; otherwise the attempt starts anew like the first."""
+    marker = _elastic_marker(entry_point)
+    if marker is None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0 or not marker.is_file():
+        return
+    run_dir = marker.read_text().strip()
+    if not checkpoint.history(Path(run_dir) / CHECKPOINT):
+        return
+    machine = [arg for arg in sys.argv[1:] if arg.split("=", 1)[0].lstrip("+") in MACHINE_KEYS]
+    sys.argv[1:] = [f"resume={run_dir}", *machine]
+
+
+def _name_run_for_elastic_restarts(run_dir: Path, entry_point: str) -> None:
+    """Rank 0 of a fresh run under torchrun: where a restarted attempt finds this run."""
+    marker = _elastic_marker(entry_point)
+    if marker is not None:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{run_dir}\n")
+
+
 def _quiet_nonzero_ranks() -> None:
     """Under torchrun, ranks > 0 write no run directory, Hydra config or log file.
 
@@ -285,9 +319,15 @@ class Run:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise UserInputError(f"trainer.keep_checkpoints={keep!r} must be an integer >= 1 (last.pt and the "
                                  f"ones saved before it); fix trainer.keep_checkpoints")
-        self.ctx = init_distributed(ddp=trainer.ddp, device=trainer.device)
+        peer_timeout_s = trainer.get("peer_timeout_s", 300)
+        if isinstance(peer_timeout_s, bool) or not isinstance(peer_timeout_s, (int, float)) or peer_timeout_s <= 0:
+            raise UserInputError(f"trainer.peer_timeout_s={peer_timeout_s!r} must be a positive number of seconds; "
+                                 f"fix trainer.peer_timeout_s")
+        self.ctx = init_distributed(ddp=trainer.ddp, device=trainer.device, peer_timeout_s=float(peer_timeout_s))
         torch.backends.cudnn.benchmark = bool(trainer.get("cudnn_benchmark", False))
         self.run_dir = broadcast_from_main(self.run_dir, self.ctx)
+        if self.ctx.is_main and not self.resumed:
+            _name_run_for_elastic_restarts(self.run_dir, self.entry_point)
         seed_everything(self.cfg.seed)
         if not self.ctx.is_main:  # rank 0 reports progress; the others only warnings and errors
             logging.getLogger().setLevel(logging.WARNING)
@@ -305,6 +345,8 @@ class Run:
         """
         loaders.shutdown_workers()  # now, while torch still shuts them down cleanly
         self._restore_signal_handlers()
+        if self.ctx is not None and self.ctx.distributed and exc is not None and is_peer_failure(exc):
+            self._exit_peer_lost(exc)
         if self.ctx is not None:
             shutdown_distributed(self.ctx)
         if exc is None:
@@ -319,6 +361,21 @@ class Run:
         elif isinstance(exc, checkpoint.CheckpointWriteError):
             exc = WriteFailed(f"{exc}; {self._what_is_kept()}")
         exit_on_expected_failure(exc)
+
+    def _exit_peer_lost(self, err: BaseException) -> None:
+        """One line and exit 6 at once: leaving the process group (or the interpreter) normally
+        would wait on collectives that the lost rank never joins."""
+        cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        kept = (f"the last checkpoint {self.checkpoint_path} is intact; torchrun --max-restarts=N resumes "
+                f"from it by itself, or run torchrun ... {self.entry_point}.py resume={self.run_dir}"
+                if self.checkpoint_path.is_file() else "no checkpoint was saved yet")
+        message = (f"error: rank {self.ctx.rank}: another process of this torchrun job died or did not answer "
+                   f"within trainer.peer_timeout_s ({cause}); {kept}\n")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.write(message)
+        sys.stderr.flush()
+        os._exit(EXIT_PEER_LOST)
 
     def _what_is_kept(self) -> str:
         if not self.checkpoint_path.is_file():
