@@ -52,6 +52,7 @@ from aso_se.parallel.distributed import (
     shutdown_distributed,
 )
 from aso_se.run import checkpoint
+from aso_se.run.os_signals import os_handler
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype, load_genotype
 
@@ -281,6 +282,7 @@ class Run:
         self._signalled_at = 0.0
         self._pid = os.getpid()
         self._previous_handlers: dict[int, Any] = {}
+        self._os_handlers: dict[int, int | None] = {}  # what the OS runs for them: Python's C handler
         self._previous_worker_signals: tuple[int, ...] | None = None
         self._started = time.perf_counter()
         self._saved_at = time.monotonic()
@@ -389,6 +391,7 @@ class Run:
         signums = _stop_signals(trainer.get("stop_signals", ["SIGINT", "SIGTERM"]))
         for signum in signums:  # a resumed run may change the set: keep the original handlers
             self._previous_handlers.setdefault(signum, signal.signal(signum, self._on_signal))
+            self._os_handlers[signum] = os_handler(signum)
         for signum in set(self._previous_handlers) - set(signums):
             signal.signal(signum, self._previous_handlers.pop(signum))
         previous = loaders.ignore_in_workers(signums)
@@ -399,6 +402,7 @@ class Run:
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers.clear()
+        self._os_handlers.clear()
         if self._previous_worker_signals is not None:
             loaders.ignore_in_workers(self._previous_worker_signals)
             self._previous_worker_signals = None
@@ -438,6 +442,10 @@ class Run:
             if current != self._on_signal:
                 log.warning("the %s handler was replaced by %r; the run's stop handler is back",
                             signal.Signals(signum).name, current)
+                signal.signal(signum, self._on_signal)
+            elif os_handler(signum) != self._os_handlers.get(signum):  # sigaction() behind Python's back
+                log.warning("the %s handler was replaced outside Python (a C library's sigaction); the run's "
+                            "stop handler is back", signal.Signals(signum).name)
                 signal.signal(signum, self._on_signal)
 
     def checkpoint_due(self) -> bool:

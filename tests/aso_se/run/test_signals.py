@@ -9,6 +9,7 @@ run's genotype.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -227,6 +228,33 @@ def test_a_stop_handler_replaced_by_a_library_is_put_back(run_app: RunApp, tmp_p
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run")
     _assert_stopped(code, stderr, signal.SIGTERM, "train.py", tmp_path / "run")
     assert "the SIGTERM handler was replaced by <function" in (tmp_path / "run" / "train.log").read_text()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the OS handler through glibc")
+def test_a_stop_handler_replaced_by_a_c_library_is_put_back(run_app: RunApp, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A C library's sigaction() is invisible to signal.getsignal; left alone, SIGTERM would kill
+    the run (and this test) silently."""
+    from aso_se.train.retrain import Retrainer
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    real_step, steps = Retrainer._train_step, 0
+
+    def train_step(self, inputs, labels):
+        nonlocal steps
+        steps += 1
+        if steps == 1:
+            libc.signal(signal.SIGTERM, ctypes.c_void_p(0))  # SIG_DFL, behind Python's back
+            assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL  # Python still sees its own
+        if steps == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+        return real_step(self, inputs, labels)
+
+    monkeypatch.setattr(Retrainer, "_train_step", train_step)
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run")
+    _assert_stopped(code, stderr, signal.SIGTERM, "train.py", tmp_path / "run")
+    assert "handler was replaced outside Python" in (tmp_path / "run" / "train.log").read_text()
 
 
 def test_a_second_ctrl_c_later_quits_at_once(run_app: RunApp, tmp_path: Path,

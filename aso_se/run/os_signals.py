@@ -1,0 +1,27 @@
+"""The handler the OS runs for a signal, which Python's ``signal.getsignal`` does not see.
+
+A C library that calls sigaction() itself (a driver, a compiler runtime) replaces Python's handler
+without Python knowing; a stop signal would then kill the run silently (exit 143, no checkpoint).
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+class _SigAction(ctypes.Structure):
+    # glibc's struct sigaction begins with the handler on every Linux architecture; the rest
+    # (mask, flags, restorer) is read into an opaque tail larger than any of them.
+    _fields_ = [("handler", ctypes.c_void_p), ("rest", ctypes.c_byte * 256)]
+
+
+def os_handler(signum: int) -> int | None:
+    """The address of the handler the OS holds for ``signum`` (0: SIG_DFL); None off Linux."""
+    if _LIBC is None:
+        return None
+    action = _SigAction()
+    if _LIBC.sigaction(signum, None, ctypes.byref(action)) != 0:
+        return None
+    return action.handler or 0
