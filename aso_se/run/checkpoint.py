@@ -18,6 +18,7 @@ model or engine it is restored into.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pickle
@@ -190,6 +191,16 @@ def restore_errors(path: str | os.PathLike[str]) -> Iterator[None]:
         raise CheckpointError(f"checkpoint {path} does not fit this code or config "
                               f"({_one_line(err)}); "
                               f"start a new run, or resume with the code that wrote it") from err
+
+
+def tensor_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """A short hash of named tensors' values (any device, dtype or layout): a resumed run logs the
+    one of its restored state, to be compared with the checkpoint's (benchmarks/stop_resume_loop.py)."""
+    digest = hashlib.sha1()
+    for name in sorted(tensors):
+        digest.update(name.encode())
+        digest.update(tensors[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:12]
 
 
 def _one_line(err: BaseException, limit: int = 300) -> str:

@@ -10,6 +10,7 @@ writes; every rank keeps the same bookkeeping.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import torch
@@ -17,11 +18,13 @@ import torch
 from aso_se.monitor.progress import EpochProgress
 from aso_se.monitor.tensorboard import TensorBoardLogger
 from aso_se.run.app import Run
-from aso_se.run.checkpoint import save_json
+from aso_se.run.checkpoint import save_json, tensor_digest
 from aso_se.search.engine import ASOSEEngine, CycleResult
 from kernels.sparse_conv import PATH_COUNTS
 from search_space.genotypes import Genotype
 from search_space.neurons import firing_rates
+
+log = logging.getLogger(__name__)
 
 # Per-step scalars of the engine that go to TensorBoard (the rest are positions and counters).
 _STEP_SCALARS = ("loss", "accuracy", "arch_loss", "arch_accuracy", "lr", "temperature",
@@ -49,6 +52,9 @@ class SearchCallbacks:
         self.log_every = max(1, log_every_n_steps)
         self.progress = EpochProgress(enabled=run.ctx.is_main)
         self._epoch_key: tuple[int, str, int] | None = None
+        if run.resumed and run.ctx.is_main and engine is not None:
+            log.info("resumed at global step %d, α %s", engine.progress["global_step"],
+                     alpha_digest(engine.supernet.state_dict()))
 
     def on_step(self, metrics: dict[str, Any]) -> None:
         key = (metrics["cycle"], metrics["phase"], metrics["epoch"])
@@ -106,6 +112,12 @@ class SearchCallbacks:
             save_json(_genotype_json(genotype), self.run.run_dir / "genotype.json")
         if self.board is not None:
             self.board.close()
+
+
+def alpha_digest(supernet_state: dict[str, torch.Tensor]) -> str:
+    """`tensor_digest` of the architecture weights α in a supernet's state dict."""
+    return tensor_digest({name: value for name, value in supernet_state.items()
+                          if name.startswith("arch.") and name.endswith(".alpha")})
 
 
 def _epoch_title(position: dict[str, Any]) -> str:

@@ -9,15 +9,18 @@ with the exact SNN's evaluation for a QANN and the energy per image. Only rank 0
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from aso_se.monitor.tensorboard import TensorBoardLogger
 from aso_se.run.app import Run
-from aso_se.run.checkpoint import save_json
+from aso_se.run.checkpoint import save_json, tensor_digest
 from aso_se.train.energy_report import energy_metrics
 from aso_se.train.retrain import Retrainer
 from aso_se.train.snn_eval import is_qann, snn_metrics
 from search_space.genotypes import Genotype
+
+log = logging.getLogger(__name__)
 
 
 class TrainCallbacks:
@@ -34,6 +37,9 @@ class TrainCallbacks:
         self.genotype = genotype
         if board is not None:
             board.genotype(genotype, trainer.global_step)
+        if run.resumed and run.ctx.is_main:
+            log.info("resumed at global step %d, weights %s", trainer.global_step,
+                     tensor_digest(trainer.network.state_dict()))
 
     def on_log(self, scalars: dict[str, float], step: int) -> None:
         if self.board is not None:

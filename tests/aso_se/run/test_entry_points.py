@@ -19,6 +19,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from aso_se.run.checkpoint import load_checkpoint
+from aso_se.run.search_callbacks import alpha_digest
 from search_space.genotypes import Genotype
 from tests.aso_se.run.helpers import REPO, run_in_process
 
@@ -106,8 +107,12 @@ def test_ctrl_c_then_resume_gives_the_uninterrupted_genotype(tmp_path: Path,
     assert search.returncode == 128 + signal.SIGINT, stderr
     assert stderr.count("\n") == 1 and f"resume={run_dir}" in stderr
     assert not (run_dir / "genotype.json").exists()
+    saved = load_checkpoint(run_dir / "checkpoints" / "last.pt", kind="search")["engine"]
 
     assert run_in_process("search", f"resume={run_dir}", cwd=tmp_path) == 0
+    # It continued from the saved step with the saved α (what the GPU stop loop checks too).
+    assert (f"resumed at global step {saved['global_step']}, α {alpha_digest(saved['supernet'])}"
+            in (run_dir / "search.log").read_text())
     # The same batches with or without workers: the data order depends on (seed, epoch) only.
     assert (json.loads((run_dir / "genotype.json").read_text())
             == json.loads((smoke_search / "genotype.json").read_text()))
