@@ -193,6 +193,32 @@ def restore_errors(path: str | os.PathLike[str]) -> Iterator[None]:
                               f"start a new run, or resume with the code that wrote it") from err
 
 
+def first_non_finite(states: Mapping[str, Any]) -> str | None:
+    """The name of the first floating tensor in ``states`` (nested dicts and lists) holding NaN or Inf,
+    else None; one host sync per device. A diverged step can leave a finite loss and Inf weights
+    behind it: saving them would overwrite the last good checkpoint."""
+    named: list[tuple[str, torch.Tensor]] = []
+
+    def walk(value: Any, name: str) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point():
+                named.append((name, value))
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(item, f"{name}.{key}" if name else str(key))
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                walk(item, f"{name}[{index}]")
+
+    walk(states, "")
+    for device in dict.fromkeys(tensor.device for _, tensor in named):
+        on_device = [(name, tensor) for name, tensor in named if tensor.device == device]
+        finite = torch.stack([torch.isfinite(tensor).all() for _, tensor in on_device]).cpu()
+        if not bool(finite.all()):
+            return on_device[int((~finite).nonzero()[0])][0]
+    return None
+
+
 def tensor_digest(tensors: Mapping[str, torch.Tensor]) -> str:
     """A short hash of named tensors' values (any device, dtype or layout): a resumed run logs the
     one of its restored state, to be compared with the checkpoint's (benchmarks/stop_resume_loop.py)."""

@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
+from aso_se.errors import TrainingDiverged
 from aso_se.monitor.progress import EpochProgress
 from aso_se.monitor.tensorboard import TensorBoardLogger
 from aso_se.run.app import Run
-from aso_se.run.checkpoint import save_json, tensor_digest
+from aso_se.run.checkpoint import first_non_finite, save_json, tensor_digest
 from aso_se.search.engine import ASOSEEngine, CycleResult
 from kernels.sparse_conv import PATH_COUNTS
 from search_space.genotypes import Genotype
@@ -103,7 +104,14 @@ class SearchCallbacks:
                                engine.progress["global_step"])
 
     def save(self, engine: ASOSEEngine) -> None:
-        """``checkpoints/last.pt``: the engine's whole state (rank 0)."""
+        """``checkpoints/last.pt``: the engine's whole state (rank 0); never NaN/Inf weights (every rank
+        checks, so all stop together)."""
+        bad = first_non_finite({"supernet": engine.supernet.state_dict(),
+                                "weights_optimizer": engine.weights_optimizer.state_dict()["state"],
+                                "arch_optimizer": engine.arch_optimizer.state_dict()["state"]})
+        if bad is not None:
+            raise TrainingDiverged(f"{bad} became NaN/Inf by global step {engine.progress['global_step']} (not "
+                                   f"saved): lower the learning rate (optim) or use trainer.precision=fp32")
         self.run.save({"engine": engine.state_dict()})
 
     def finish(self, genotype: Genotype) -> None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from aso_se.errors import TrainingDiverged
 from aso_se.monitor.tensorboard import TensorBoardLogger
 from aso_se.run.app import Run
-from aso_se.run.checkpoint import save_json, tensor_digest
+from aso_se.run.checkpoint import first_non_finite, save_json, tensor_digest
 from aso_se.train.energy_report import energy_metrics
 from aso_se.train.retrain import Retrainer
 from aso_se.train.snn_eval import is_qann, snn_metrics
@@ -57,7 +58,14 @@ class TrainCallbacks:
 
     def save(self, is_best: bool = False) -> None:
         """``checkpoints/last.pt``: the Retrainer's whole state; with ``is_best`` also ``best.pt``:
-        the weights alone, with the epoch and its test accuracy (rank 0)."""
+        the weights alone, with the epoch and its test accuracy (rank 0). Never NaN/Inf weights (every
+        rank checks, so all stop together)."""
+        trainer = self.trainer
+        bad = first_non_finite({"model": trainer.network.state_dict(),
+                                "optimizer": trainer.optimizer.state_dict()["state"]})
+        if bad is not None:
+            raise TrainingDiverged(f"{bad} became NaN/Inf by global step {trainer.global_step} (not saved): "
+                                   f"lower optim.optimizer.lr or use trainer.precision=fp32")
         self.run.save({"genotype": self.genotype.to_json(), "trainer": self.trainer.state_dict()})
         if is_best:
             self.run.save({"genotype": self.genotype.to_json(), "model": self.trainer.network.state_dict(),

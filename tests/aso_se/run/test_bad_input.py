@@ -167,6 +167,16 @@ def test_nan_loss_stops_the_retrain(run_app: RunApp, monkeypatch: pytest.MonkeyP
     assert_one_line(stderr, "NaN/Inf at epoch 1, step 2", "no checkpoint was saved yet")
 
 
+def test_weights_that_overflowed_behind_a_finite_loss_are_never_saved(run_app: RunApp, tmp_path: Path) -> None:
+    """lr 1e37: the last warm-up step's loss is finite but its update leaves Inf weights, which the
+    epoch's checkpoint would have saved as the 'last good' one."""
+    code, stderr = run_app("search", *SMOKE, "search.schedule.warmup_epochs=1", "optim.weights.lr=1e37",
+                           "hydra.run.dir=run")
+    assert code == app.EXIT_DIVERGED
+    assert_one_line(stderr, "became NaN/Inf by global step", "no checkpoint was saved yet")
+    assert not (tmp_path / "run" / "checkpoints" / "last.pt").exists()
+
+
 def test_out_of_memory_names_the_knobs(run_app: RunApp, monkeypatch: pytest.MonkeyPatch) -> None:
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
