@@ -6,6 +6,10 @@ The run directory (outputs/search/<date>_<time>/) gets genotype.json, genotypes/
 checkpoints/last.pt, tb/ (TensorBoard), search.log and Hydra's config; ``python train.py``
 then retrains the newest genotype.json. Exit codes: see aso_se/run/app.py.
 """
+from aso_se.run import early_signals
+
+early_signals.catch()  # before the slow imports: a SIGTERM during them is a stop, not a silent death
+
 import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig

@@ -6,6 +6,10 @@ The run directory (outputs/train/<date>_<time>/) gets checkpoints/last.pt and be
 (TensorBoard) and metrics.json. ``resume=<run_dir>`` continues a stopped run. Exit codes: see
 aso_se/run/app.py.
 """
+from aso_se.run import early_signals
+
+early_signals.catch()  # before the slow imports: a SIGTERM during them is a stop, not a silent death
+
 import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig

@@ -51,7 +51,7 @@ from aso_se.parallel.distributed import (
     is_peer_failure,
     shutdown_distributed,
 )
-from aso_se.run import checkpoint
+from aso_se.run import checkpoint, early_signals
 from aso_se.run.os_signals import os_handler
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype, load_genotype
@@ -99,6 +99,16 @@ class Interrupted(Exception):
         super().__init__(f"stopped by {signal.Signals(signum).name}; state saved in "
                          f"{run_dir / CHECKPOINT}; continue with: "
                          f"python {entry_point}.py resume={run_dir}")
+
+
+class StoppedBeforeStart(Interrupted):
+    """A stop signal came while the entry point was starting (early_signals): nothing to save."""
+
+    def __init__(self, signum: int, run_dir: Path, entry_point: str, resumed: bool) -> None:
+        self.signum = signum
+        then = (f"continue with: python {entry_point}.py resume={run_dir}" if resumed
+                else "nothing was saved; start the run again")
+        Exception.__init__(self, f"stopped by {signal.Signals(signum).name} while starting; {then}")
 
 
 class QuitAtOnce(KeyboardInterrupt):
@@ -299,6 +309,7 @@ class Run:
     def __enter__(self) -> Run:
         try:
             self._handle_stop_signals(self.cfg.trainer)
+            self._stop_if_signalled_while_starting()
             self._start()
         except BaseException as err:
             self.__exit__(type(err), err, err.__traceback__)
@@ -390,13 +401,25 @@ class Run:
         """Install the stop handler for ``trainer.stop_signals``; workers will ignore them."""
         signums = _stop_signals(trainer.get("stop_signals", ["SIGINT", "SIGTERM"]))
         for signum in signums:  # a resumed run may change the set: keep the original handlers
-            self._previous_handlers.setdefault(signum, signal.signal(signum, self._on_signal))
+            previous = early_signals.original(signum, signal.signal(signum, self._on_signal))
+            self._previous_handlers.setdefault(signum, previous)
             self._os_handlers[signum] = os_handler(signum)
         for signum in set(self._previous_handlers) - set(signums):
             signal.signal(signum, self._previous_handlers.pop(signum))
         previous = loaders.ignore_in_workers(signums)
         if self._previous_worker_signals is None:
             self._previous_worker_signals = previous
+
+    def _stop_if_signalled_while_starting(self) -> None:
+        signum = early_signals.take()
+        if signum is None:
+            return
+        if signum not in self._previous_handlers:  # not a stop signal of this run: its default action
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        log.warning("%s received while starting: stopping before the run begins", signal.Signals(signum).name)
+        raise StoppedBeforeStart(signum, self.run_dir, self.entry_point, resumed=bool(self.cfg.get("resume")))
 
     def _restore_signal_handlers(self) -> None:
         for signum, handler in self._previous_handlers.items():

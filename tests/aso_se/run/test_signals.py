@@ -265,3 +265,18 @@ def test_a_second_ctrl_c_later_quits_at_once(run_app: RunApp, tmp_path: Path,
     assert code == 128 + signal.SIGINT, stderr
     assert stderr == "error: stopped at once by a second signal (SIGINT); no checkpoint was saved yet\n"
     assert not (tmp_path / "run" / "checkpoints" / "last.pt").exists()
+
+
+def test_a_stop_while_starting_is_one_line_not_a_silent_death(tmp_path: Path) -> None:
+    """SIGTERM during the imports (before the Run's handlers): the default action would kill the process
+    without a word; early_signals records it and the Run stops before it begins."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    train = subprocess.Popen([sys.executable, str(REPO / "train.py"), *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run"],
+                             cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(0.5)  # importing torch and hydra
+    os.killpg(train.pid, signal.SIGTERM)
+    _, stderr = train.communicate(timeout=120)
+    assert train.returncode == 128 + signal.SIGTERM, stderr
+    assert stderr.strip().splitlines()[-1] == ("error: stopped by SIGTERM while starting; nothing was saved; "
+                                                "start the run again")
+    assert not (tmp_path / "run" / "checkpoints").exists()
