@@ -52,7 +52,8 @@ CIFAR10 = {  # every phase within a minute on one GPU; timed checkpoints every ~
 
 
 def _start(args: list[str], cwd: Path, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=log.open("w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -132,7 +133,8 @@ def trial(index: int, rng: random.Random, *, work: Path, data_root: str | None, 
     process = _start([str(REPO / f"{entry}.py"), *overrides], work, log)
     signalled_at = _signal_at(process, run_dir, delay_s=delay_s)
     if signalled_at is None:
-        return {**row, "exit": process.wait(), "outcome": "finished before the signal"}
+        return {**row, "exit": process.wait(), "outcome": "finished before the signal",
+                "tail": log.read_text(errors="replace")[-600:]}
     checkpoint = run_dir / "checkpoints" / "last.pt"
     row.update(_stopped_gracefully(process, log, checkpoint, signalled_at, stop_timeout_s))
     if row["outcome"] != "graceful":

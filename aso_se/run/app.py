@@ -51,8 +51,9 @@ from aso_se.parallel.distributed import (
     is_peer_failure,
     shutdown_distributed,
 )
+from aso_se.parallel.stuck_rank import StuckRankWatchdog
 from aso_se.run import checkpoint, early_signals
-from aso_se.run.os_signals import os_handler
+from aso_se.run.os_signals import describe_handler, os_handler
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype, load_genotype
 
@@ -86,6 +87,9 @@ class WriteFailed(RuntimeError):
     """A checkpoint or result file could not be written; the message says what is kept."""
 
 
+# Under torchrun: how long after a stop signal a rank may take to end its step before the watchdog
+# ends it with one line (below torchrun's 30 s between its SIGTERM and SIGKILL; see stuck_rank).
+_STUCK_RANK_GRACE_S = 20.0
 # A second SIGINT within this many seconds is the same stop: `timeout -s INT` signals its child
 # and then the child's whole group, so the main process can see the signal twice.
 _REPEAT_WINDOW_S = 0.5
@@ -232,16 +236,15 @@ def _elastic_marker(entry_point: str) -> Path | None:
 
 def resume_elastic_restart(entry_point: str) -> None:
     """A worker restarted by ``torchrun --max-restarts=N`` continues its job's run: the command line
-    becomes ``resume=<the run dir the first attempt named>`` (with the machine keys it gave), when
-    that run saved a checkpoint; otherwise the attempt starts anew like the first."""
+    becomes ``resume=<the run dir the first attempt named>`` when that run saved a checkpoint;
+    otherwise the attempt starts anew like the first."""
     marker = _elastic_marker(entry_point)
     if marker is None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0 or not marker.is_file():
         return
     run_dir = marker.read_text().strip()
     if not checkpoint.history(Path(run_dir) / CHECKPOINT):
         return
-    machine = [arg for arg in sys.argv[1:] if arg.split("=", 1)[0].lstrip("+") in MACHINE_KEYS]
-    sys.argv[1:] = [f"resume={run_dir}", *machine]
+    sys.argv[1:] = [f"resume={run_dir}"]  # the same command on the same machine: its saved config
 
 
 def _name_run_for_elastic_restarts(run_dir: Path, entry_point: str) -> None:
@@ -297,6 +300,7 @@ class Run:
         self._started = time.perf_counter()
         self._saved_at = time.monotonic()
         self._checkpoint_every_s: float | None = None
+        self._watchdog: StuckRankWatchdog | None = None
 
     @property
     def checkpoint_path(self) -> Path:
@@ -341,6 +345,9 @@ class Run:
         self.run_dir = broadcast_from_main(self.run_dir, self.ctx)
         if self.ctx.is_main and not self.resumed:
             _name_run_for_elastic_restarts(self.run_dir, self.entry_point)
+        if self.ctx.distributed and "TORCHELASTIC_RUN_ID" in os.environ:
+            self._watchdog = StuckRankWatchdog(tuple(self._previous_handlers), grace_s=_STUCK_RANK_GRACE_S,
+                                               message=self._stuck_message, exit_code=EXIT_PEER_LOST)
         seed_everything(self.cfg.seed)
         if not self.ctx.is_main:  # rank 0 reports progress; the others only warnings and errors
             logging.getLogger().setLevel(logging.WARNING)
@@ -357,6 +364,8 @@ class Run:
         of its own for an exception leaving the task. Bugs propagate with their traceback.
         """
         loaders.shutdown_workers()  # now, while torch still shuts them down cleanly
+        if self._watchdog is not None:
+            self._watchdog.close()
         self._restore_signal_handlers()
         if self.ctx is not None and self.ctx.distributed and exc is not None and is_peer_failure(exc):
             self._exit_peer_lost(exc)
@@ -389,6 +398,12 @@ class Run:
         sys.stderr.write(message)
         sys.stderr.flush()
         os._exit(EXIT_PEER_LOST)
+
+    def _stuck_message(self, signum: int) -> str:
+        kept = (f"the last checkpoint {self.checkpoint_path} is intact; torchrun --max-restarts=N resumes from it"
+                if self.checkpoint_path.is_file() else "no checkpoint was saved yet")
+        return (f"error: rank {self.ctx.rank}: {signal.Signals(signum).name} received but the step did not end within "
+                f"{_STUCK_RANK_GRACE_S:.0f} s: it waits on a rank that died or hangs; {kept}\n")
 
     def _what_is_kept(self) -> str:
         if not self.checkpoint_path.is_file():
@@ -455,6 +470,8 @@ class Run:
     def should_stop(self) -> bool:
         """Polled after every step; all ranks agree so they stop at the same step."""
         self._keep_stop_handlers()
+        if self._signum is not None and self._watchdog is not None:
+            self._watchdog.stop_taken()  # this rank's step ended: it will save and stop, not hang
         return any_rank(self._signum is not None, self.ctx)
 
     def _keep_stop_handlers(self) -> None:
@@ -466,9 +483,9 @@ class Run:
                 log.warning("the %s handler was replaced by %r; the run's stop handler is back",
                             signal.Signals(signum).name, current)
                 signal.signal(signum, self._on_signal)
-            elif os_handler(signum) != self._os_handlers.get(signum):  # sigaction() behind Python's back
-                log.warning("the %s handler was replaced outside Python (a C library's sigaction); the run's "
-                            "stop handler is back", signal.Signals(signum).name)
+            elif (replacement := os_handler(signum)) != self._os_handlers.get(signum):  # sigaction() unseen by Python
+                log.warning("the %s handler was replaced outside Python (by %s); the run's stop handler is back",
+                            signal.Signals(signum).name, describe_handler(replacement))
                 signal.signal(signum, self._on_signal)
 
     def checkpoint_due(self) -> bool:

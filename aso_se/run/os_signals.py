@@ -25,3 +25,22 @@ def os_handler(signum: int) -> int | None:
     if _LIBC.sigaction(signum, None, ctypes.byref(action)) != 0:
         return None
     return action.handler or 0
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def describe_handler(address: int | None) -> str:
+    """``symbol in library`` for a handler address (dladdr), to name who installed it."""
+    if not address:
+        return {0: "SIG_DFL", 1: "SIG_IGN"}.get(address or 0, "unknown")
+    if _LIBC is None:
+        return hex(address)
+    info = _DlInfo()
+    if not _LIBC.dladdr(ctypes.c_void_p(address), ctypes.byref(info)):
+        return hex(address)
+    symbol = info.dli_sname.decode() if info.dli_sname else hex(address)
+    library = info.dli_fname.decode() if info.dli_fname else "?"
+    return f"{symbol} in {library}"
