@@ -25,6 +25,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -39,6 +40,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from triton import knobs as triton_knobs
 
 from aso_se.data import loaders
 from aso_se.errors import TrainingDiverged
@@ -424,6 +426,12 @@ class Run:
         previous = loaders.ignore_in_workers(signums)
         if self._previous_worker_signals is None:
             self._previous_worker_signals = previous
+        if signums:  # LLVM in libtriton installs its own stop handlers (they kill) when it first compiles
+            triton_knobs.runtime.kernel_load_end_hook.add(self._after_kernel_load)
+
+    def _after_kernel_load(self, *args: Any) -> None:
+        if threading.current_thread() is threading.main_thread():  # signal.signal's rule; else the next step's check
+            self._keep_stop_handlers()
 
     def _stop_if_signalled_while_starting(self) -> None:
         signum = early_signals.take()
@@ -437,6 +445,7 @@ class Run:
         raise StoppedBeforeStart(signum, self.run_dir, self.entry_point, resumed=bool(self.cfg.get("resume")))
 
     def _restore_signal_handlers(self) -> None:
+        triton_knobs.runtime.kernel_load_end_hook.remove(self._after_kernel_load)
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers.clear()

@@ -1,7 +1,9 @@
 """The handler the OS runs for a signal, which Python's ``signal.getsignal`` does not see.
 
-A C library that calls sigaction() itself (a driver, a compiler runtime) replaces Python's handler
-without Python knowing; a stop signal would then kill the run silently (exit 143, no checkpoint).
+A C library that calls sigaction() itself replaces Python's handler without Python knowing; a stop
+signal would then kill the run silently (exit 143, no checkpoint). Seen on GPUs: LLVM inside
+libtriton.so installs handlers for SIGINT, SIGTERM and SIGUSR1 when Triton first compiles a kernel
+(a fresh cache); they remove LLVM's temporary files and re-raise the signal.
 """
 from __future__ import annotations
 

@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
+from triton import knobs as triton_knobs
 
 from aso_se.run.checkpoint import load_checkpoint
+from aso_se.run.os_signals import os_handler
 from tests.aso_se.run.helpers import REPO, SMOKE, RunApp
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc (Linux)")
@@ -246,6 +248,10 @@ def test_a_stop_handler_replaced_by_a_c_library_is_put_back(run_app: RunApp, tmp
         if steps == 1:
             libc.signal(signal.SIGTERM, ctypes.c_void_p(0))  # SIG_DFL, behind Python's back
             assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL  # Python still sees its own
+            assert os_handler(signal.SIGTERM) == 0
+            # LLVM (in libtriton) does this when Triton first compiles: put back as soon as the kernel loads
+            triton_knobs.runtime.kernel_load_end_hook(None, None, "kernel", None, "hash")
+            assert os_handler(signal.SIGTERM) != 0
         if steps == 2:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.01)
