@@ -102,7 +102,11 @@ def deterministic_fp32(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    # torch.backends.cuda.matmul has no allow_tf32 attribute to patch on CUDA builds of torch 2.11
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(previous)
 
 
 def test_retrain_with_cuda_graph_matches_eager(deterministic_fp32):
