@@ -522,6 +522,7 @@ class Run:
                                                         warn=log.warning,
                                                         set_aside=int(os.environ.get("RANK", "0")) == 0)
         self.cfg = OmegaConf.create(self.state["config"])
+        self._fit_to_this_launch(self.state.get("world_size"))
         for override in machine:  # where this machine keeps the data: a run dir copied here resumes
             key, value = override.split("=", 1)
             key = key.lstrip("+")  # +data.root=: the default data set (mnist5k) has no root to override
@@ -529,6 +530,25 @@ class Run:
                 raise UserInputError(f"{override}: this run's data has no {key.split('.', 1)[1]} setting; drop it "
                                      f"from the resume")
             OmegaConf.update(self.cfg, key, yaml.safe_load(value), merge=False)
+
+    def _fit_to_this_launch(self, saved_world: int | None) -> None:
+        """A run saved by N processes resumed by M (torchrun's WORLD_SIZE, else 1): the same global batch,
+        ``batch_size`` per process × N / M, so every global step reads the same images (ShardSampler
+        deals each step's block out round-robin); a batch that M processes cannot split is bad input."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if saved_world is None or saved_world == world:
+            return
+        global_batch = self.cfg.batch_size * saved_world
+        if global_batch % world:
+            raise UserInputError(f"this run trained with a global batch of {global_batch} (batch_size="
+                                 f"{self.cfg.batch_size} on {saved_world} processes), which {world} processes cannot "
+                                 f"split evenly; resume it on a number of processes that divides {global_batch}")
+        self.cfg.batch_size = global_batch // world
+        self.cfg.trainer.ddp = world > 1
+        if int(os.environ.get("RANK", "0")) == 0:
+            log.warning("resumed on %d process%s (saved on %d): batch_size per process %d -> %d, the global batch "
+                        "of %d is kept", world, "" if world == 1 else "es", saved_world, global_batch // saved_world,
+                        self.cfg.batch_size, global_batch)
 
     def restore(self, component: Any, key: str) -> None:
         """On a resumed run, ``component.load_state_dict(state[key])`` of the checkpoint; a state that
@@ -544,7 +564,8 @@ class Run:
         self._keep_stop_handlers()
         config = OmegaConf.to_container(self.cfg, resolve=True)
         keep = self.cfg.trainer.get("keep_checkpoints", 1) if path is None else 1  # last.pt's history only
-        checkpoint.save_checkpoint({"config": config, "wall_time_s": self.wall_time_s, **state},
+        checkpoint.save_checkpoint({"config": config, "wall_time_s": self.wall_time_s,
+                                    "world_size": self.ctx.world_size, **state},
                                    path or self.checkpoint_path, kind=self.entry_point, keep=keep)
         if path is None:
             self._saved_at = time.monotonic()

@@ -1,4 +1,4 @@
-"""Ranks that die or hang under torchrun (2 gloo processes on the CPU).
+"""Ranks that die or hang under torchrun, and a run resumed on another number of processes (gloo, CPU).
 
 A rank killed with SIGKILL makes the other exit with one line (exit 6) and last.pt intact; with
 ``torchrun --max-restarts=1`` the job then resumes by itself and ends as the uninterrupted run. A
@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from aso_se.run.checkpoint import tensor_digest
+from aso_se.run.search_callbacks import alpha_digest
 from tests.aso_se.run.helpers import REPO
 
 RETRAIN = ["train.py", "experiment=smoke", "logger=none", "trainer=ddp", "genotype=DARTS_V2", "epochs=5"]
@@ -111,3 +113,49 @@ def test_a_hung_rank_stops_the_other_after_peer_timeout_s(tmp_path: Path) -> Non
     line = next(line for line in log.read_text().splitlines() if line.startswith("error: rank 0"))
     assert "trainer.peer_timeout_s" in line and "last.pt is intact" in line
     torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)  # readable
+
+
+@pytest.mark.parametrize("entry_point", ["train", "search"])
+def test_a_run_stopped_on_two_processes_resumes_on_one_with_the_global_batch(tmp_path: Path, entry_point: str) -> None:
+    run_dir, log = tmp_path / "run", tmp_path / "two.log"
+    fresh = (["train.py", "experiment=smoke", "logger=none", "trainer=ddp", "genotype=DARTS_V2", "epochs=8"]
+             if entry_point == "train" else
+             ["search.py", "experiment=smoke", "logger=none", "trainer=ddp", "search.schedule.cycles=4"])
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+         str(REPO / fresh[0]), *fresh[1:], f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=_env(), stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    _wait_for(run_dir / "checkpoints" / "last.pt")
+    os.killpg(agent.pid, signal.SIGTERM)
+    agent.wait(timeout=120)
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    assert saved["world_size"] == 2 and saved["config"]["batch_size"] == 16, log.read_text()[-2000:]
+    if entry_point == "train":
+        step, digest = saved["trainer"]["global_step"], f"weights {tensor_digest(saved['trainer']['model'])}"
+    else:
+        step, digest = saved["engine"]["global_step"], f"α {alpha_digest(saved['engine']['supernet'])}"
+
+    one = subprocess.run([sys.executable, str(REPO / f"{entry_point}.py"), f"resume={run_dir}"], cwd=tmp_path,
+                         env=_env(), capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    run_log = (run_dir / f"{entry_point}.log").read_text()
+    assert ("resumed on 1 process (saved on 2): batch_size per process 16 -> 32, the global batch of 32 is kept"
+            in run_log)
+    assert f"resumed at global step {step}, {digest}" in run_log  # the same weights and α at the resume point
+    result = "metrics.json" if entry_point == "train" else "genotype.json"
+    assert (run_dir / result).is_file()
+
+
+def test_a_global_batch_the_new_processes_cannot_split_is_one_line(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.joinpath("checkpoints").mkdir(parents=True)
+    state = {"config": {"batch_size": 16}, "world_size": 2}
+    from aso_se.run import checkpoint
+    checkpoint.save_checkpoint({**state, "trainer": {}}, run_dir / "checkpoints" / "last.pt", kind="train")
+    env = {**_env(), "WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0"}
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), f"resume={run_dir}"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: this run trained with a global batch of 32 (batch_size=16 on 2 processes), which 3 processes cannot "
+        "split evenly; resume it on a number of processes that divides 32")
