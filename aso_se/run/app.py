@@ -250,9 +250,9 @@ def resume_elastic_restart(entry_point: str) -> None:
 
 
 def _name_run_for_elastic_restarts(run_dir: Path, entry_point: str) -> None:
-    """Rank 0 of a fresh run under torchrun: where a restarted attempt finds this run."""
+    """Rank 0 of a fresh run under torchrun --max-restarts: where a restarted attempt finds this run."""
     marker = _elastic_marker(entry_point)
-    if marker is not None:
+    if marker is not None and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(f"{run_dir}\n")
 

@@ -66,3 +66,30 @@ def test_alpha_check_catches_ranks_that_differ(tmp_path: Path) -> None:
     mp.spawn(_compare_alpha, args=(2, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):  # both ranks raise, so neither waits for the other at the next collective
         assert (tmp_path / f"rank{rank}.txt").read_text().startswith("α differs between processes")
+
+
+def test_two_nodes_of_two_processes_meet_through_a_c10d_rendezvous(tmp_path):
+    """Two torchrun agents on this host stand in for two machines (c10d rendezvous, 4 gloo ranks):
+    the search runs on all four, α checked identical on every rank each cycle, rank 0 alone writes."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tests.aso_se.run.helpers import REPO
+
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    run_dir = tmp_path / "run"
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2", "--rdzv-backend=c10d",
+         f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-nodes", str(REPO / "search.py"), "experiment=smoke",
+         "logger=none", "trainer=ddp", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [agent.communicate(timeout=300)[0] for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    assert "(cpu, 4 processes)" in (run_dir / "search.log").read_text()
+    assert (run_dir / "genotype.json").is_file()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]  # no rank but 0 wrote anything
