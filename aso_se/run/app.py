@@ -54,7 +54,7 @@ from aso_se.parallel.distributed import (
     shutdown_distributed,
 )
 from aso_se.parallel.stuck_rank import StuckRankWatchdog
-from aso_se.run import checkpoint, early_signals
+from aso_se.run import checkpoint, early_signals, gpu_slots
 from aso_se.run.os_signals import describe_handler, os_handler
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype, load_genotype
@@ -213,6 +213,9 @@ def register_resolvers() -> None:
     checkpoint, so a typo creates nothing) and writes the resuming invocation's config under
     ``.hydra/resume_<time>`` instead of over the original ``.hydra/config.yaml``.
     """
+    if not OmegaConf.has_resolver("aso_se.gpu_slots"):  # +sweep=local_gpus: hydra.launcher.n_jobs
+        OmegaConf.register_new_resolver("aso_se.gpu_slots", lambda per_gpu, gpus: (
+            len(gpus) * int(per_gpu) if gpus else gpu_slots.slot_count(per_gpu)))
     if not OmegaConf.has_resolver("aso_se.run_dir"):
         OmegaConf.register_new_resolver("aso_se.run_dir", _run_dir)
         OmegaConf.register_new_resolver(
