@@ -1,11 +1,14 @@
 """Shared by the apps tests: where the entry points are, the smoke overrides, and running one in-process."""
 import os
 import runpy
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from aso_se.run import early_signals
 
 REPO = Path(__file__).resolve().parents[3]
 SMOKE = ["experiment=smoke", "logger=none"]
@@ -20,6 +23,9 @@ def run_in_process(entry_point: str, *overrides: str, cwd: Path) -> int:
     Usable from fixtures of any scope (the function-scoped ``run_app`` adds the captured stderr).
     """
     script = str(REPO / f"{entry_point}.py")
+    # The entry point catches stop signals first thing (early_signals); a run that fails before its Run
+    # takes over would leave that handler in this process.
+    handlers = {signum: signal.getsignal(signum) for signum in early_signals.STOP_SIGNALS}
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.chdir(cwd)
         monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
@@ -30,4 +36,7 @@ def run_in_process(entry_point: str, *overrides: str, cwd: Path) -> int:
             return exited.code
         finally:  # main_guard sets it for Hydra; subprocesses of later tests must not inherit it
             os.environ.pop("HYDRA_FULL_ERROR", None)
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+            early_signals.take()
     return 0
