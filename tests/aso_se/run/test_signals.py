@@ -273,13 +273,25 @@ def test_a_second_ctrl_c_later_quits_at_once(run_app: RunApp, tmp_path: Path,
     assert not (tmp_path / "run" / "checkpoints" / "last.pt").exists()
 
 
+def _wait_until_it_catches(pid: int, signum: int, timeout_s: float = 60) -> None:
+    """Until the process has a handler for ``signum`` (its SigCgt mask in /proc)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text()
+        caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+        if caught >> (signum - 1) & 1:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} never caught signal {signum}")
+
+
 def test_a_stop_while_starting_is_one_line_not_a_silent_death(tmp_path: Path) -> None:
     """SIGTERM during the imports (before the Run's handlers): the default action would kill the process
     without a word; early_signals records it and the Run stops before it begins."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     train = subprocess.Popen([sys.executable, str(REPO / "train.py"), *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run"],
                              cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    time.sleep(0.5)  # importing torch and hydra
+    _wait_until_it_catches(train.pid, signal.SIGTERM)  # early_signals.catch() ran; torch and hydra still importing
     os.killpg(train.pid, signal.SIGTERM)
     _, stderr = train.communicate(timeout=120)
     assert train.returncode == 128 + signal.SIGTERM, stderr
