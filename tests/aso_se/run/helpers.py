@@ -40,3 +40,19 @@ def run_in_process(entry_point: str, *overrides: str, cwd: Path) -> int:
                 signal.signal(signum, handler)
             early_signals.take()
     return 0
+
+
+def nan_from_call(call: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the cross-entropy NaN from its ``call``-th call on (a diverging run)."""
+    import torch
+
+    real = torch.nn.functional.cross_entropy
+    calls = 0
+
+    def cross_entropy(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls >= call else loss
+
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", cross_entropy)

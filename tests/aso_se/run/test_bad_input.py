@@ -14,7 +14,7 @@ import torch
 
 from aso_se.run import app
 from aso_se.run.checkpoint import load_checkpoint, save_checkpoint
-from tests.aso_se.run.helpers import SMOKE, RunApp
+from tests.aso_se.run.helpers import SMOKE, RunApp, nan_from_call
 
 
 def assert_one_line(stderr: str, *fragments: str) -> None:
@@ -133,25 +133,12 @@ def test_resume_with_a_data_setting_the_run_does_not_have(damaged_copy: Path, ru
     assert_one_line(stderr, "+data.root=/elsewhere: this run's data has no root setting")
 
 
-def _nan_from_call(call: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the cross-entropy NaN from its ``call``-th call on (a diverging run)."""
-    real = torch.nn.functional.cross_entropy
-    calls = 0
-
-    def cross_entropy(*args, **kwargs):
-        nonlocal calls
-        calls += 1
-        loss = real(*args, **kwargs)
-        return loss * float("nan") if calls >= call else loss
-
-    monkeypatch.setattr(torch.nn.functional, "cross_entropy", cross_entropy)
-
 
 def test_nan_loss_stops_the_search_and_keeps_the_last_checkpoint(
         run_app: RunApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Epoch 1 (search) is 2 steps of 2 losses (α, weights); epoch 2 (re-stabilization) has one
     # loss per step: its second step diverges.
-    _nan_from_call(6, monkeypatch)
+    nan_from_call(6, monkeypatch)
     code, stderr = run_app("search", *SMOKE, "hydra.run.dir=run")
     assert code == app.EXIT_DIVERGED
     last = tmp_path / "run" / "checkpoints" / "last.pt"
@@ -161,7 +148,7 @@ def test_nan_loss_stops_the_search_and_keeps_the_last_checkpoint(
 
 
 def test_nan_loss_stops_the_retrain(run_app: RunApp, monkeypatch: pytest.MonkeyPatch) -> None:
-    _nan_from_call(2, monkeypatch)
+    nan_from_call(2, monkeypatch)
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run")
     assert code == app.EXIT_DIVERGED
     assert_one_line(stderr, "NaN/Inf at epoch 1, step 2", "no checkpoint was saved yet")

@@ -10,23 +10,12 @@ import torch
 
 from aso_se.run import app
 from aso_se.run.checkpoint import load_checkpoint
-from tests.aso_se.run.helpers import SMOKE, RunApp
+from tests.aso_se.run.helpers import SMOKE, RunApp, nan_from_call
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 ON_GPU_BF16 = ["trainer.device=cuda", "trainer.precision=bf16", "hydra.run.dir=run"]
 
-
-def _nan_from_call(call: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    real, calls = torch.nn.functional.cross_entropy, 0
-
-    def cross_entropy(*args, **kwargs):
-        nonlocal calls
-        calls += 1
-        loss = real(*args, **kwargs)
-        return loss * float("nan") if calls >= call else loss
-
-    monkeypatch.setattr(torch.nn.functional, "cross_entropy", cross_entropy)
 
 
 def _assert_diverged_with_a_finite_checkpoint(code: int, stderr: str, last: Path, kind: str) -> None:
@@ -44,7 +33,7 @@ def _assert_diverged_with_a_finite_checkpoint(code: int, stderr: str, last: Path
 ])
 def test_an_injected_nan_under_bf16(run_app: RunApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                     entry_point: str, overrides: list[str], nan_from: int) -> None:
-    _nan_from_call(nan_from, monkeypatch)
+    nan_from_call(nan_from, monkeypatch)
     code, stderr = run_app(entry_point, *SMOKE, *ON_GPU_BF16, *overrides)
     _assert_diverged_with_a_finite_checkpoint(code, stderr, tmp_path / "run" / "checkpoints" / "last.pt",
                                               entry_point)

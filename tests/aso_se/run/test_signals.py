@@ -211,22 +211,28 @@ def test_a_repeated_or_escalated_signal_is_one_stop(run_app: RunApp, tmp_path: P
     assert (state["epoch"], state["step_in_epoch"]) == (0, 2)
 
 
-def test_a_stop_handler_replaced_by_a_library_is_put_back(run_app: RunApp, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def _replace_the_handler_then_stop(replace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``replace()`` in the retrain's first step, SIGTERM to the process in its second."""
     from aso_se.train.retrain import Retrainer
     real_step, steps = Retrainer._train_step, 0
 
     def train_step(self, inputs, labels):
         nonlocal steps
         steps += 1
-        if steps == 1:  # a library swaps in its own handler, which would swallow the stop
-            signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        if steps == 1:
+            replace()
         if steps == 2:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.01)
         return real_step(self, inputs, labels)
 
     monkeypatch.setattr(Retrainer, "_train_step", train_step)
+
+
+def test_a_stop_handler_replaced_by_a_library_is_put_back(run_app: RunApp, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # a library swaps in its own handler, which would swallow the stop
+    _replace_the_handler_then_stop(lambda: signal.signal(signal.SIGTERM, lambda signum, frame: None), monkeypatch)
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run")
     _assert_stopped(code, stderr, signal.SIGTERM, "train.py", tmp_path / "run")
     assert "the SIGTERM handler was replaced by <function" in (tmp_path / "run" / "train.log").read_text()
@@ -237,27 +243,18 @@ def test_a_stop_handler_replaced_by_a_c_library_is_put_back(run_app: RunApp, tmp
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A C library's sigaction() is invisible to signal.getsignal; left alone, SIGTERM would kill
     the run (and this test) silently."""
-    from aso_se.train.retrain import Retrainer
     libc = ctypes.CDLL(None)
     libc.signal.restype = ctypes.c_void_p
-    real_step, steps = Retrainer._train_step, 0
 
-    def train_step(self, inputs, labels):
-        nonlocal steps
-        steps += 1
-        if steps == 1:
-            libc.signal(signal.SIGTERM, ctypes.c_void_p(0))  # SIG_DFL, behind Python's back
-            assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL  # Python still sees its own
-            assert os_handler(signal.SIGTERM) == 0
-            # LLVM (in libtriton) does this when Triton first compiles: put back as soon as the kernel loads
-            triton_knobs.runtime.kernel_load_end_hook(None, None, "kernel", None, "hash")
-            assert os_handler(signal.SIGTERM) != 0
-        if steps == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.01)
-        return real_step(self, inputs, labels)
+    def replace() -> None:
+        libc.signal(signal.SIGTERM, ctypes.c_void_p(0))  # SIG_DFL, behind Python's back
+        assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL  # Python still sees its own
+        assert os_handler(signal.SIGTERM) == 0
+        # LLVM (in libtriton) does this when Triton first compiles: put back as soon as the kernel loads
+        triton_knobs.runtime.kernel_load_end_hook(None, None, "kernel", None, "hash")
+        assert os_handler(signal.SIGTERM) != 0
 
-    monkeypatch.setattr(Retrainer, "_train_step", train_step)
+    _replace_the_handler_then_stop(replace, monkeypatch)
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run")
     _assert_stopped(code, stderr, signal.SIGTERM, "train.py", tmp_path / "run")
     assert "handler was replaced outside Python" in (tmp_path / "run" / "train.log").read_text()
