@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from kernels.st_bif import STBIFNeuron
@@ -25,6 +26,10 @@ from search_space.neurons import QuantizedActivation, SpikingNeuron
 from search_space.ops import Zero
 
 log = logging.getLogger(__name__)
+
+# Images × time steps per SNN forward (a batch runs in chunks of this // T images): activations of
+# T·B image-steps at T = 256 would not fit in memory, and smaller chunks cost little throughput.
+_IMAGE_STEPS_PER_CHUNK = 8192
 
 
 def _add_at_first_step(y: Tensor, shift: Tensor, timesteps: int) -> Tensor:
@@ -184,7 +189,7 @@ class SNNEvaluation:
     logit_max_abs_diff: float     # max over the set of |QANN logits − SNN summed logits|
     prediction_agreement: float   # fraction of samples where both predict the same class
     silent: bool                  # False when the cap stopped the SNN first
-    accuracy_at: dict[int, float] = field(default_factory=dict)  # accuracy after t = 1, 2, 4, ... steps
+    accuracy_at: dict[int, float] = field(default_factory=dict)  # after 1, 2, 4, ... steps and the last T
 
 
 def _fraction(hits: Tensor) -> float:
@@ -206,47 +211,64 @@ def _full_fp32() -> Iterator[None]:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
 
 
-def _each(batches: list[tuple[Tensor, Tensor]], before_batch: Callable[[], None]) -> Iterator[Tensor]:
-    """The inputs of ``batches``, calling ``before_batch()`` before each one."""
-    for x, _ in batches:
+def _my_batches(count: int, sharded: bool, before_batch: Callable[[], None]) -> Iterator[int]:
+    """This rank's batch indices (``rank::world`` when ``sharded``); ``before_batch()`` runs as often on
+    every rank (once per batch of the longest shard), so a collective stop check in it stays in step."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
+    for index in range(rank, -(-count // world) * world, world):
         before_batch()
-        yield x
+        if index < count:
+            yield index
 
 
-def _run_snn(snn: nn.Module, batches: list[tuple[Tensor, Tensor]], timesteps: int,
-             before_batch: Callable[[], None]) -> tuple[list[Tensor], int]:
-    """The SNN's summed logits per batch, and the last step (1-based, 0 if none) at which any neuron fired."""
-    last_active = torch.zeros((), dtype=torch.long)
+def _snn_logits(snn: nn.Module, x: Tensor, timesteps: int, prefixes: list[int]) -> tuple[dict[int, Tensor], int]:
+    """The SNN's logits after each of ``prefixes`` steps and after ``timesteps``, and the last step
+    (1-based, 0 if none) at which any neuron fired, running ``x`` in chunks of bounded size."""
+    last_active, pooled = torch.zeros((), dtype=torch.long, device=x.device), []
 
     def record(module: nn.Module, inputs: tuple[Tensor], out: Tensor) -> None:
         nonlocal last_active
         active = out.unflatten(0, (timesteps, -1)).flatten(1).ne(0).any(1)
         steps = torch.arange(1, timesteps + 1, device=out.device)
-        last_active = torch.maximum(last_active.to(out.device), (steps * active).max())
+        last_active = torch.maximum(last_active, (steps * active).max())
 
     handles = [m.register_forward_hook(record) for m in snn.modules() if isinstance(m, SpikingNeuron)]
+    if prefixes:  # causal SNN, summed readout: the logits after k steps read the pooled features summed to k
+        handles.append(snn.global_pooling.register_forward_hook(lambda m, i, out: pooled.append(out)))
+    logits: dict[int, list[Tensor]] = {k: [] for k in [*prefixes, timesteps]}
     try:
-        logits = [_logits(snn(x)) for x in _each(batches, before_batch)]
+        for chunk in x.split(max(1, _IMAGE_STEPS_PER_CHUNK // timesteps)):
+            logits[timesteps].append(_logits(snn(chunk)))
+            if prefixes:
+                sums = pooled.pop().unflatten(0, (timesteps, -1)).flatten(2).cumsum(0)
+                for k in prefixes:
+                    logits[k].append(snn.classifier.linear(sums[k - 1]))  # the bias once, as at T = k
     finally:
         for handle in handles:
             handle.remove()
-    return logits, int(last_active.item())
+    return {k: torch.cat(parts) for k, parts in logits.items()}, int(last_active.item())
 
 
 @torch.no_grad()
 @_full_fp32()
 def evaluate_snn(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, device: torch.device | str = "cpu",
                  max_timesteps: int = 64, dtype: torch.dtype | None = None,
-                 before_batch: Callable[[], None] = lambda: None) -> SNNEvaluation:
-    """Runs the QANN and its SNN at T = 1, 2, 4, ... (fresh state each time, the image at t = 0) until a
-    run's last step has no spike anywhere, or T reaches ``max_timesteps`` (a warning then).
+                 before_batch: Callable[[], None] = lambda: None, sharded: bool = False) -> SNNEvaluation:
+    """Runs the QANN and its SNN (fresh state each run, the image at t = 0) at growing T until a run's
+    last step has no spike anywhere, or T reaches ``max_timesteps`` (a warning then).
+
+    A network with ``global_pooling`` and a ``classifier`` head (search_space.network) is causal and
+    reads the pooled features summed over time, so one run at T gives the logits after every k ≤ T:
+    T grows 4, 16, 64, ... and ``accuracy_at`` holds every power of two ≤ the last T. Any other
+    network reruns at T = 1, 2, 4, .... Each forward holds at most _IMAGE_STEPS_PER_CHUNK image-steps.
 
     Both run without TF32, in the network's dtype or ``dtype``: float64 (the torch reference neuron)
     makes them equal to rounding; in float32 (the Triton neuron on CUDA) the convs' rounding differs
     between the summed and the per-step inputs, and a neuron whose input sits on a rounding boundary
     can flip a level, so a few predictions of a large network may differ. The QANN is left as it was.
-    ``before_batch()`` runs before every batch of every run and may raise to stop the evaluation (a
-    long one: about 2·T_silent passes over the set); train.py stops on a signal there.
+    ``before_batch()`` runs before every batch of every run and may raise to stop the evaluation.
+    ``sharded`` (torch.distributed initialized): every rank passes the same batches and evaluates
+    ``rank::world`` of them; the counts are summed over the ranks, which all return the same result.
     """
     if isinstance(max_timesteps, bool) or not isinstance(max_timesteps, int) or max_timesteps < 1:
         raise UserInputError(f"max_timesteps={max_timesteps!r} must be a positive integer, e.g. 64")
@@ -255,37 +277,58 @@ def evaluate_snn(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, d
     was_training = qann.training
     qann.eval()
     try:
-        return _evaluate(qann, batches, torch.device(device), max_timesteps, before_batch)
+        return _evaluate(qann, batches, torch.device(device), max_timesteps, before_batch,
+                         sharded and dist.is_initialized() and dist.get_world_size() > 1)
     finally:
         qann.train(was_training)
 
 
 def _evaluate(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], device: torch.device,
-              max_timesteps: int, before_batch: Callable[[], None]) -> SNNEvaluation:
+              max_timesteps: int, before_batch: Callable[[], None], sharded: bool) -> SNNEvaluation:
     data_dtype = next(qann.parameters()).dtype
     batches = [(x.to(device, data_dtype), y.to(device)) for x, y in batches]
-    qann_logits = [_logits(qann(x)) for x in _each(batches, before_batch)]
-    labels = torch.cat([y for _, y in batches])
-    qann_predictions = torch.cat(qann_logits).argmax(1)
+    qann_logits = {i: _logits(qann(batches[i][0])) for i in _my_batches(len(batches), sharded, before_batch)}
+    qann_hits = sum(int((logits.argmax(1) == batches[i][1]).sum()) for i, logits in qann_logits.items())
+    samples = sum(len(batches[i][1]) for i in qann_logits)
+    # Its SNN has global_pooling and a _SummedReadout classifier: prefix logits from one run (_snn_logits).
+    prefix = isinstance(getattr(qann, "classifier", None), nn.Linear) and hasattr(qann, "global_pooling")
+    growth = 4 if prefix else 2
     accuracy_at: dict[int, float] = {}
-    timesteps = 1
+    timesteps = min(growth if prefix else 1, max_timesteps)
     while True:
-        snn_logits, last = _run_snn(convert_to_snn(qann, timesteps).to(device), batches, timesteps, before_batch)
-        snn_predictions = torch.cat(snn_logits).argmax(1)
-        accuracy_at[timesteps] = _fraction(snn_predictions == labels)
+        snn = convert_to_snn(qann, timesteps).to(device)
+        prefixes = [2**j for j in range(timesteps.bit_length()) if 2**j < timesteps] if prefix else []
+        hits = dict.fromkeys([*prefixes, timesteps], 0)
+        agreement, diff, last = 0, 0.0, 0
+        for i in _my_batches(len(batches), sharded, before_batch):
+            logits, active = _snn_logits(snn, batches[i][0], timesteps, prefixes)
+            for k in hits:
+                hits[k] += int((logits[k].argmax(1) == batches[i][1]).sum())
+            agreement += int((logits[timesteps].argmax(1) == qann_logits[i].argmax(1)).sum())
+            diff = max(diff, (qann_logits[i] - logits[timesteps]).abs().max().item())
+            last = max(last, active)
+        counts = [*hits.values(), agreement, qann_hits, samples]
+        if sharded:  # the whole set's counts, largest difference and last active step on every rank
+            summed = torch.tensor(counts, dtype=torch.float64, device=device)
+            largest = torch.tensor([diff, last], dtype=torch.float64, device=device)
+            dist.all_reduce(summed)
+            dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+            counts, (diff, last) = [int(c) for c in summed.tolist()], (largest[0].item(), int(largest[1].item()))
+        total = counts[-1]
+        accuracy_at.update((k, n / total) for k, n in zip(hits, counts))
         silent = last < timesteps  # no spike in the last step: nothing can change afterwards
         if silent or timesteps >= max_timesteps:
             break
-        timesteps = min(2 * timesteps, max_timesteps)
+        timesteps = min(growth * timesteps, max_timesteps)
     if not silent:
         log.warning("the SNN still fired at step %d (max_timesteps): its logits are not final; raise the cap",
                     max_timesteps)
     return SNNEvaluation(
-        qann_accuracy=_fraction(qann_predictions == labels),
+        qann_accuracy=counts[-2] / total,
         snn_accuracy=accuracy_at[timesteps],
         snn_timesteps=last if silent else timesteps,
-        logit_max_abs_diff=max((q - s).abs().max().item() for q, s in zip(qann_logits, snn_logits)),
-        prediction_agreement=_fraction(snn_predictions == qann_predictions),
+        logit_max_abs_diff=diff,
+        prediction_agreement=counts[-3] / total,
         silent=silent,
-        accuracy_at=accuracy_at,
+        accuracy_at=dict(sorted(accuracy_at.items())),
     )

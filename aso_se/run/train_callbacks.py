@@ -5,16 +5,18 @@ scalars every ``trainer.log_every_n_steps`` steps and ``on_epoch_end(is_best)`` 
 tested; ``save`` is its timed checkpoint and the entry point's save at a stop. Here they become
 TensorBoard scalars and histograms, ``checkpoints/last.pt`` at every epoch end, and
 ``checkpoints/best.pt`` when the test accuracy is the best so far. ``finish`` writes metrics.json,
-with the exact SNN's evaluation for a QANN and the energy per image. Only rank 0 writes.
+with the exact SNN's evaluation for a QANN (all ranks share it) and the energy per image. Only
+rank 0 writes.
 """
 from __future__ import annotations
 
 import logging
+import signal
 from typing import Any
 
 from aso_se.errors import TrainingDiverged
 from aso_se.monitor.tensorboard import TensorBoardLogger
-from aso_se.run.app import Run
+from aso_se.run.app import Interrupted, Run
 from aso_se.run.checkpoint import first_non_finite, save_json, tensor_digest
 from aso_se.train.energy_report import energy_metrics
 from aso_se.train.retrain import Retrainer
@@ -76,10 +78,10 @@ class TrainCallbacks:
         """``metrics.json`` (rank 0): the Retrainer's metrics, a QANN's exact SNN, the energy per image.
 
         Both evaluations read the full test set of ``data`` (a ClassificationData), not a rank's shard.
+        Every rank runs its share of the SNN's batches (evaluate_snn sharded); rank 0 alone then
+        measures the energy and writes, while the others leave.
         """
         run, trainer, cfg, ctx = self.run, self.trainer, self.run.cfg, self.run.ctx
-        if not ctx.is_main:
-            return
         network, step = trainer.network, trainer.global_step
         metrics = trainer.metrics()
         _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
@@ -90,11 +92,21 @@ class TrainCallbacks:
                 _, snn_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
             metrics.update(snn_metrics(network, snn_test, device=ctx.device, max_timesteps=cfg.snn_max_timesteps,
                                        dtype=cfg.snn_eval_dtype, board=self.board, step=step,
-                                       before_batch=run.raise_if_stopped))
+                                       before_batch=self._stop_all_ranks_together, sharded=ctx.distributed))
             run.raise_if_stopped()
+        if not ctx.is_main:
+            return
         metrics.update(energy_metrics(network, full_test, device=ctx.device, board=self.board, step=step,
                                       snn_timesteps=metrics.get("snn_timesteps")))
         save_json({**metrics, "wall_time_s": run.wall_time_s, "genotype": self.genotype.to_json(),
                    "world_size": ctx.world_size, "device": str(ctx.device), "precision": cfg.trainer.precision,
                    "cuda_graph": cfg.cuda_graph},
                   run.run_dir / "metrics.json")
+
+    def _stop_all_ranks_together(self) -> None:
+        """Before each SNN batch: ``run.should_stop`` is collective, so every rank leaves at the same batch
+        and none waits in the evaluation's reductions for one that stopped (exit 128 + signal)."""
+        run = self.run
+        if run.should_stop():
+            run.raise_if_stopped()
+            raise Interrupted(signal.SIGTERM, run.run_dir, run.entry_point)  # the signal reached another rank only

@@ -19,13 +19,13 @@ def is_qann(network: nn.Module) -> bool:
 
 def snn_metrics(network: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, device: torch.device,
                 max_timesteps: int, dtype: str = "float32", board: Any = None, step: int = 0,
-                before_batch: Callable[[], None] = lambda: None) -> dict[str, Any]:
+                before_batch: Callable[[], None] = lambda: None, sharded: bool = False) -> dict[str, Any]:
     """metrics.json's SNN keys; TensorBoard gets the accuracy-over-steps curve as a figure.
-    ``before_batch``: see ``evaluate_snn`` (it may raise to stop the evaluation)."""
+    ``before_batch``, ``sharded``: see ``evaluate_snn`` (every rank then gets the same keys)."""
     if dtype not in ("float32", "float64"):
         raise UserInputError(f"snn_eval_dtype={dtype!r}: use float32 (Triton neuron) or float64 (exact)")
     result = evaluate_snn(network, batches, device=device, max_timesteps=max_timesteps,
-                          dtype=getattr(torch, dtype), before_batch=before_batch)
+                          dtype=getattr(torch, dtype), before_batch=before_batch, sharded=sharded)
     if board is not None:
         board.curve("snn/accuracy_vs_timesteps", list(result.accuracy_at), list(result.accuracy_at.values()), step,
                     xlabel="time steps", ylabel="SNN test accuracy")

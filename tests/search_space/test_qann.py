@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from kernels.st_bif import st_bif_multistep
+from search_space import qann as qann_module
 from search_space.errors import UserInputError
 from search_space.genotypes import GENOTYPES, Genotype
 from search_space.network import build_network
@@ -65,8 +66,8 @@ def test_snn_summed_logits_equal_the_qann_logits_in_fp64(genotype: Genotype) -> 
     assert result.silent and result.snn_timesteps > 1  # it takes several steps, and ends
     assert result.logit_max_abs_diff <= 1e-9
     assert result.snn_accuracy == result.qann_accuracy and result.prediction_agreement == 1.0
-    doublings = [2**k for k in range(len(result.accuracy_at))]
-    assert list(result.accuracy_at) == doublings and doublings[-1] // 2 <= result.snn_timesteps < doublings[-1]
+    doublings = [2**k for k in range(len(result.accuracy_at))]  # one run per T = 4, 16, 64, ...: prefixes fill in
+    assert list(result.accuracy_at) == doublings and doublings[-1] // 4 <= result.snn_timesteps < doublings[-1]
     # snn_timesteps is the last step with a spike: the logits are final after it, and the step after is silent
     batches = [(x, torch.arange(6) % 5)]
     last = evaluate_snn(network, batches, max_timesteps=result.snn_timesteps)
@@ -216,3 +217,27 @@ def test_a_plain_module_tree_with_biases_converts_exactly() -> None:
         expected = qann(x)
     assert out[-1].abs().sum() == 0 and expected.abs().max() > 0.1
     torch.testing.assert_close(out.sum(0), expected, rtol=0, atol=1e-9)
+
+
+def test_the_logits_after_k_steps_of_one_run_equal_a_run_of_k_steps_in_fp64() -> None:
+    """The SNN is causal and its head reads the pooled features summed over time: one run at T = 16
+    gives the logits of separate runs at T = 1, 2, 4, 8 (and 16) to rounding."""
+    network = qann_network(GENOTYPES["DARTS_V2"], seed=5).double()
+    x = torch.randn(5, 2, 12, 12, dtype=torch.float64)
+    logits, last = qann_module._snn_logits(convert_to_snn(network, 16), x, 16, [1, 2, 4, 8])
+    assert last >= 4  # firing up to step 4: the early prefixes are not final yet
+    for k in (1, 2, 4, 8, 16):
+        alone = convert_to_snn(network, k)(x)[0]
+        torch.testing.assert_close(logits[k], alone, rtol=0, atol=1e-12, msg=f"k={k}")
+    assert (logits[1] - logits[16]).abs().max() > 1e-3
+
+
+def test_the_evaluation_does_not_depend_on_the_chunk_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    network = qann_network(GENOTYPES["DARTS_V2"], seed=6).double()
+    generator = torch.Generator().manual_seed(6)
+    batches = [(torch.randn(n, 2, 12, 12, generator=generator, dtype=torch.float64), torch.arange(n) % 5)
+               for n in (5, 3)]
+    whole = evaluate_snn(network, batches, max_timesteps=256)
+    monkeypatch.setattr(qann_module, "_IMAGE_STEPS_PER_CHUNK", 7)  # 1 image at T >= 4: every image alone
+    chunked = evaluate_snn(network, batches, max_timesteps=256)
+    assert chunked == whole and whole.silent and len(whole.accuracy_at) > 3
