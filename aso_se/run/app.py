@@ -69,6 +69,9 @@ ELASTIC_MARKERS = Path("outputs") / ".torchelastic"
 # What a resume may set anew: where this machine keeps the data and how many processes read it
 # (``+data.root=<dir>``: the default config a resume composes, mnist5k's, has no root).
 MACHINE_KEYS = ("data.root", "data.num_workers")
+# ... and how train.py evaluates the exact SNN at the end: evaluation only, the training is unchanged.
+EVALUATION_KEYS = ("snn_max_timesteps", "snn_eval_samples", "snn_eval_dtype")
+RESUME_KEYS = MACHINE_KEYS + EVALUATION_KEYS
 # Knobs that shrink activation memory, named in the out-of-memory line per entry point.
 _MEMORY_KNOBS = {
     "search": ("batch_size, search.supernet.channels, search.supernet.layers, neuron.timesteps "
@@ -514,11 +517,11 @@ class Run:
 
     def _load_resumed_state(self) -> None:
         overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
-        machine = [o for o in overrides if o.split("=", 1)[0].lstrip("+") in MACHINE_KEYS]
-        extra = [o for o in overrides if o not in machine]
+        allowed = [o for o in overrides if o.split("=", 1)[0].lstrip("+") in RESUME_KEYS]
+        extra = [o for o in overrides if o not in allowed]
         if extra:
             raise UserInputError(f"resume continues a run with its saved config; drop the "
-                                 f"overrides {' '.join(extra)} (a resume takes only {', '.join(MACHINE_KEYS)}), "
+                                 f"overrides {' '.join(extra)} (a resume takes only {', '.join(RESUME_KEYS)}), "
                                  f"or start a new run with them")
         # A truncated or corrupt last.pt: the one saved before it (trainer.keep_checkpoints); rank 0 sets it aside.
         self.state, _ = checkpoint.load_newest_readable(self.checkpoint_path, kind=self.entry_point,
@@ -526,11 +529,12 @@ class Run:
                                                         set_aside=int(os.environ.get("RANK", "0")) == 0)
         self.cfg = OmegaConf.create(self.state["config"])
         self._fit_to_this_launch(self.state.get("world_size"))
-        for override in machine:  # where this machine keeps the data: a run dir copied here resumes
+        for override in allowed:  # where this machine keeps the data (a run dir copied here resumes), the SNN's eval
             key, value = override.split("=", 1)
             key = key.lstrip("+")  # +data.root=: the default data set (mnist5k) has no root to override
-            if OmegaConf.select(self.cfg, key) is None:
-                raise UserInputError(f"{override}: this run's data has no {key.split('.', 1)[1]} setting; drop it "
+            if key not in self.cfg and OmegaConf.select(self.cfg, key) is None:  # snn_eval_samples: null is a value
+                group, _, name = key.rpartition(".")
+                raise UserInputError(f"{override}: this run's {group or 'config'} has no {name} setting; drop it "
                                      f"from the resume")
             OmegaConf.update(self.cfg, key, yaml.safe_load(value), merge=False)
 

@@ -172,3 +172,9 @@ def test_out_of_memory_names_the_knobs(run_app: RunApp, monkeypatch: pytest.Monk
     code, stderr = run_app("search", *SMOKE, "hydra.run.dir=run")
     assert code == app.EXIT_OUT_OF_MEMORY
     assert_one_line(stderr, "out of GPU memory", "batch_size", "search.supernet.channels")
+
+
+def test_resume_of_a_search_with_a_train_evaluation_knob(damaged_copy: Path, run_app: RunApp) -> None:
+    code, stderr = run_app("search", f"resume={damaged_copy}", "+snn_max_timesteps=16")  # + past Hydra's check
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, "+snn_max_timesteps=16: this run's config has no snn_max_timesteps setting")

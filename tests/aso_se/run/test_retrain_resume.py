@@ -138,3 +138,27 @@ def test_sigterm_during_the_snn_evaluation_stops_it_and_resume_redoes_only_the_e
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["snn_silent"] and metrics["snn_test_acc"] == metrics["test_acc"]
     assert "retrain epoch" not in (run_dir / "train.log").read_text().split("resumed from")[-1]  # no training
+
+
+def test_a_resume_may_change_the_snn_evaluation_knobs_alone(run_app: RunApp, tmp_path: Path) -> None:
+    """snn_max_timesteps, snn_eval_samples and snn_eval_dtype only change the evaluation: a finished QANN run
+    resumed with them evaluates its SNN anew (no training) and rewrites metrics.json; other settings are refused."""
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann",
+                           "snn_max_timesteps=1", "hydra.run.dir=run")
+    assert code == 0, stderr
+    run_dir = tmp_path / "run"
+    capped = json.loads((run_dir / "metrics.json").read_text())
+    assert capped["snn_acc_at_t"].keys() == {"1"} and capped["snn_eval_dtype"] == "float32"
+
+    code, stderr = run_app("train", f"resume={run_dir}", "snn_max_timesteps=256", "snn_eval_samples=20",
+                           "snn_eval_dtype=float64")
+    assert code == 0, stderr
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["snn_eval_dtype"] == "float64" and metrics["snn_silent"] and len(metrics["snn_acc_at_t"]) > 1
+    assert metrics["snn_prediction_agreement"] == 1.0 and metrics["test_acc"] == capped["test_acc"]
+    assert "retrain epoch" not in (run_dir / "train.log").read_text().split("resumed from")[-1]  # no training
+
+    code, stderr = run_app("train", f"resume={run_dir}", "snn_eval_dtype=float64", "epochs=3")
+    assert code != 0 and "drop the overrides epochs=3" in stderr
+    assert ("a resume takes only data.root, data.num_workers, snn_max_timesteps, snn_eval_samples, "
+            "snn_eval_dtype") in stderr
