@@ -9,9 +9,9 @@ piece=$(ls "$OUT" 2>/dev/null | grep -c '^fast_' || true)
 if [ -f "$RUN/checkpoints/last.pt" ]; then
   args=(resume="$RUN")
 else
-  args=(experiment=cifar10_qann_fast genotype=DARTS_V2 data.root="$DATA" hydra.run.dir="$RUN" "$@")
+  args=(trainer=ddp experiment=cifar10_qann_fast genotype=DARTS_V2 data.root="$DATA" hydra.run.dir="$RUN" "$@")
 fi
 timeout -s TERM --preserve-status "${STOP_S:-400}" python3 -m torch.distributed.run --standalone \
-  --nproc_per_node="$GPUS" train.py trainer=ddp "${args[@]}" > "$OUT/fast_$piece.log" 2>&1
+  --nproc_per_node="$GPUS" train.py "${args[@]}" > "$OUT/fast_$piece.log" 2>&1
 echo "exit $?"
 grep -E "retrain epoch|SNN|energy|error|SIGTERM|resume" "$OUT/fast_$piece.log" | tail -n 12
