@@ -1,0 +1,74 @@
+"""train.py's cuda_graph=true on several GPUs (NCCL): the captured step, its gradients all-reduced
+between two replays (FlatGradients), trains as eager DDP does: same losses, same weights.
+Run with `pytest -m gpu tests/aso_se/train/test_flat_reduction_gpu.py` on a machine with 2 GPUs."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from aso_se.parallel.distributed import DistributedContext
+from aso_se.train.retrain import Retrainer
+from search_space.network import build_network
+from search_space.neurons import NeuronFactory
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
+]
+STEPS = 8  # GraphedTrainStep's warm-up steps, the capture, then replays
+
+
+def _train(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+    torch.cuda.set_device(rank)
+    torch.backends.cudnn.allow_tf32 = False  # both arms in full fp32, so rounding alone separates them
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        for cuda_graph in (False, True):  # eager DDP, then the graphs with the flat reduction
+            torch.manual_seed(5 + rank)  # each rank its own initial weights: both arms start from rank 0's
+            network = build_network("DARTS_V2", neuron=NeuronFactory("st_bif_qann", timesteps=1), channels=8,
+                                    layers=5, num_classes=10, auxiliary=True, image_size=32)
+            sgd = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, nesterov=True, fused=True)
+            trainer = Retrainer(network, optimizer=sgd,
+                                scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=2),
+                                epochs=2, auxiliary_weight=0.4, drop_path_prob=0.0, grad_clip=5.0, precision="fp32",
+                                ctx=DistributedContext(torch.device("cuda", rank), rank=rank, world_size=world_size),
+                                log_every_n_steps=10, cuda_graph=cuda_graph, channels_last=True,
+                                label_smoothing=0.1)
+            assert (trainer.flat_grads is not None) == cuda_graph
+            step = trainer.graphed_step if cuda_graph else trainer.eager_step
+            generator = torch.Generator().manual_seed(rank)  # each rank its own data
+            trainer.model.train()
+            losses = []
+            for _ in range(STEPS):
+                images = torch.randn(16, 3, 32, 32, generator=generator)
+                labels = torch.randint(0, 10, (16,), generator=generator).cuda()
+                loss, _ = step(trainer._to_device(images.cuda()), labels)
+                losses.append(loss.item())  # read before the next replay overwrites it
+            if cuda_graph:
+                assert trainer.graphed_step.replays > 0
+            state = {name: value.cpu() for name, value in network.state_dict().items()}
+            torch.save({"losses": losses, "state": state}, f"{out_dir}/{'graph' if cuda_graph else 'ddp'}{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_graphs_with_the_flat_reduction_train_as_eager_ddp_on_two_gpus(tmp_path: Path) -> None:
+    mp.spawn(_train, args=(2, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=2, join=True)
+    runs = {(arm, rank): torch.load(tmp_path / f"{arm}{rank}.pt", weights_only=True)
+            for arm in ("ddp", "graph") for rank in range(2)}
+    for rank in range(2):
+        ddp, graph = runs["ddp", rank], runs["graph", rank]
+        assert len(set(ddp["losses"])) == STEPS  # the batches and the weights moved
+        torch.testing.assert_close(graph["losses"], ddp["losses"], rtol=1e-4, atol=1e-5)
+        for name, value in ddp["state"].items():
+            if "running" in name or "num_batches" in name:
+                continue  # DDP keeps the batch-norm statistics of this rank's last batch on top of rank 0's
+            torch.testing.assert_close(graph["state"][name], value, rtol=1e-4, atol=1e-5, msg=name)
+    for name, value in runs["graph", 0]["state"].items():  # the ranks agree, statistics included
+        assert torch.equal(value, runs["graph", 1]["state"][name]), name
