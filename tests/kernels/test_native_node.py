@@ -69,6 +69,7 @@ needs_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) i
 
 
 @needs_compiler
+@pytest.mark.slow
 def test_built_node_packs_each_argument_in_a_64_bit_slot_then_two_null_scratch_pointers(tmp_path, monkeypatch):
     monkeypatch.setenv("ASO_SE_CACHE", str(tmp_path))
     loaded = native.wait()

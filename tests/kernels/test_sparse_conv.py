@@ -144,10 +144,13 @@ def test_half_precision(kind, dtype):
 
 
 # ragged: 15 rows keep 2-row tiles ragged too, with few tiles (the interpreter runs programs one by one)
-@pytest.mark.parametrize("size", [(15, 19), (16, 16)], ids=["ragged", "even"])  # even: unmasked planar stores
-@pytest.mark.parametrize("pixels,block_c,unroll_taps", [
-    (16, 4, 100), (64, 2, 100), (1024, 4, 100),
-    (64, 2, 0), (1024, 4, 0),  # channel loops not unrolled
+# Cases of many small programs take 20-60 s in the interpreter: slow (out of CI); each path keeps a CI case.
+@pytest.mark.parametrize("pixels,block_c,unroll_taps,size", [
+    pytest.param(pixels, block_c, unroll_taps, size, id=f"{pixels}-{block_c}-{unroll_taps}-{name}",
+                 marks=[pytest.mark.slow] if pixels == 16 or (pixels == 64 and name == "ragged") else [])
+    for pixels, block_c, unroll_taps in [(16, 4, 100), (64, 2, 100), (1024, 4, 100),
+                                         (64, 2, 0), (1024, 4, 0)]  # 0: channel loops not unrolled
+    for name, size in [("ragged", (15, 19)), ("even", (16, 16))]  # even: unmasked planar stores
 ])
 def test_depthwise_tiles_and_silent_channels_within_a_program(pixels, block_c, unroll_taps, size, monkeypatch):
     """Depthwise programs of several tile sizes whose channels are partly silent, per plane and per
@@ -197,7 +200,8 @@ def test_non_finite_inputs_propagate_like_conv2d():
     assert torch.equal(y.isnan(), F.conv2d(x, weight, bias, 1, 1).isnan())
 
 
-@pytest.mark.parametrize("memory", ["nchw", "strided", "channels_last"])
+@pytest.mark.parametrize("memory", [pytest.param("nchw", marks=pytest.mark.slow),
+                                    pytest.param("strided", marks=pytest.mark.slow), "channels_last"])
 def test_prescan_matches_reference(memory):
     generator = torch.Generator().manual_seed(1)
     x = layout(spikes((2, 7, 19, 13), 0.01, generator, plane_silence=0.5), memory)
@@ -232,8 +236,14 @@ FORWARD_PATHS = {  # (layout, KernelConfig.packed): the dense forward's variants
 }
 
 
+CI_FORWARD_CASES = {("nchw (lists in the kernel)", 2, 2), ("strided view (lists in the kernel)", 2, 2),
+                    ("packed nchw", 1, 2)}  # one case per path in CI; the others take 15-25 s each
+
+
 @pytest.mark.parametrize("path,stride,dilation", [  # the packed forward is stride 1 only
-    (path, stride, dilation) for path in FORWARD_PATHS for stride, dilation in [(1, 1), (2, 2), (1, 2)]
+    pytest.param(path, stride, dilation,
+                 marks=[] if (path, stride, dilation) in CI_FORWARD_CASES else [pytest.mark.slow])
+    for path in FORWARD_PATHS for stride, dilation in [(1, 1), (2, 2), (1, 2)]
     if stride == 1 or not FORWARD_PATHS[path][1]
 ])
 def test_forward_loops_over_channel_chunks_output_blocks_and_tiles(path, stride, dilation):

@@ -68,6 +68,7 @@ def test_alpha_check_catches_ranks_that_differ(tmp_path: Path) -> None:
         assert (tmp_path / f"rank{rank}.txt").read_text().startswith("α differs between processes")
 
 
+@pytest.mark.slow
 def test_two_nodes_of_two_processes_meet_through_a_c10d_rendezvous(tmp_path):
     """Two torchrun agents on this host stand in for two machines (c10d rendezvous, 4 gloo ranks):
     the search runs on all four, α checked identical on every rank each cycle, rank 0 alone writes."""

@@ -88,6 +88,7 @@ def test_train_retrains_the_newest_searched_genotype(workdir: Path, smoke_search
     assert any(tag.startswith("firing_rate/cells.") for tag in tags["histograms"])
 
 
+@pytest.mark.slow
 def test_ctrl_c_then_resume_gives_the_uninterrupted_genotype(tmp_path: Path,
                                                             smoke_search: Path) -> None:
     """Ctrl-C in a terminal sends SIGINT to the whole process group, DataLoader workers too."""
@@ -129,6 +130,7 @@ def _torchrun_two_processes(script: str, *overrides: str, cwd: Path,
         cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_ddp_search_on_two_cpu_processes(tmp_path: Path) -> None:
     run_dir = tmp_path / "ddp"
     result = _torchrun_two_processes("search.py", f"hydra.run.dir={run_dir}", cwd=tmp_path)
@@ -139,6 +141,7 @@ def test_ddp_search_on_two_cpu_processes(tmp_path: Path) -> None:
     assert (result.stdout + result.stderr).count("search halves") == 1  # and logged nothing: rank 0's line
 
 
+@pytest.mark.slow
 def test_ddp_retrain_on_two_cpu_processes(tmp_path: Path) -> None:
     run_dir = tmp_path / "ddp"
     result = _torchrun_two_processes("train.py", "genotype=DARTS_V2", f"hydra.run.dir={run_dir}",
@@ -153,6 +156,7 @@ def test_ddp_retrain_on_two_cpu_processes(tmp_path: Path) -> None:
     assert "resumed from" in (run_dir / "train.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_qann_search_and_retrain_report_the_exact_snn(tmp_path: Path) -> None:
     """neuron=st_bif_qann: the search runs the QANN supernet; the retrain of its genotype reports the
     SNN built from the trained QANN, whose summed logits equal the QANN's (fp32 rounding)."""

@@ -67,6 +67,7 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers in /proc")
 
 
+@pytest.mark.slow
 def test_a_killed_rank_stops_the_other_and_max_restarts_resumes_the_run(tmp_path: Path) -> None:
     whole = tmp_path / "whole"
     log = tmp_path / "whole.log"
@@ -93,6 +94,7 @@ def test_a_killed_rank_stops_the_other_and_max_restarts_resumes_the_run(tmp_path
         torch.testing.assert_close(got[name], expected[name], rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.slow
 def test_a_hung_rank_stops_the_other_after_peer_timeout_s(tmp_path: Path) -> None:
     run_dir, log = tmp_path / "hung", tmp_path / "hung.log"
     agent = _torchrun(*RETRAIN[:-1], "epochs=50", "trainer.peer_timeout_s=5", f"hydra.run.dir={run_dir}",

@@ -96,6 +96,7 @@ def straight(finished_search: Path) -> Path:
     return finished_search
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_group_stops_the_search_and_it_resumes_to_the_same_genotype(
         tmp_path: Path, straight: Path, run_app: RunApp) -> None:
     run_dir = tmp_path / "run"
@@ -131,6 +132,7 @@ def test_sigusr1_to_the_group_stops_the_retrain(tmp_path: Path) -> None:
     assert not any(_alive(pid) for pid in workers)
 
 
+@pytest.mark.slow
 def test_sigkill_after_a_timed_checkpoint_loses_at_most_the_interval(tmp_path: Path, straight: Path,
                                                                     run_app: RunApp) -> None:
     """trainer.checkpoint_every_min tiny: a checkpoint after every step. SIGKILL (to the main process
