@@ -111,6 +111,13 @@ class Sweep:
                 f"hydra.sweep.dir={quoted(self.stage_dir)}", f"hydra.sweep.subdir={self.subdir}"]
 
 
+def shell_word(word: str) -> str:
+    """``word`` for a shell, readably: Hydra's single-quoted values inside double quotes where that is safe."""
+    if "'" in word and not any(char in word for char in '"$`\\!'):
+        return f'"{word}"'
+    return shlex.quote(word)
+
+
 def finished(run_dir: Path, script: str) -> bool:
     return (run_dir / DONE_FILE[script]).is_file()
 
@@ -133,7 +140,7 @@ def run_sweeps(sweeps: Sequence[Sweep], launcher: str, resume: bool, log_dir: Pa
         command = sweep.command(LAUNCHERS[launcher], [value for value, _ in todo])
         log = log_dir / f"{sweep.label}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        print(f"$ {shlex.join(command)}", flush=True)
+        print(f"$ {' '.join(map(shell_word, command))}", flush=True)
         with open(log, "wb") as out:
             code = subprocess.run([sys.executable, *command[1:]], cwd=REPO, env=env, stdout=out,
                                   stderr=subprocess.STDOUT).returncode

@@ -333,6 +333,10 @@ class Run:
         return self
 
     def _start(self) -> None:
+        # The jobs of a multirun may share a process (Hydra's basic launcher): each counts only its own conv calls.
+        from kernels.sparse_conv import PATH_COUNTS
+
+        PATH_COUNTS.reset()
         if self.cfg.get("resume"):
             self._load_resumed_state()
             self._handle_stop_signals(self.cfg.trainer)  # the resumed run's own setting
@@ -575,8 +579,8 @@ class Run:
         self._keep_stop_handlers()
         config = OmegaConf.to_container(self.cfg, resolve=True)
         keep = self.cfg.trainer.get("keep_checkpoints", 1) if path is None else 1  # last.pt's history only
-        checkpoint.save_checkpoint({"config": config, "wall_time_s": self.wall_time_s, "cpu_time_s": self.cpu_time_s,
-                                    "world_size": self.ctx.world_size, **state},
+        checkpoint.save_checkpoint({"config": config, "wall_time_s": self.wall_time_s,
+                                    "cpu_time_s": self.cpu_time_s, "world_size": self.ctx.world_size, **state},
                                    path or self.checkpoint_path, kind=self.entry_point, keep=keep)
         if path is None:
             self._saved_at = time.monotonic()
