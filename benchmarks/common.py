@@ -108,13 +108,13 @@ class Sweep:
         """The multirun's command line (``values``: a part of the sweep, e.g. the unfinished jobs)."""
         return ["python", self.script, "-m", *launcher, *self.overrides,
                 f"{self.key}={','.join(self.values if values is None else values)}",
-                f"hydra.sweep.dir={quoted(self.stage_dir)}", f"hydra.sweep.subdir={self.subdir}"]
+                f"hydra.sweep.dir={quoted(self.stage_dir)}", f"hydra.sweep.subdir={quoted(self.subdir)}"]
 
 
 def shell_word(word: str) -> str:
     """``word`` for a shell, readably: Hydra's single-quoted values inside double quotes where that is safe."""
-    if "'" in word and not any(char in word for char in '"$`\\!'):
-        return f'"{word}"'
+    if "'" in word and not any(char in word for char in '"`\\!'):
+        return '"' + word.replace("$", "\\$") + '"'
     return shlex.quote(word)
 
 

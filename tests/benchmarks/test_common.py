@@ -42,7 +42,7 @@ def test_a_sweep_is_one_multirun_command_a_user_can_rerun(tmp_path):
                         subdir="${aso_se.stem:${genotype}}")
     assert sweep.command(bench.LAUNCHERS["local_gpus"], ["DARTS_V2"]) == [
         "python", "train.py", "-m", "+sweep=local_gpus", "epochs=1", "genotype=DARTS_V2",
-        f"hydra.sweep.dir='{tmp_path / 're train'}'", "hydra.sweep.subdir=${aso_se.stem:${genotype}}"]
+        f"hydra.sweep.dir='{tmp_path / 're train'}'", "hydra.sweep.subdir='${aso_se.stem:${genotype}}'"]
     assert sweep.run_dirs() == [tmp_path / "re train" / "a", tmp_path / "re train" / "DARTS_V2"]
 
 

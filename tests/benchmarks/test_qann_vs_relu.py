@@ -37,7 +37,7 @@ def test_smoke_run_reports_every_arm_and_the_verdicts(smoke):
     assert "neuron.timesteps=4" in (out / "train" / "st_bif_s0" / ".hydra" / "overrides.yaml").read_text()
     assert "timesteps" not in (out / "train" / "relu_s0" / ".hydra" / "overrides.yaml").read_text()
     commands = [line for line in stdout.splitlines() if line.startswith("$ python train.py -m ")]
-    assert len(commands) == 3 and commands[2].endswith("'hydra.sweep.subdir=st_bif_s${seed}'")  # one per arm
+    assert len(commands) == 3 and commands[2].endswith("\"hydra.sweep.subdir='st_bif_s\\${seed}'\"")  # one per arm
     assert [line.split("?")[0] for line in summary["verdicts"]] == [
         "QANN within 1 point of ReLU", "its SNN within 1 point of ReLU", "QANN train time per image: "
         f"{runs['relu']['train_images_per_second'] / qann['train_images_per_second']:.2f}x ReLU's",
@@ -87,7 +87,7 @@ def test_an_arm_with_neuron_options_runs_them_and_gets_its_own_verdicts():
     (sweep,) = bench.plan_sweeps(Path("/o"), ["st_bif_qann:level=16"], 2, 4, ("epochs=1",))
     assert sweep.run_dirs() == [Path("/o/train/st_bif_qann_level16_s0"), Path("/o/train/st_bif_qann_level16_s1")]
     assert sweep.command()[3:] == ["epochs=1", "neuron=st_bif_qann", "neuron.level=16", "seed=0,1",
-                                   "hydra.sweep.dir='/o/train'", "hydra.sweep.subdir=st_bif_qann_level16_s${seed}"]
+                                   "hydra.sweep.dir='/o/train'", "hydra.sweep.subdir='st_bif_qann_level16_s${seed}'"]
     rows = [{"arm": "relu", "test_acc": 0.775, "snn_test_acc": None, "train_images_per_second": 6000.0},
             {"arm": "st_bif_qann:level=16", "test_acc": 0.770, "snn_test_acc": 0.771,
              "train_images_per_second": 5000.0}]

@@ -87,7 +87,7 @@ def test_a_job_of_the_retrain_multirun_equals_a_direct_train_run(smoke, tmp_path
     retrain = out / "retrain"
     command = next(line for line in stdout.splitlines() if line.startswith("$ python train.py -m"))
     # printed, to rerun or extend by hand
-    subdir = "'hydra.sweep.subdir=${aso_se.stem:${genotype}}_seed0'"
+    subdir = "\"hydra.sweep.subdir='\\${aso_se.stem:\\${genotype}}_seed0'\""
     assert command.endswith(f"\"hydra.sweep.dir='{retrain}'\" {subdir}")
     assert "/genotypes/POOR_POOL_SKIP.json'\"" in command
     direct = subprocess.run([sys.executable, str(REPO / "train.py"), "experiment=smoke", "logger=none",
@@ -175,7 +175,6 @@ def test_a_failed_run_stops_the_benchmark_with_one_line(tmp_path):
         (["seed=3"], "sets seed, which the benchmark sets for every run"),
         (["hydra.run.dir=/tmp/x"], "sets hydra.run.dir"),
         (["hydra.sweep.dir=/tmp/x"], "--out sets the run dirs, --launcher the launcher"),
-        (["--parallel", "2"], "--parallel is gone"),
         (["data"], "is not a Hydra override"),
         (["--train-override", "+genotype=DARTS_V1"], "sets genotype"),
     ],
@@ -185,10 +184,14 @@ def test_bad_input_is_refused(tmp_path, args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_bad_input_ends_before_any_run(tmp_path, capsys):
+@pytest.mark.parametrize(("args", "message"), [
+    (["--launcher", "mpi"], "invalid choice: 'mpi'"),
+    (["--parallel", "2"], "--parallel is gone: the runs are Hydra multiruns; pass --launcher local_gpus"),
+])
+def test_bad_flags_end_before_any_run(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as stop:
-        bench.main(["--out", str(tmp_path / "out"), "--smoke", "--launcher", "mpi"])
-    assert stop.value.code == 2 and "invalid choice: 'mpi'" in capsys.readouterr().err
+        bench.main(["--out", str(tmp_path / "out"), "--smoke", *args])
+    assert stop.value.code == 2 and message in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
 def test_a_non_empty_out_dir_is_refused(tmp_path, capsys):
@@ -218,7 +221,7 @@ def test_the_cifar10_plan_and_its_flags(tmp_path):
     assert sweep.command(("+sweep=local_gpus",))[2:] == [
         "-m", "+sweep=local_gpus", *plan.train_overrides, "seed=0",
         f"genotype='{tmp_path / 'genotypes' / 'search_0.json'}','{tmp_path / 'genotypes' / 'random_3.json'}'",
-        f"hydra.sweep.dir='{tmp_path / 'retrain'}'", "hydra.sweep.subdir=${aso_se.stem:${genotype}}_seed0"]
+        f"hydra.sweep.dir='{tmp_path / 'retrain'}'", "hydra.sweep.subdir='${aso_se.stem:${genotype}}_seed0'"]
     assert sweep.run_dirs() == [tmp_path / "retrain" / "search_0_seed0", tmp_path / "retrain" / "random_3_seed0"]
 
 
