@@ -1,32 +1,32 @@
-"""What the benchmarks that run search.py and train.py share: the job and its result, the Hydra overrides
-they check and compose, the subprocess runner, and reading a finished run back.
+"""What the benchmarks that run search.py and train.py share: the Hydra overrides they check and compose,
+their stages as Hydra multiruns (``python search.py -m ...`` on a launcher plugin), and reading a run dir back.
 
 search_vs_random.py, qann_vs_relu.py, sparse_end_to_end.py and energy_pareto.py import it; it is a
 library, not a script (each script puts the repository on sys.path before importing it).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
 import sys
-import threading
-import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 import yaml
 
-from aso_se.run.checkpoint import save_json
 from search_space.errors import UserInputError
 
 REPO = Path(__file__).resolve().parents[1]
-# Keys search_vs_random.py sets for every run itself (check_overrides' default).
-RESERVED_KEYS = ("seed", "genotype", "resume", "hydra.run.dir")
+# Keys search_vs_random.py sets for every run itself (check_overrides' default); every benchmark also sets
+# the multiruns' own keys (SWEEP_KEYS).
+RESERVED_KEYS = ("seed", "genotype", "resume")
+SWEEP_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "sweep")
 SMOKE = ("experiment=smoke", "logger=none")
 
 
@@ -34,29 +34,7 @@ class BenchmarkError(RuntimeError):
     """A run failed or wrote unexpected output; the message is one line naming the run and its log."""
 
 
-# ----------------------------------------------------------------------------- jobs and overrides
-@dataclass(frozen=True)
-class Job:
-    """One subprocess: ``script`` (search.py or train.py) with ``overrides``, logging to ``log``."""
-
-    name: str
-    arm: str
-    script: str
-    overrides: tuple[str, ...]
-    run_dir: Path
-    log: Path
-    seed: int
-    source: str  # the cell's origin: search_<s>, random_<i>, DARTS_V2, POOR_POOL_SKIP
-
-
-@dataclass(frozen=True)
-class JobResult:
-    job: Job
-    returncode: int
-    wall_s: float
-    cpu_s: float
-
-
+# ----------------------------------------------------------------------------- overrides
 def quoted(value: str | Path) -> str:
     """A Hydra override value quoted, so that paths with spaces, '=' or ',' pass through."""
     text = str(value)
@@ -80,141 +58,156 @@ def check_overrides(
         if key in reserved:
             raise UserInputError(f"the override {override!r} sets {key}, which the benchmark sets for every run; "
                                  f"drop it ({instead})")
+        if key in SWEEP_KEYS:
+            raise UserInputError(f"the override {override!r} sets {key}, which the benchmark sets for every "
+                                 "multirun; drop it (--out sets the run dirs, --launcher the launcher)")
         checked.append(override)
     return tuple(checked)
 
 
-def compose_config(config_name: str, overrides: Sequence[str]) -> Any:
+def compose_config(config_name: str, overrides: Sequence[str], launcher: str = "basic") -> Any:
+    """The config ``overrides`` give ``config_name`` (search, train) under ``launcher``: bad ones are refused
+    before any run. ``launcher``'s sweep config is composed too, so hydra.launcher.* overrides are checked."""
     from hydra import compose, initialize_config_dir
 
     try:
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3", job_name=config_name):
-            return compose(config_name=config_name, overrides=list(overrides))
+            return compose(config_name=config_name, overrides=[*LAUNCHERS[launcher], *overrides])
     except Exception as error:  # Hydra's and OmegaConf's many error types: all mean bad overrides here
         message = " ".join(str(error).split())
         raise UserInputError(f"{config_name}.py rejects the overrides {list(overrides)}: {message}; "
                              "fix them (--search-override/--train-override for one entry point only)") from None
 
 
-# ----------------------------------------------------------------------------- running
-DONE = "benchmark_run.json"  # in a run dir: the run finished (exit 0); its wall and CPU seconds
+# ----------------------------------------------------------------------------- sweeps
+# --launcher: the Hydra launcher of every multirun. basic: Hydra's own, the jobs one after another in one
+# process (what CI uses); local_gpus: one job per GPU of this machine; slurm: a Slurm job each (conf/sweep/).
+LAUNCHERS = {"basic": (), "local_gpus": ("+sweep=local_gpus",), "slurm": ("+sweep=slurm",),
+             "slurm_local": ("+sweep=slurm_local",)}
+DONE_FILE = {"search.py": "genotype.json", "train.py": "metrics.json"}  # in a run dir: the run finished
 
 
-class Runner:
-    """Runs jobs as subprocesses, ``parallel`` at once; on the first failure stops the others.
+@dataclass(frozen=True)
+class Sweep:
+    """One Hydra multirun: ``script`` with ``overrides`` and ``key`` swept over ``values``; the job of
+    ``values[i]`` runs in ``stage_dir / names[i]``, which ``subdir`` (Hydra's interpolation) must give."""
 
-    ``resume``: a job whose run dir holds ``DONE`` is not run again (its recorded result is used);
-    an unfinished one is deleted and run from scratch.
+    label: str  # names its log: DIR/logs/<label>.log
+    script: str
+    stage_dir: Path
+    overrides: tuple[str, ...]
+    key: str
+    values: tuple[str, ...]
+    names: tuple[str, ...]
+    subdir: str
+
+    def run_dirs(self) -> list[Path]:
+        return [self.stage_dir / name for name in self.names]
+
+    def command(self, launcher: Sequence[str] = (), values: Sequence[str] | None = None) -> list[str]:
+        """The multirun's command line (``values``: a part of the sweep, e.g. the unfinished jobs)."""
+        return ["python", self.script, "-m", *launcher, *self.overrides,
+                f"{self.key}={','.join(self.values if values is None else values)}",
+                f"hydra.sweep.dir={quoted(self.stage_dir)}", f"hydra.sweep.subdir={quoted(self.subdir)}"]
+
+
+def shell_word(word: str) -> str:
+    """``word`` for a shell, readably: Hydra's single-quoted values inside double quotes where that is safe."""
+    if "'" in word and not any(char in word for char in '"`\\!'):
+        return '"' + word.replace("$", "\\$") + '"'
+    return shlex.quote(word)
+
+
+def finished(run_dir: Path, script: str) -> bool:
+    return (run_dir / DONE_FILE[script]).is_file()
+
+
+def run_sweeps(sweeps: Sequence[Sweep], launcher: str, resume: bool, log_dir: Path) -> list[Path]:
+    """Runs each sweep as ``python <script> -m ...`` on ``launcher``, one after another; the run dirs of all.
+
+    With ``resume`` a job whose run dir holds its finished file (DONE_FILE) is left out of the sweep and an
+    unfinished one is deleted and run again (a multirun cannot skip jobs); a sweep with nothing left is not run.
     """
-
-    def __init__(self, parallel: int, env: Mapping[str, str], resume: bool = False) -> None:
-        self._resume = resume
-        self._pool = ThreadPoolExecutor(max_workers=parallel)
-        self._env = dict(env)
-        self._lock = threading.Lock()
-        self._running: dict[int, subprocess.Popen[bytes]] = {}
-        self._stopping = False
-
-    def _run(self, job: Job) -> JobResult:
-        done = job.run_dir / DONE
-        if self._resume and done.is_file():
-            record = json.loads(done.read_text())
-            return JobResult(job, returncode=0, wall_s=record["wall_s"], cpu_s=record["cpu_s"])
-        if self._resume and job.run_dir.exists():
-            shutil.rmtree(job.run_dir)
-        job.log.parent.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        with self._lock:
-            if self._stopping:
-                return JobResult(job, returncode=-1, wall_s=0.0, cpu_s=0.0)
-            with open(job.log, "wb") as log:
-                process = subprocess.Popen([sys.executable, str(REPO / job.script), *job.overrides],
-                                           stdout=log, stderr=subprocess.STDOUT, env=self._env)
-            self._running[process.pid] = process
-        # wait4, not Popen.wait: it also gives this child's own CPU time, exact with parallel runs.
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
-        with self._lock:
-            del self._running[process.pid]
-        result = JobResult(job, process.returncode, time.perf_counter() - started, usage.ru_utime + usage.ru_stime)
-        if result.returncode == 0:
-            save_json({"wall_s": result.wall_s, "cpu_s": result.cpu_s}, done)
-        return result
-
-    def _stop(self) -> None:
-        with self._lock:
-            self._stopping = True
-            for process in self._running.values():
-                process.terminate()  # the entry points save a checkpoint and exit on SIGTERM
-
-    def run_all(self, jobs: Sequence[Job], follow_up: Callable[[JobResult], list[Job]]) -> list[JobResult]:
-        """Runs ``jobs`` and, as each finishes, the jobs ``follow_up`` returns for it; all results."""
-        results: list[JobResult] = []
-        pending: set[Future[JobResult]] = {self._pool.submit(self._run, job) for job in jobs}
-        try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in sorted(done, key=lambda f: f.result().job.name):
-                    result = future.result()
-                    if result.returncode != 0:
-                        raise BenchmarkError(_failure(result))
-                    results.append(result)
-                    pending |= {self._pool.submit(self._run, job) for job in follow_up(result)}
-        except BaseException:
-            self._stop()
-            raise
-        finally:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-        return results
-
-
-def _failure(result: JobResult) -> str:
-    lines = [line.strip() for line in result.job.log.read_text(errors="replace").splitlines() if line.strip()]
-    last = f": {lines[-1]}" if lines else ""
-    return f"run {result.job.name} failed (exit {result.returncode}); its log is {result.job.log}{last}"
-
-
-def child_env(parallel: int) -> dict[str, str]:
-    """The runs' environment: unbuffered logs; with parallel runs, the CPU threads shared out."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if parallel > 1 and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // parallel))
-    return env
+    for sweep in sweeps:
+        todo = [(value, run_dir) for value, run_dir in zip(sweep.values, sweep.run_dirs())
+                if not (resume and finished(run_dir, sweep.script))]
+        if not todo:
+            continue
+        for _, run_dir in todo:
+            if run_dir.exists():  # only with --resume: an unfinished run, redone from scratch
+                shutil.rmtree(run_dir)
+        command = sweep.command(LAUNCHERS[launcher], [value for value, _ in todo])
+        log = log_dir / f"{sweep.label}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        print(f"$ {' '.join(map(shell_word, command))}", flush=True)
+        with open(log, "wb") as out:
+            code = subprocess.run([sys.executable, *command[1:]], cwd=REPO, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT).returncode
+        failed = [run_dir for _, run_dir in todo if not finished(run_dir, sweep.script)]
+        if code != 0 or failed:
+            raise BenchmarkError(_failure(code, failed, log))
+    return [run_dir for sweep in sweeps for run_dir in sweep.run_dirs()]
+
+
+def _failure(code: int, failed: Sequence[Path], log: Path) -> str:
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    last = f": {lines[-1]}" if lines else ""
+    runs = ", ".join(str(run_dir) for run_dir in failed) or "none unfinished"
+    return f"a multirun failed (exit {code}; unfinished: {runs}); its log is {log}{last}"
+
 
 # ----------------------------------------------------------------------------- reading the runs
-def read_run_json(path: Path, job: Job) -> Any:
+def add_launcher_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--launcher", default="basic", choices=tuple(LAUNCHERS),
+                        help="Hydra launcher of every multirun: basic (one job after another), local_gpus (one "
+                             "job per GPU; sweep.jobs_per_gpu=N for more), slurm (hydra.launcher.partition=...), "
+                             "slurm_local (submitit's local executor)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue a stopped benchmark in --out (same arguments): finished runs are kept, "
+                             "unfinished ones redone")
+    parser.add_argument("--parallel", help=argparse.SUPPRESS)  # gone: refused with a hint (check_launcher_args)
+
+
+def check_launcher_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.parallel is not None:
+        parser.error("--parallel is gone: the runs are Hydra multiruns; pass --launcher local_gpus (one job per "
+                     "GPU, sweep.jobs_per_gpu=N for N per GPU) or --launcher slurm")
+
+
+def read_run_json(path: Path) -> Any:
     if not path.is_file():
-        raise BenchmarkError(f"run {job.name} finished without writing {path}; its log is {job.log}")
+        raise BenchmarkError(f"run {path.parent} finished without writing {path.name}; its log is in {path.parent}")
     return json.loads(path.read_text())
 
 
-def run_config(job: Job) -> dict[str, Any]:
-    return yaml.safe_load((job.run_dir / ".hydra" / "config.yaml").read_text())
+def run_config(run_dir: Path) -> dict[str, Any]:
+    return yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
 
 
-def collect_retrain(result: JobResult) -> dict[str, Any]:
-    job = result.job
-    metrics = read_run_json(job.run_dir / "metrics.json", job)
+def collect_retrain(run_dir: Path, source: str) -> dict[str, Any]:
+    """A finished train.py run: test figures, genotype and minutes (wall and CPU, as the run measured them)."""
+    metrics = read_run_json(run_dir / "metrics.json")
     return {"test_acc": metrics["test_acc"], "best_test_acc": metrics.get("best_test_acc"),
             "params_m": metrics["params_m"], "firing_rate_mean": metrics.get("firing_rate_mean"),
-            "genotype": json.loads(metrics["genotype"]), "run_dir": str(job.run_dir), "source": job.source,
-            "device": metrics.get("device"),
-            "seed": job.seed, "wall_minutes": result.wall_s / 60, "cpu_minutes": result.cpu_s / 60}
+            "genotype": json.loads(metrics["genotype"]), "run_dir": str(run_dir), "source": source,
+            "device": metrics.get("device"), "seed": run_config(run_dir)["seed"],
+            "wall_minutes": metrics["wall_time_s"] / 60, "cpu_minutes": metrics["cpu_time_s"] / 60}
 
 
-def same_config(results: Sequence[JobResult], ignore: Sequence[str]) -> dict[str, Any]:
+def same_config(run_dirs: Sequence[Path], ignore: Sequence[str]) -> dict[str, Any]:
     """The composed config every run got, less the keys in ``ignore``: one budget, or a BenchmarkError."""
     configs = {}
-    for result in results:
-        config = run_config(result.job)
+    for run_dir in run_dirs:
+        config = run_config(run_dir)
         for key in ignore:
             config.pop(key)
-        configs[result.job] = config
-    (first_job, first), *_ = configs.items()
-    for job, config in configs.items():
+        configs[run_dir] = config
+    (first_dir, first), *_ = configs.items()
+    for run_dir, config in configs.items():
         if config != first:
-            raise BenchmarkError(f"runs {first_job.name} and {job.name} ran with different configs; compare "
-                                 f"{job.run_dir / '.hydra' / 'config.yaml'} with {first_job.name}'s")
+            raise BenchmarkError(f"runs {first_dir.name} and {run_dir.name} ran with different configs; compare "
+                                 f"{run_dir / '.hydra' / 'config.yaml'} with {first_dir.name}'s")
     return first
 
 

@@ -2,15 +2,18 @@
 
 Writes DIR/summary.json (per λ and seed: the genotype, test accuracy and energy per image of the
 retrained cell), summary.md (the table) and pareto.png (accuracy against energy, the Pareto front
-marked); prints the table last. Searches and retrains take the same overrides as search_vs_random.py:
+marked); prints the table last. Searches and retrains take the same overrides as search_vs_random.py. Two
+stages of Hydra multiruns, their commands printed (rerun a λ or add one by hand with them): per search seed,
+``search.py -m search.energy_weight=<λs>`` (DIR/search/w<λ>_s<seed>); then one ``train.py -m
+genotype=<the found cells>`` (copied to DIR/genotypes/w<λ>_s<seed>.json; run dirs DIR/retrain/w<λ>_s<seed>).
 
-    python benchmarks/energy_pareto.py --out DIR --weights 0,0.1,0.3 data=cifar10 data.root=<cifar10>
+    python benchmarks/energy_pareto.py --out DIR --weights 0,0.1,0.3 --launcher local_gpus data=cifar10 \\
+        data.root=<cifar10>
     python benchmarks/energy_pareto.py --out DIR --smoke    # every code path in about a minute on a CPU
 """
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -24,14 +27,16 @@ from aso_se.run.checkpoint import save_json  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     SMOKE,
     BenchmarkError,
-    Job,
-    JobResult,
-    Runner,
+    Sweep,
+    add_launcher_args,
+    check_launcher_args,
     check_overrides,
-    child_env,
     collect_retrain,
     compose_config,
     quoted,
+    read_run_json,
+    run_config,
+    run_sweeps,
 )
 from search_space.errors import UserInputError  # noqa: E402
 
@@ -46,26 +51,21 @@ def parse_weights(text: str) -> tuple[float, ...]:
     return weights
 
 
-def plan_jobs(out: Path, weights: Sequence[float], seeds: int, search: Sequence[str]) -> list[Job]:
-    jobs = []
-    for weight in weights:
-        for seed in range(seeds):
-            name = f"search_w{weight:g}_s{seed}"
-            run_dir = out / name
-            jobs.append(Job(name=name, arm=f"{weight:g}", script="search.py", run_dir=run_dir, seed=seed,
-                            source=name, log=out / "logs" / f"{name}.log",
-                            overrides=(*search, f"search.energy_weight={weight}", f"seed={seed}",
-                                       f"hydra.run.dir={quoted(run_dir)}")))
-    return jobs
+def search_sweeps(out: Path, weights: Sequence[float], seeds: int, search: Sequence[str]) -> list[Sweep]:
+    """Per search seed, one multirun over the λ values."""
+    return [Sweep(label=f"search_s{seed}", script="search.py", stage_dir=out / "search",
+                  overrides=(*search, f"seed={seed}"), key="search.energy_weight",
+                  values=tuple(str(weight) for weight in weights),
+                  names=tuple(f"w{weight}_s{seed}" for weight in weights),
+                  subdir=f"w${{search.energy_weight}}_s{seed}")
+            for seed in range(seeds)]
 
 
-def retrain_job(out: Path, search: Job, train: Sequence[str]) -> Job:
-    name = f"train_{search.name.removeprefix('search_')}"
-    run_dir = out / name
-    return Job(name=name, arm=search.arm, script="train.py", run_dir=run_dir, seed=0, source=search.name,
-               log=out / "logs" / f"{name}.log",
-               overrides=(*train, f"genotype={quoted(search.run_dir / 'genotype.json')}", "seed=0",
-                          f"hydra.run.dir={quoted(run_dir)}"))
+def retrain_sweep(out: Path, names: Sequence[str], train: Sequence[str]) -> Sweep:
+    """One multirun over the found cells DIR/genotypes/<name>.json, all at seed 0."""
+    return Sweep(label="retrain", script="train.py", stage_dir=out / "retrain", overrides=(*train, "seed=0"),
+                 key="genotype", values=tuple(quoted(out / "genotypes" / f"{name}.json") for name in names),
+                 names=tuple(names), subdir="${aso_se.stem:${genotype}}")
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -112,22 +112,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base = SMOKE if args.smoke else ()
     search = (*base, *common, *check_overrides(args.search_override))
     train = (*base, *common, *check_overrides(args.train_override))
-    compose_config("search", search)  # bad overrides are refused before any run
-    compose_config("train", (*train, "genotype=DARTS_V2"))
+    compose_config("search", search, args.launcher)  # bad overrides are refused before any run
+    compose_config("train", (*train, "genotype=DARTS_V2"), args.launcher)
     out = args.out.resolve()
-    searches = {job.name: job for job in plan_jobs(out, args.weights, args.seeds, search)}
-
-    def follow_up(result: JobResult) -> list[Job]:
-        return [retrain_job(out, result.job, train)] if result.job.script == "search.py" else []
-
-    results = Runner(args.parallel, child_env(args.parallel), args.resume).run_all(list(searches.values()), follow_up)
+    search_dirs = run_sweeps(search_sweeps(out, args.weights, args.seeds, search), args.launcher, args.resume,
+                             out / "logs")
+    for run_dir in search_dirs:  # the found cells, named as their searches: one retrain multirun over them
+        save_json(read_run_json(run_dir / "genotype.json"), out / "genotypes" / f"{run_dir.name}.json")
+    retrain_dirs = run_sweeps([retrain_sweep(out, [d.name for d in search_dirs], train)], args.launcher,
+                              args.resume, out / "logs")
     runs = []
-    for result in sorted((r for r in results if r.job.script == "train.py"), key=lambda r: r.job.name):
-        metrics = json.loads((result.job.run_dir / "metrics.json").read_text())
+    for run_dir, search_dir in sorted(zip(retrain_dirs, search_dirs)):
+        metrics = read_run_json(run_dir / "metrics.json")
         if "energy_per_image_uj" not in metrics:
-            raise BenchmarkError(f"run {result.job.name} wrote no energy figures; its log is {result.job.log}")
-        runs.append({**collect_retrain(result), "energy_weight": float(result.job.arm),
-                     "search_seed": searches[result.job.source].seed,
+            raise BenchmarkError(f"run {run_dir} wrote no energy figures; its log is in {run_dir}")
+        searched = run_config(search_dir)
+        runs.append({**collect_retrain(run_dir, f"search_{run_dir.name}"),
+                     "energy_weight": float(searched["search"]["energy_weight"]), "search_seed": searched["seed"],
                      **{key: metrics[key] for key in ("energy_per_image_uj", "sops_per_image", "macs_per_image")}})
     rows = []
     for weight in args.weights:
@@ -153,16 +154,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--weights", default="0,0.1,0.3", help="the λ values (search.energy_weight), comma-separated")
     parser.add_argument("--seeds", type=int, default=1, help="searches per λ (seeds 0..N-1)")
     parser.add_argument("--smoke", action="store_true", help="experiment=smoke for every run: seconds each on a CPU")
-    parser.add_argument("--parallel", type=int, default=1, help="runs at once")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue a stopped sweep in --out: finished runs are kept")
+    add_launcher_args(parser)
     parser.add_argument("--search-override", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. data=cifar10 neuron=lif")
     args = parser.parse_args(argv)
-    for name in ("seeds", "parallel"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+    check_launcher_args(parser, args)
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
     return args
 
 

@@ -4,10 +4,12 @@ Every run is ``train.py`` with the same overrides but ``neuron=<arm>`` and ``see
 also get ``neuron.timesteps=--timesteps``). An arm may set its neuron's options: ``st_bif_qann:level=16``
 runs ``neuron=st_bif_qann neuron.level=16``. Writes DIR/summary.json (every run: test accuracy, the QANN's SNN
 accuracy, steps to silence and accuracy at T = 4 and 8, train images/s), summary.md (mean ± std per arm and
-the verdicts: QANN and its SNN within 1 point of ReLU, QANN above BPTT); prints the table last.
+the verdicts: QANN and its SNN within 1 point of ReLU, QANN above BPTT); prints the table last. Every arm is
+one Hydra multirun over the seeds, ``train.py -m neuron=<arm> seed=0,1,..`` (run dirs DIR/train/<arm>_s<seed>;
+the arms one after another), whose command is printed: rerun an arm or add one by hand with it.
 
-    python benchmarks/qann_vs_relu.py --out DIR --seeds 3 data=cifar10 data.root=<cifar10> model=small \\
-        genotype=DARTS_V2 epochs=5 batch_size=128 cuda_graph=true
+    python benchmarks/qann_vs_relu.py --out DIR --seeds 3 --launcher local_gpus data=cifar10 data.root=<cifar10> \\
+        model=small genotype=DARTS_V2 epochs=5 batch_size=128 cuda_graph=true
     python benchmarks/qann_vs_relu.py --out DIR --smoke    # every code path in about a minute on a CPU
 """
 from __future__ import annotations
@@ -25,14 +27,13 @@ from aso_se.run.checkpoint import save_json  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     SMOKE,
     BenchmarkError,
-    Job,
-    JobResult,
-    Runner,
-    child_env,
+    Sweep,
+    add_launcher_args,
+    check_launcher_args,
     compose_config,
     mean_std,
-    quoted,
     read_run_json,
+    run_sweeps,
     same_config,
 )
 from benchmarks.common import check_overrides as check_run_overrides  # noqa: E402
@@ -41,7 +42,7 @@ from search_space.errors import UserInputError  # noqa: E402
 ARMS = ("relu", "st_bif_qann", "st_bif")
 BPTT = ("st_bif", "lif")  # arms trained through time: they get --timesteps
 TOLERANCE = 0.01  # "within 1 point" of ReLU's mean test accuracy
-RESERVED_KEYS = ("neuron", "seed", "resume", "hydra.run.dir")  # set by the benchmark for every run
+RESERVED_KEYS = ("neuron", "seed", "resume")  # set by the benchmark for every run
 
 
 def check_overrides(overrides: Sequence[str]) -> tuple[str, ...]:
@@ -61,29 +62,30 @@ def arm_overrides(arm: str, timesteps: int) -> tuple[str, ...]:
     return (f"neuron={neuron}", *steps, *(f"neuron.{option}" for option in options))
 
 
-def plan_jobs(out: Path, arms: Sequence[str], seeds: int, timesteps: int, common: Sequence[str]) -> list[Job]:
-    jobs = []
-    for arm in arms:
-        for seed in range(seeds):
-            name = f"{arm.replace(':', '_').replace('=', '')}_s{seed}"
-            run_dir = out / name
-            jobs.append(Job(name=name, arm=arm, script="train.py", run_dir=run_dir, seed=seed, source=arm,
-                            log=out / "logs" / f"{name}.log",
-                            overrides=(*common, *arm_overrides(arm, timesteps), f"seed={seed}",
-                                       f"hydra.run.dir={quoted(run_dir)}")))
-    return jobs
+def arm_name(arm: str) -> str:
+    """The arm in run dir names: ``st_bif_qann:level=16`` → ``st_bif_qann_level16``."""
+    return arm.replace(":", "_").replace("=", "")
 
 
-def collect(result: JobResult) -> dict[str, Any]:
-    job = result.job
-    metrics = read_run_json(job.run_dir / "metrics.json", job)
+def plan_sweeps(out: Path, arms: Sequence[str], seeds: int, timesteps: int, common: Sequence[str]) -> list[Sweep]:
+    """One multirun per arm over the seeds (arms differ in their overrides, a multirun only in the swept key)."""
+    return [Sweep(label=arm_name(arm), script="train.py", stage_dir=out / "train",
+                  overrides=(*common, *arm_overrides(arm, timesteps)), key="seed",
+                  values=tuple(map(str, range(seeds))),
+                  names=tuple(f"{arm_name(arm)}_s{seed}" for seed in range(seeds)),
+                  subdir=f"{arm_name(arm)}_s${{seed}}")
+            for arm in arms]
+
+
+def collect(run_dir: Path, arm: str) -> dict[str, Any]:
+    metrics = read_run_json(run_dir / "metrics.json")
     snn_at = metrics.get("snn_acc_at_t", {})
-    return {"arm": job.arm, "seed": job.seed, "test_acc": metrics["test_acc"], "params_m": metrics["params_m"],
-            "train_images_per_second": metrics["train_images_per_second"],
+    return {"arm": arm, "seed": int(run_dir.name.rsplit("_s", 1)[1]), "test_acc": metrics["test_acc"],
+            "params_m": metrics["params_m"], "train_images_per_second": metrics["train_images_per_second"],
             "snn_test_acc": metrics.get("snn_test_acc"), "snn_timesteps": metrics.get("snn_timesteps"),
             "snn_acc_t4": snn_at.get("4"), "snn_acc_t8": snn_at.get("8"),
-            "energy_per_image_uj": metrics.get("energy_per_image_uj"), "run_dir": str(job.run_dir),
-            "wall_minutes": result.wall_s / 60}
+            "energy_per_image_uj": metrics.get("energy_per_image_uj"), "run_dir": str(run_dir),
+            "wall_minutes": metrics["wall_time_s"] / 60}
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -153,12 +155,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.smoke and not any(o.startswith("genotype=") for o in common):
         common = (*common, "genotype=DARTS_V2")
     for arm in args.arms:  # bad overrides or arms are refused before any run
-        compose_config("train", (*common, *arm_overrides(arm, args.timesteps)))
+        compose_config("train", (*common, *arm_overrides(arm, args.timesteps)), args.launcher)
     out = args.out.resolve()
-    jobs = plan_jobs(out, args.arms, args.seeds, args.timesteps, common)
-    results = Runner(args.parallel, child_env(args.parallel), args.resume).run_all(jobs, lambda result: [])
-    budget = same_config(results, ignore=("neuron", "seed"))  # one budget: only the neuron and seed differ
-    runs = [collect(result) for result in sorted(results, key=lambda r: r.job.name)]
+    sweeps = plan_sweeps(out, args.arms, args.seeds, args.timesteps, common)
+    run_dirs = run_sweeps(sweeps, args.launcher, args.resume, out / "logs")
+    budget = same_config(run_dirs, ignore=("neuron", "seed"))  # one budget: only the neuron and seed differ
+    arm_of = {run_dir: arm for sweep, arm in zip(sweeps, args.arms) for run_dir in sweep.run_dirs()}
+    runs = [collect(run_dir, arm_of[run_dir]) for run_dir in sorted(run_dirs)]
     rows = arm_rows(runs, args.arms)
     summary = {"runs": runs, "rows": rows, "verdicts": verdicts(rows), "overrides": list(common),
                "timesteps_bptt": args.timesteps, "budget": budget}
@@ -177,11 +180,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, default=3, help="runs per arm (seeds 0..N-1)")
     parser.add_argument("--timesteps", type=int, default=4, help="T of the BPTT arms (st_bif, lif)")
     parser.add_argument("--smoke", action="store_true", help="experiment=smoke for every run: seconds each on a CPU")
-    parser.add_argument("--parallel", type=int, default=1, help="runs at once")
-    parser.add_argument("--resume", action="store_true", help="continue a stopped benchmark in --out")
+    add_launcher_args(parser)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. data=cifar10 epochs=5")
     args = parser.parse_args(argv)
-    for name in ("seeds", "parallel", "timesteps"):
+    check_launcher_args(parser, args)
+    for name in ("seeds", "timesteps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
     args.arms = tuple(arm for arm in args.arms.split(",") if arm)

@@ -1,12 +1,16 @@
 """Searched vs random cells: does the search find cells better than chance, under one retrain budget?
 
-Runs S searches (search.py), draws R random genotypes under the search's derivation rules, and retrains
-every cell (searched, random, DARTS_V2 as reference, POOR_POOL_SKIP as a floor) with train.py under the
-same overrides and seeds. Writes DIR/summary.json, summary.md and summary.png; prints the table last.
-The CIFAR-10 protocol (search: experiment=cifar10_snn, or cifar10_qann with --experiment; retrain: the same
-experiment with epochs=30 model.network.layers=8 model.network.channels=16), e.g. on one GPU:
+Two Hydra multiruns: S searches (``search.py -m seed=0,..`` in DIR/search/search_<s>), then every cell
+(searched, R random genotypes drawn under the search's derivation rules, DARTS_V2 as reference,
+POOR_POOL_SKIP as a floor; all in DIR/genotypes/) retrained by ``train.py -m genotype=<cells>`` under the
+same overrides, one multirun per retrain seed (DIR/retrain/<cell>_seed<s>). Each multirun's command is
+printed: rerun a cell or add one by hand with it. Writes DIR/summary.json, summary.md and summary.png
+(read from the run dirs); prints the table last. The CIFAR-10 protocol (search: experiment=cifar10_snn, or
+cifar10_qann with --experiment; retrain: the same experiment with epochs=30 model.network.layers=8
+model.network.channels=16), e.g. one job per GPU of this machine, or on Slurm:
 
-    python benchmarks/search_vs_random.py --out DIR --searches 3 --randoms 5 --parallel 2 data.root=<cifar10>
+    python benchmarks/search_vs_random.py --out DIR --searches 3 --randoms 5 --launcher local_gpus data.root=<cifar10>
+    python benchmarks/search_vs_random.py --out DIR --launcher slurm hydra.launcher.partition=<p> data.root=<cifar10>
     python benchmarks/search_vs_random.py --out DIR --smoke    # every code path in about a minute on a CPU
 """
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -31,17 +36,17 @@ from aso_se.run.checkpoint import load_checkpoint, save_json  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     SMOKE,
     BenchmarkError,
-    Job,
-    JobResult,
-    Runner,
+    Sweep,
+    add_launcher_args,
+    check_launcher_args,
     check_overrides,
-    child_env,
     collect_retrain,
     compose_config,
     mean_std,
     quoted,
     read_run_json,
     run_config,
+    run_sweeps,
     same_config,
 )
 from search_space.errors import UserInputError  # noqa: E402
@@ -67,6 +72,7 @@ class Plan:
     random_seeds: tuple[int, ...]
     retrain_seeds: tuple[int, ...]
     device: str | None
+    launcher: str = "basic"
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -88,27 +94,34 @@ def make_plan(args: argparse.Namespace) -> Plan:
         random_seeds=tuple(range(args.randoms)),
         retrain_seeds=tuple(range(args.retrain_seeds)),
         device=args.device,
+        launcher=args.launcher,
     )
 
 
-def search_job(plan: Plan, seed: int) -> Job:
-    run_dir = plan.out / f"search_{seed}"
-    return Job(name=f"search_{seed}", arm="searched", script="search.py",
-               overrides=(*plan.search_overrides, f"seed={seed}", f"hydra.run.dir={quoted(run_dir)}"),
-               run_dir=run_dir, log=plan.out / "logs" / f"search_{seed}.log", seed=seed, source=f"search_{seed}")
+def search_sweep(plan: Plan) -> Sweep:
+    """The searches: one multirun over the search seeds."""
+    return Sweep(label="search", script="search.py", stage_dir=plan.out / "search", overrides=plan.search_overrides,
+                 key="seed", values=tuple(map(str, plan.search_seeds)),
+                 names=tuple(f"search_{seed}" for seed in plan.search_seeds), subdir="search_${seed}")
 
 
-def retrain_jobs(plan: Plan, arm: str, source: str, genotype_path: Path) -> list[Job]:
-    """One retrain of a cell per retrain seed, all with the plan's train overrides."""
-    jobs = []
-    for seed in plan.retrain_seeds:
-        name = f"train_{source}_seed{seed}"
-        run_dir = plan.out / name
-        jobs.append(Job(name=name, arm=arm, script="train.py", run_dir=run_dir, seed=seed, source=source,
-                        overrides=(*plan.train_overrides, f"genotype={quoted(genotype_path)}", f"seed={seed}",
-                                   f"hydra.run.dir={quoted(run_dir)}"),
-                        log=plan.out / "logs" / f"{name}.log"))
-    return jobs
+def retrain_sweeps(plan: Plan, sources: Sequence[str]) -> list[Sweep]:
+    """The retrains of the cells DIR/genotypes/<source>.json: a multirun over the cells per retrain seed
+    (its run dirs: retrain/<source>_seed<seed>, named by the resolver aso_se.stem from the genotype path)."""
+    paths = tuple(quoted(plan.out / "genotypes" / f"{source}.json") for source in sources)
+    return [Sweep(label=f"retrain_seed{seed}", script="train.py", stage_dir=plan.out / "retrain",
+                  overrides=(*plan.train_overrides, f"seed={seed}"), key="genotype", values=paths,
+                  names=tuple(f"{source}_seed{seed}" for source in sources),
+                  subdir=f"${{aso_se.stem:${{genotype}}}}_seed{seed}")
+            for seed in plan.retrain_seeds]
+
+
+def arm_of(source: str) -> str:
+    if source.startswith("search_"):
+        return "searched"
+    if source.startswith("random_"):
+        return "random"
+    return {REFERENCE: "reference", POOR: "poor"}[source]
 
 
 # ----------------------------------------------------------------------------- the search space
@@ -133,10 +146,10 @@ def search_space_rules(plan: Plan) -> SpaceRules:
     """The searches' search space, composed from the search overrides; also checks the retrain overrides."""
     from omegaconf import OmegaConf
 
-    composed = compose_config("search", plan.search_overrides)
+    composed = compose_config("search", plan.search_overrides, plan.launcher)
     search_cfg = OmegaConf.to_container(composed.search_space, resolve=True)
     evolution = OmegaConf.to_container(composed.search.evolution, resolve=True)
-    compose_config("train", (*plan.train_overrides, "genotype=DARTS_V2"))
+    compose_config("train", (*plan.train_overrides, "genotype=DARTS_V2"), plan.launcher)
     config = space_config({"search_space": search_cfg, "search": {"evolution": evolution}})
     return SpaceRules(primitives=check_primitives(search_cfg["primitives"]), steps=int(search_cfg["steps"]),
                       multiplier=int(search_cfg["multiplier"]), max_skip_connect=evolution["max_skip_connect"],
@@ -173,27 +186,28 @@ def _state_entry(state: Mapping[str, torch.Tensor], suffix: str) -> torch.Tensor
     return state[matches[0]]
 
 
-def collect_search(result: JobResult, rules: SpaceRules) -> dict[str, Any]:
-    """A finished search: its genotype, per-cycle genotypes, final α entropy (from checkpoints/last.pt)."""
-    job = result.job
-    genotype = Genotype.from_json(json.dumps(read_run_json(job.run_dir / "genotype.json", job)))
-    if space_config(run_config(job)) != rules.config:
-        raise BenchmarkError(f"run {job.name} searched another space than the random cells are drawn from "
-                             f"({space_config(run_config(job))} vs {rules.config}); its log is {job.log}")
-    state = load_checkpoint(job.run_dir / "checkpoints" / "last.pt", kind="search")
-    cycles = sorted((job.run_dir / "genotypes").glob("cycle_*.json"), key=lambda p: int(p.stem.split("_")[1]))
-    return {"seed": job.seed, "run_dir": str(job.run_dir), "genotype": json.loads(genotype.to_json()),
+def collect_search(run_dir: Path, rules: SpaceRules) -> dict[str, Any]:
+    """A finished search: its genotype, per-cycle genotypes, final α entropy and its minutes (wall and CPU, as the
+    run measured them), from genotype.json and checkpoints/last.pt."""
+    genotype = Genotype.from_json(json.dumps(read_run_json(run_dir / "genotype.json")))
+    if space_config(run_config(run_dir)) != rules.config:
+        raise BenchmarkError(f"run {run_dir} searched another space than the random cells are drawn from "
+                             f"({space_config(run_config(run_dir))} vs {rules.config}); its log is in {run_dir}")
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt", kind="search")
+    cycles = sorted((run_dir / "genotypes").glob("cycle_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    return {"seed": run_config(run_dir)["seed"], "run_dir": str(run_dir), "genotype": json.loads(genotype.to_json()),
             "cycle_genotypes": [json.loads(path.read_text()) for path in cycles],
             "alpha_entropy": alpha_entropy(state["engine"]["supernet"]),
-            "wall_minutes": result.wall_s / 60, "cpu_minutes": result.cpu_s / 60}
+            "wall_minutes": state["wall_time_s"] / 60, "cpu_minutes": state["cpu_time_s"] / 60}
 
 
-def retrain_budget(plan: Plan, results: Sequence[JobResult]) -> dict[str, Any]:
+def retrain_budget(plan: Plan, run_dirs: Sequence[Path]) -> dict[str, Any]:
     """What every retrain got, read back from each run's composed config; they must be identical."""
-    first = same_config(results, ignore=("genotype", "seed"))
+    first = same_config(run_dirs, ignore=("genotype", "seed"))
     return {"search_overrides": list(plan.search_overrides), "train_overrides": list(plan.train_overrides),
             "search_seeds": list(plan.search_seeds), "random_seeds": list(plan.random_seeds),
             "retrain_seeds": list(plan.retrain_seeds), "device": plan.device or "auto (CUDA when present)",
+            "launcher": plan.launcher,
             "epochs": first["epochs"], "data": first["data"], "neuron": first["neuron"],
             "network": first["model"]["network"], "batch_size": first["batch_size"], "retrain_config": first}
 
@@ -286,40 +300,35 @@ def minutes_per_arm(searches: Sequence[Mapping[str, Any]],
     return minutes
 
 
-def run_benchmark(plan: Plan, parallel: int, resume: bool = False) -> dict[str, Any]:
-    """Runs every search and retrain of ``plan`` and returns the summary (also written to plan.out)."""
+def run_benchmark(plan: Plan, resume: bool = False) -> dict[str, Any]:
+    """Runs the searches, then the retrains of every cell, and returns the summary (also written to plan.out)."""
     rules = search_space_rules(plan)
-    fixed = fixed_cells(plan, rules)
-    jobs = [search_job(plan, seed) for seed in plan.search_seeds]
-    for arm, cells in fixed.items():
+    sources = []
+    for cells in fixed_cells(plan, rules).values():
         for source, genotype in cells.items():
-            path = plan.out / "genotypes" / f"{source}.json"
-            save_json(json.loads(genotype.to_json()), path)
-            jobs += retrain_jobs(plan, arm, source, path)
-    searches: dict[str, dict[str, Any]] = {}
-
-    def follow_up(result: JobResult) -> list[Job]:
-        if result.job.script != "search.py":
-            return []
-        searches[result.job.source] = collect_search(result, rules)
-        return retrain_jobs(plan, "searched", result.job.source, result.job.run_dir / "genotype.json")
-
-    env = child_env(parallel)
-    results = Runner(parallel, env, resume).run_all(jobs, follow_up)
-    retrains = sorted((r for r in results if r.job.script == "train.py"), key=lambda r: r.job.name)
-    arms = {arm: [collect_retrain(r) for r in retrains if r.job.arm == arm] for arm in ARMS}
+            save_json(json.loads(genotype.to_json()), plan.out / "genotypes" / f"{source}.json")
+            sources.append(source)
+    search = search_sweep(plan)
+    search_dirs = run_sweeps([search], plan.launcher, resume, plan.out / "logs")
+    searches = [collect_search(run_dir, rules) for run_dir in search_dirs]
+    for name, found in zip(search.names, searches):  # the found cells beside the others: one retrain multirun
+        save_json(found["genotype"], plan.out / "genotypes" / f"{name}.json")
+    sources = [*search.names, *sources]
+    retrain_dirs = run_sweeps(retrain_sweeps(plan, sources), plan.launcher, resume, plan.out / "logs")
+    runs = [collect_retrain(run_dir, run_dir.name.rsplit("_seed", 1)[0]) for run_dir in sorted(retrain_dirs)]
+    arms = {arm: [run for run in runs if arm_of(run["source"]) == arm] for arm in ARMS}
     stats = {arm: arm_stats(runs) for arm, runs in arms.items()}
     decision = verdict(stats)
-    ordered_searches = [searches[f"search_{seed}"] for seed in plan.search_seeds]
+    by_source = dict(zip(search.names, searches))
     for run in arms["searched"]:
-        run["alpha_entropy"] = searches[run["source"]]["alpha_entropy"]["mean"]
+        run["alpha_entropy"] = by_source[run["source"]]["alpha_entropy"]["mean"]
     summary = {
         **arms,
-        "budget": {**retrain_budget(plan, retrains), "omp_num_threads": env.get("OMP_NUM_THREADS")},
-        "searches": ordered_searches,
+        "budget": {**retrain_budget(plan, retrain_dirs), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
+        "searches": searches,
         "search_space": {"primitives": list(rules.primitives), "steps": rules.steps,
                          "multiplier": rules.multiplier, "max_skip_connect": rules.max_skip_connect},
-        "minutes": minutes_per_arm(ordered_searches, arms),
+        "minutes": minutes_per_arm(searches, arms),
         "stats": {arm: vars(s) for arm, s in stats.items()},
         "verdict": {"searched_beats_random": decision.searched_beats_random,
                     "poor_below_random": decision.poor_below_random, "lines": list(decision.lines)},
@@ -351,8 +360,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="a new or empty directory: every run and the summary")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue a stopped benchmark in --out (same arguments): finished runs are kept")
     parser.add_argument("--smoke", action="store_true", help="experiment=smoke for every run: seconds each on a CPU")
     parser.add_argument("--experiment", default="cifar10_snn", choices=CIFAR10_EXPERIMENTS,
                         help="the CIFAR-10 experiment of every run: cifar10_snn (BPTT, T = 4) or cifar10_qann")
@@ -363,16 +370,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--retrain-layers", type=int, default=None, help="cells of the retrained network; default 8")
     parser.add_argument("--retrain-channels", type=int, default=None, help="its base channels; default 16")
     parser.add_argument("--device", default=None, help="trainer.device of every run (cpu, cuda, cuda:1); default: auto")
-    parser.add_argument("--parallel", type=int, default=1, help="runs at once (e.g. several on one GPU)")
     parser.add_argument("--search-override", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override for the searches only (repeatable)")
     parser.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override for the retrains only (repeatable)")
+    add_launcher_args(parser)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. data.root=... neuron=lif")
     args = parser.parse_args(argv)
+    check_launcher_args(parser, args)
     args.searches = (2 if args.smoke else 3) if args.searches is None else args.searches
     args.randoms = (2 if args.smoke else 5) if args.randoms is None else args.randoms
-    for name in ("searches", "randoms", "retrain_seeds", "parallel"):
+    for name in ("searches", "randoms", "retrain_seeds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
@@ -385,12 +393,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if plan.out.exists() and any(plan.out.iterdir()) and not args.resume:
             raise UserInputError(f"--out {plan.out} is not empty; pass a new directory (runs are never overwritten) "
                                  "or --resume to continue the benchmark there")
-        summary = run_benchmark(plan, args.parallel, args.resume)
+        summary = run_benchmark(plan, args.resume)
     except (UserInputError, BenchmarkError) as error:
         print(f"search_vs_random: {error}", file=sys.stderr)
         return 2 if isinstance(error, UserInputError) else 1
     except KeyboardInterrupt:
-        print(f"search_vs_random: interrupted; the runs were stopped, their logs are in {args.out / 'logs'}",
+        print(f"search_vs_random: interrupted; the logs are in {args.out / 'logs'}; continue with --resume",
               file=sys.stderr)
         return 130
     stats = {arm: ArmStats(**values) for arm, values in summary["stats"].items()}

@@ -1,8 +1,10 @@
 """Does the spike-sparse convolution pay in a whole retrain? The dispatcher on vs cuDNN only, eager and graphed.
 
-Runs train.py four times, one at a time (timings must not share the GPU): `cuda_graph` false/true x
-`model.network.conv_backend` torch (cuDNN only) / auto (the sparse kernels where their calibration
-says they win), with the same overrides otherwise. Then measures, on the test set, how sparse the
+Runs train.py four times: `cuda_graph` false/true x `model.network.conv_backend` torch (cuDNN only) / auto
+(the sparse kernels where their calibration says they win), with the same overrides otherwise; per step
+mode one Hydra multirun over the backend (DIR/train/<eager|graphed>_<torch|auto>), its command printed.
+The default launcher runs them one at a time (timings must not share a GPU; --launcher local_gpus puts
+each on a GPU of its own). Then measures, on the test set, how sparse the
 spike-reading convs' real inputs are: the share of zero elements and of all-zero 8x8 blocks (the unit
 the sparse kernels skip). Writes DIR/summary.json and summary.md and prints the table last:
 
@@ -17,7 +19,6 @@ path (those inside a captured step), the share that did; eager calls always run 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -34,12 +35,13 @@ from aso_se.run.checkpoint import load_checkpoint, save_json  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     SMOKE,
     BenchmarkError,
-    Job,
-    Runner,
+    Sweep,
+    add_launcher_args,
+    check_launcher_args,
     check_overrides,
-    child_env,
     compose_config,
-    quoted,
+    read_run_json,
+    run_sweeps,
 )
 from kernels.sparse_conv import SparseConv2d  # noqa: E402
 from kernels.sparse_conv.geometry import BLOCK  # noqa: E402
@@ -51,18 +53,18 @@ ARMS = (("eager", False, "torch"), ("eager", False, "auto"), ("graphed", True, "
 NOT_ELIGIBLE = ("dense:eager", "dense:cpu", "dense:requested", "probe", "sparse_wgrad")
 
 
-def plan_jobs(out: Path, overrides: Sequence[str], modes: Sequence[str]) -> list[Job]:
-    jobs = []
-    for mode, graphed, backend in ARMS:
-        if mode not in modes:
-            continue
-        name = f"{mode}_{backend}"
-        run_dir = out / name
-        jobs.append(Job(name=name, arm=name, script="train.py", run_dir=run_dir, seed=0, source=name,
-                        log=out / "logs" / f"{name}.log",
-                        overrides=(*overrides, f"cuda_graph={str(graphed).lower()}",
-                                   f"model.network.conv_backend={backend}", f"hydra.run.dir={quoted(run_dir)}")))
-    return jobs
+def plan_sweeps(out: Path, overrides: Sequence[str], modes: Sequence[str]) -> list[Sweep]:
+    """Per step mode (eager, graphed), one multirun over the conv backends (torch, auto)."""
+    sweeps = []
+    for mode in modes:
+        backends = tuple(backend for arm_mode, _, backend in ARMS if arm_mode == mode)
+        graphed = next(graphed for arm_mode, graphed, _ in ARMS if arm_mode == mode)
+        sweeps.append(Sweep(label=mode, script="train.py", stage_dir=out / "train",
+                            overrides=(*overrides, f"cuda_graph={str(graphed).lower()}"),
+                            key="model.network.conv_backend", values=backends,
+                            names=tuple(f"{mode}_{backend}" for backend in backends),
+                            subdir=f"{mode}_${{model.network.conv_backend}}"))
+    return sweeps
 
 
 def sparse_share(paths: dict[str, int]) -> float | None:
@@ -115,13 +117,10 @@ def activation_sparsity(overrides: Sequence[str], run_dir: Path, max_batches: in
             "per_conv": {name: {"zero_elements": zeros[name], "zero_blocks": blocks[name]} for name in per_conv}}
 
 
-def collect(job: Job) -> dict[str, Any]:
-    path = job.run_dir / "metrics.json"
-    if not path.is_file():
-        raise BenchmarkError(f"run {job.name} wrote no metrics.json; its log is {job.log}")
-    metrics = json.loads(path.read_text())
+def collect(run_dir: Path) -> dict[str, Any]:
+    metrics = read_run_json(run_dir / "metrics.json")
     paths = metrics.get("sparse_conv_paths", {})
-    return {"arm": job.name, "images_per_second_last_epoch": metrics["history"][-1]["images_per_second"],
+    return {"arm": run_dir.name, "images_per_second_last_epoch": metrics["history"][-1]["images_per_second"],
             "images_per_second_run": metrics["train_images_per_second"], "test_acc": metrics["test_acc"],
             "firing_rate_mean": metrics.get("firing_rate_mean"), "sparse_conv_paths": paths,
             "sparse_share": sparse_share(paths), "device": metrics.get("device")}
@@ -149,12 +148,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     overrides = (*(SMOKE if args.smoke else ()), *check_overrides(args.overrides))
     if not any(override.startswith("genotype=") for override in overrides):
         overrides = ("genotype=DARTS_V2", *overrides)
-    compose_config("train", (*overrides, "model.network.conv_backend=auto"))  # bad overrides refused first
+    compose_config("train", (*overrides, "model.network.conv_backend=auto"), args.launcher)  # refused first
     out = args.out.resolve()
-    jobs = plan_jobs(out, overrides, args.modes)
-    Runner(1, child_env(1), args.resume).run_all(jobs, lambda _: [])  # raises on the first failed run
-    runs = [collect(job) for job in jobs]
-    sparsity = activation_sparsity((*overrides, "model.network.conv_backend=auto"), jobs[-1].run_dir,
+    run_dirs = run_sweeps(plan_sweeps(out, overrides, args.modes), args.launcher, args.resume, out / "logs")
+    runs = [collect(run_dir) for run_dir in run_dirs]
+    sparsity = activation_sparsity((*overrides, "model.network.conv_backend=auto"), run_dirs[-1],
                                    args.sparsity_batches)
     summary = {"runs": runs, "activation_sparsity": sparsity, "overrides": list(overrides),
                "torch": torch.__version__,
@@ -174,12 +172,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="a new or empty directory: the runs and the summary")
     parser.add_argument("--smoke", action="store_true", help="experiment=smoke for every run: seconds each on a CPU")
-    parser.add_argument("--resume", action="store_true", help="keep the finished runs in --out, redo the others")
     parser.add_argument("--modes", default="eager,graphed",
                         help="steps to time, comma-separated: eager, graphed (cuda_graph=true: needs a GPU)")
     parser.add_argument("--sparsity-batches", type=int, default=8, help="test batches for the activation sparsity")
+    add_launcher_args(parser)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. data=cifar10 neuron=lif")
     args = parser.parse_args(argv)
+    check_launcher_args(parser, args)
     if args.sparsity_batches < 1:
         parser.error("--sparsity-batches must be at least 1")
     args.modes = tuple(mode.strip() for mode in args.modes.split(","))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import resource
 import signal
 import sys
 import threading
@@ -219,6 +220,8 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("aso_se.gpu_slots"):  # +sweep=local_gpus: hydra.launcher.n_jobs
         OmegaConf.register_new_resolver("aso_se.gpu_slots", lambda per_gpu, gpus: (
             len(gpus) * int(per_gpu) if gpus else gpu_slots.slot_count(per_gpu)))
+    if not OmegaConf.has_resolver("aso_se.stem"):  # hydra.sweep.subdir of the benchmarks: a run's name
+        OmegaConf.register_new_resolver("aso_se.stem", lambda value: Path(str(value)).stem)
     if not OmegaConf.has_resolver("aso_se.run_dir"):
         OmegaConf.register_new_resolver("aso_se.run_dir", _run_dir)
         OmegaConf.register_new_resolver(
@@ -306,6 +309,7 @@ class Run:
         self._os_handlers: dict[int, int | None] = {}  # what the OS runs for them: Python's C handler
         self._previous_worker_signals: tuple[int, ...] | None = None
         self._started = time.perf_counter()
+        self._cpu_started = _cpu_seconds()
         self._saved_at = time.monotonic()
         self._checkpoint_every_s: float | None = None
         self._watchdog: StuckRankWatchdog | None = None
@@ -329,6 +333,10 @@ class Run:
         return self
 
     def _start(self) -> None:
+        # The jobs of a multirun may share a process (Hydra's basic launcher): each counts only its own conv calls.
+        from kernels.sparse_conv import PATH_COUNTS
+
+        PATH_COUNTS.reset()
         if self.cfg.get("resume"):
             self._load_resumed_state()
             self._handle_stop_signals(self.cfg.trainer)  # the resumed run's own setting
@@ -572,7 +580,7 @@ class Run:
         config = OmegaConf.to_container(self.cfg, resolve=True)
         keep = self.cfg.trainer.get("keep_checkpoints", 1) if path is None else 1  # last.pt's history only
         checkpoint.save_checkpoint({"config": config, "wall_time_s": self.wall_time_s,
-                                    "world_size": self.ctx.world_size, **state},
+                                    "cpu_time_s": self.cpu_time_s, "world_size": self.ctx.world_size, **state},
                                    path or self.checkpoint_path, kind=self.entry_point, keep=keep)
         if path is None:
             self._saved_at = time.monotonic()
@@ -583,6 +591,13 @@ class Run:
         before = self.state.get("wall_time_s", 0.0) if self.state else 0.0
         return before + time.perf_counter() - self._started
 
+    @property
+    def cpu_time_s(self) -> float:
+        """CPU seconds of this process and its finished children (loader workers) for this run, over every
+        session when it was resumed (several jobs of a multirun share a process, one after another)."""
+        before = self.state.get("cpu_time_s", 0.0) if self.state else 0.0
+        return before + _cpu_seconds() - self._cpu_started
+
     def tensorboard(self, logger: DictConfig | None, *, step: int) -> TensorBoardLogger | None:
         """The run's one TensorBoard logger on rank 0 (None elsewhere or with logger=none).
 
@@ -592,6 +607,11 @@ class Run:
         if logger is None or not self.ctx.is_main:
             return None
         return instantiate(logger)(log_dir=self.run_dir / "tb", purge_step=step or None)
+
+
+def _cpu_seconds() -> float:
+    return sum(usage.ru_utime + usage.ru_stime
+               for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def _stop_signals(names: Any) -> tuple[int, ...]:

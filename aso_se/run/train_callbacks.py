@@ -98,9 +98,9 @@ class TrainCallbacks:
             return
         metrics.update(energy_metrics(network, full_test, device=ctx.device, board=self.board, step=step,
                                       snn_timesteps=metrics.get("snn_timesteps")))
-        save_json({**metrics, "wall_time_s": run.wall_time_s, "genotype": self.genotype.to_json(),
-                   "world_size": ctx.world_size, "device": str(ctx.device), "precision": cfg.trainer.precision,
-                   "cuda_graph": cfg.cuda_graph},
+        save_json({**metrics, "wall_time_s": run.wall_time_s, "cpu_time_s": run.cpu_time_s,
+                   "genotype": self.genotype.to_json(), "world_size": ctx.world_size, "device": str(ctx.device),
+                   "precision": cfg.trainer.precision, "cuda_graph": cfg.cuda_graph},
                   run.run_dir / "metrics.json")
 
     def _stop_all_ranks_together(self) -> None:

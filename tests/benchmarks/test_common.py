@@ -1,6 +1,6 @@
 """benchmarks/common.py: what the benchmarks share (statistics, override quoting, reading runs back).
 
-The runner and the override checks run end to end in each benchmark's own tests."""
+The multiruns and the override checks run end to end in each benchmark's own tests."""
 from __future__ import annotations
 
 import pytest
@@ -22,17 +22,32 @@ def test_user_input_errors_are_one_line():
 
 
 def test_same_config_ignores_only_the_keys_it_is_told_to(tmp_path):
-    def result(name: str, seed: int, epochs: int) -> bench.JobResult:
-        run_dir = tmp_path / name
-        (run_dir / ".hydra").mkdir(parents=True)
-        (run_dir / ".hydra" / "config.yaml").write_text(f"seed: {seed}\nepochs: {epochs}\ndata: {{name: mnist5k}}\n")
-        job = bench.Job(name=name, arm="a", script="train.py", overrides=(), run_dir=run_dir, log=run_dir / "log",
-                        seed=seed, source=name)
-        return bench.JobResult(job, returncode=0, wall_s=1.0, cpu_s=1.0)
+    def run_dir(name: str, seed: int, epochs: int) -> bench.Path:
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / ".hydra" / "config.yaml").write_text(f"seed: {seed}\nepochs: {epochs}\n"
+                                                                 "data: {name: mnist5k}\n")
+        return tmp_path / name
 
-    same = [result("a", 0, 5), result("b", 1, 5)]
+    same = [run_dir("a", 0, 5), run_dir("b", 1, 5)]
     assert bench.same_config(same, ignore=("seed",)) == {"epochs": 5, "data": {"name": "mnist5k"}}
     with pytest.raises(bench.BenchmarkError, match="runs a and b ran with different configs"):
         bench.same_config(same, ignore=())
     with pytest.raises(bench.BenchmarkError, match=r"runs a and c .*c/\.hydra/config\.yaml"):
-        bench.same_config([*same, result("c", 2, 6)], ignore=("seed",))
+        bench.same_config([*same, run_dir("c", 2, 6)], ignore=("seed",))
+
+
+def test_a_sweep_is_one_multirun_command_a_user_can_rerun(tmp_path):
+    sweep = bench.Sweep(label="retrain", script="train.py", stage_dir=tmp_path / "re train", overrides=("epochs=1",),
+                        key="genotype", values=("'/g/a.json'", "DARTS_V2"), names=("a", "DARTS_V2"),
+                        subdir="${aso_se.stem:${genotype}}")
+    assert sweep.command(bench.LAUNCHERS["local_gpus"], ["DARTS_V2"]) == [
+        "python", "train.py", "-m", "+sweep=local_gpus", "epochs=1", "genotype=DARTS_V2",
+        f"hydra.sweep.dir='{tmp_path / 're train'}'", "hydra.sweep.subdir='${aso_se.stem:${genotype}}'"]
+    assert sweep.run_dirs() == [tmp_path / "re train" / "a", tmp_path / "re train" / "DARTS_V2"]
+
+
+@pytest.mark.parametrize("override", ["hydra.sweep.dir=/x", "+sweep=local_gpus", "hydra.run.dir=/x"])
+def test_the_multiruns_own_keys_are_refused(override):
+    with pytest.raises(UserInputError, match="--launcher"):
+        bench.check_overrides([override])
+    assert bench.check_overrides(["sweep.jobs_per_gpu=2"]) == ("sweep.jobs_per_gpu=2",)

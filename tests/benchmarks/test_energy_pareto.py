@@ -11,8 +11,8 @@ from benchmarks import energy_pareto as sweep
 
 def test_smoke_sweep_lowers_the_energy_of_the_found_cell(tmp_path, capsys):
     out = tmp_path / "out"
-    # In-process: its searches and retrains are subprocesses anyway; this spares the sweep's own start-up.
-    assert sweep.main(["--out", str(out), "--smoke", "--weights", "0,20", "--parallel", "2"]) == 0
+    # In-process: its multiruns are subprocesses anyway; this spares the sweep's own start-up.
+    assert sweep.main(["--out", str(out), "--smoke", "--weights", "0,20"]) == 0
     stdout = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     plain, frugal = summary["rows"]
@@ -21,7 +21,13 @@ def test_smoke_sweep_lowers_the_energy_of_the_found_cell(tmp_path, capsys):
     for run in summary["runs"]:
         metrics = json.loads((Path(run["run_dir"]) / "metrics.json").read_text())
         assert run["energy_per_image_uj"] == metrics["energy_per_image_uj"] and run["genotype"]
-    assert "search.energy_weight=20.0" in (out / "search_w20_s0" / ".hydra" / "overrides.yaml").read_text()
+    assert "search.energy_weight=20.0" in (out / "search" / "w20.0_s0" / ".hydra" / "overrides.yaml").read_text()
+    frugal_run = next(run for run in summary["runs"] if run["energy_weight"] == 20.0)
+    assert frugal_run["run_dir"] == str(out / "retrain" / "w20.0_s0") and frugal_run["search_seed"] == 0
+    # the retrain trained the cell its search found (the genotype copied to DIR/genotypes/)
+    assert frugal_run["genotype"] == json.loads((out / "search" / "w20.0_s0" / "genotype.json").read_text())
+    assert [line[:26] for line in stdout.splitlines() if line.startswith("$ ")] == [
+        "$ python search.py -m expe", "$ python train.py -m exper"]
     assert (out / "pareto.png").stat().st_size > 0 and "| 20 | 1 |" in (out / "summary.md").read_text()
     assert stdout.strip().splitlines()[-1].startswith("| 20 |")
 

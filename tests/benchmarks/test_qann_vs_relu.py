@@ -1,7 +1,11 @@
-"""benchmarks/qann_vs_relu.py: the --smoke run end to end, and what it refuses."""
+"""benchmarks/qann_vs_relu.py: the --smoke run end to end (and one arm through submitit's local executor,
+the Slurm path), and what it refuses."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -9,28 +13,51 @@ from benchmarks import qann_vs_relu as bench
 from search_space.errors import UserInputError
 
 
-def test_smoke_run_reports_every_arm_and_the_verdicts(tmp_path, capsys):
-    out = tmp_path / "out"
-    # In-process: its runs are subprocesses anyway; this spares the benchmark's own start-up.
-    assert bench.main(["--out", str(out), "--smoke", "--seeds", "1", "--parallel", "2"]) == 0
-    stdout = capsys.readouterr().out
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The --smoke run, one seed per arm; in-process (its multiruns are subprocesses anyway)."""
+    out = tmp_path_factory.mktemp("qann") / "out"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert bench.main(["--out", str(out), "--smoke", "--seeds", "1"]) == 0
+    return out, stdout.getvalue()
+
+
+def test_smoke_run_reports_every_arm_and_the_verdicts(smoke):
+    out, stdout = smoke
     summary = json.loads((out / "summary.json").read_text())
     assert [row["arm"] for row in summary["rows"]] == list(bench.ARMS) and all(r["n"] == 1 for r in summary["rows"])
     runs = {run["arm"]: run for run in summary["runs"]}
     for arm, run in runs.items():
-        metrics = json.loads((out / f"{arm}_s0" / "metrics.json").read_text())
+        metrics = json.loads((out / "train" / f"{arm}_s0" / "metrics.json").read_text())
         assert run["test_acc"] == metrics["test_acc"] and run["seed"] == 0
     qann = runs["st_bif_qann"]
     assert qann["snn_test_acc"] == qann["test_acc"] and qann["snn_timesteps"] >= 1  # the exact SNN
     assert runs["relu"]["snn_test_acc"] is None and runs["st_bif"]["snn_test_acc"] is None
-    assert "neuron.timesteps=4" in (out / "st_bif_s0" / ".hydra" / "overrides.yaml").read_text()
-    assert "timesteps" not in (out / "relu_s0" / ".hydra" / "overrides.yaml").read_text()
+    assert "neuron.timesteps=4" in (out / "train" / "st_bif_s0" / ".hydra" / "overrides.yaml").read_text()
+    assert "timesteps" not in (out / "train" / "relu_s0" / ".hydra" / "overrides.yaml").read_text()
+    commands = [line for line in stdout.splitlines() if line.startswith("$ python train.py -m ")]
+    assert len(commands) == 3 and commands[2].endswith("\"hydra.sweep.subdir='st_bif_s\\${seed}'\"")  # one per arm
     assert [line.split("?")[0] for line in summary["verdicts"]] == [
         "QANN within 1 point of ReLU", "its SNN within 1 point of ReLU", "QANN train time per image: "
         f"{runs['relu']['train_images_per_second'] / qann['train_images_per_second']:.2f}x ReLU's",
         "QANN above BPTT st_bif"]
     lines = stdout.strip().splitlines()
     assert lines[-3].startswith("| relu | 1 |") and lines[-1].startswith("| st_bif | 1 |")
+
+
+def test_an_arm_through_submitits_local_executor_equals_the_basic_launchers_run(smoke, tmp_path):
+    """--launcher slurm_local: the Slurm path (hydra-submitit-launcher) with submitit's local executor."""
+    out = tmp_path / "out"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert bench.main(["--out", str(out), "--smoke", "--seeds", "1", "--arms", "relu", "--launcher",
+                           "slurm_local"]) == 0
+    assert "$ python train.py -m +sweep=slurm_local " in stdout.getvalue()
+    assert (out / "train" / ".submitit").is_dir()
+    (run,) = json.loads((out / "summary.json").read_text())["runs"]
+    (basic,) = [r for r in json.loads((smoke[0] / "summary.json").read_text())["runs"] if r["arm"] == "relu"]
+    assert run["test_acc"] == basic["test_acc"] and run["params_m"] == basic["params_m"]
 
 
 def test_verdicts_compare_the_means():
@@ -57,8 +84,10 @@ def test_an_arm_with_neuron_options_runs_them_and_gets_its_own_verdicts():
     assert bench.arm_overrides("st_bif_qann:level=16:q_threshold=0.25", 4) == (
         "neuron=st_bif_qann", "neuron.level=16", "neuron.q_threshold=0.25")
     assert bench.arm_overrides("st_bif", 2) == ("neuron=st_bif", "neuron.timesteps=2")
-    jobs = bench.plan_jobs(bench.Path("/o"), ["st_bif_qann:level=16"], 1, 4, ("epochs=1",))
-    assert jobs[0].name == "st_bif_qann_level16_s0" and "neuron.level=16" in jobs[0].overrides
+    (sweep,) = bench.plan_sweeps(Path("/o"), ["st_bif_qann:level=16"], 2, 4, ("epochs=1",))
+    assert sweep.run_dirs() == [Path("/o/train/st_bif_qann_level16_s0"), Path("/o/train/st_bif_qann_level16_s1")]
+    assert sweep.command()[3:] == ["epochs=1", "neuron=st_bif_qann", "neuron.level=16", "seed=0,1",
+                                   "hydra.sweep.dir='/o/train'", "hydra.sweep.subdir='st_bif_qann_level16_s${seed}'"]
     rows = [{"arm": "relu", "test_acc": 0.775, "snn_test_acc": None, "train_images_per_second": 6000.0},
             {"arm": "st_bif_qann:level=16", "test_acc": 0.770, "snn_test_acc": 0.771,
              "train_images_per_second": 5000.0}]

@@ -1,6 +1,7 @@
-"""benchmarks/search_vs_random.py: the --smoke benchmark end to end, its statistics and α entropy, its plan,
-and that the random cells are ones the search's derivation could have produced (the parts it shares with the
-other benchmarks: test_common.py)."""
+"""benchmarks/search_vs_random.py: the --smoke benchmark end to end (one search; its retrains are one
+multirun whose last job equals a direct train.py run), its statistics and α entropy, its plan, and that the
+random cells are ones the search's derivation could have produced (the parts it shares with the other
+benchmarks: test_common.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,6 @@ import torch
 
 from aso_se.search.derive import derive_genotype
 from benchmarks import search_vs_random as bench
-from benchmarks.common import DONE
 from benchmarks.search_vs_random import ArmStats
 from search_space.genotypes import GENOTYPES, Genotype, random_genotype
 from search_space.ops import PRIMITIVE_SETS
@@ -39,12 +39,13 @@ def run_benchmark(*args: str, timeout: int = 120) -> subprocess.CompletedProcess
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The --smoke benchmark and its stdout; run in-process (its runs are subprocesses anyway), which spares
-    the benchmark's own start-up. test_a_failed_run_stops_the_benchmark_with_one_line runs it as a script."""
+    """The --smoke benchmark (one search, two random cells) and its stdout; run in-process (its multiruns are
+    subprocesses anyway), which spares the benchmark's own start-up. test_a_failed_run_stops_the_benchmark_with_one_line
+    runs it as a script."""
     out = tmp_path_factory.mktemp("bench") / "out dir"  # a space: the run paths must reach Hydra quoted
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        assert bench.main(["--out", str(out), "--smoke", "--parallel", "2"]) == 0
+        assert bench.main(["--out", str(out), "--smoke", "--searches", "1"]) == 0
     return out, stdout.getvalue()
 
 
@@ -56,7 +57,7 @@ def test_smoke_summary_has_every_arm_and_its_runs(smoke):
     out, _ = smoke
     summary = json.loads((out / "summary.json").read_text())
     assert {*bench.ARMS, "budget", "searches", "minutes", "stats", "verdict"} <= set(summary)
-    assert [len(summary[arm]) for arm in bench.ARMS] == [2, 2, 1, 1]
+    assert [len(summary[arm]) for arm in bench.ARMS] == [1, 2, 1, 1]
     for arm in bench.ARMS:
         for run in summary[arm]:
             metrics = json.loads((Path(run["run_dir"]) / "metrics.json").read_text())
@@ -74,12 +75,35 @@ def test_smoke_summary_has_every_arm_and_its_runs(smoke):
         assert _genotype(search["genotype"]) == _genotype(run["genotype"]) == found
         assert _genotype(search["cycle_genotypes"][-1]) == found and len(search["cycle_genotypes"]) == 2
         assert run["source"] == f"search_{search['seed']}" and run["alpha_entropy"] == search["alpha_entropy"]["mean"]
+        assert Path(search["run_dir"]) == out / "search" / "search_0"
+        assert search["wall_minutes"] > 0 and search["cpu_minutes"] > 0  # what the run measured (last.pt)
+    assert Path(summary["random"][1]["run_dir"]) == out / "retrain" / "random_1_seed0"
+
+
+def test_a_job_of_the_retrain_multirun_equals_a_direct_train_run(smoke, tmp_path):
+    """The basic launcher runs a multirun's jobs one after another in one process: the last one must not
+    differ from the same run on its own (what the old runner did, a process per run)."""
+    out, stdout = smoke
+    retrain = out / "retrain"
+    command = next(line for line in stdout.splitlines() if line.startswith("$ python train.py -m"))
+    # printed, to rerun or extend by hand
+    subdir = "\"hydra.sweep.subdir='\\${aso_se.stem:\\${genotype}}_seed0'\""
+    assert command.endswith(f"\"hydra.sweep.dir='{retrain}'\" {subdir}")
+    assert "/genotypes/POOR_POOL_SKIP.json'\"" in command
+    direct = subprocess.run([sys.executable, str(REPO / "train.py"), "experiment=smoke", "logger=none",
+                             "genotype=POOR_POOL_SKIP", "seed=0", f"hydra.run.dir={tmp_path / 'direct'}"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert direct.returncode == 0, direct.stderr[-2000:]
+    swept = json.loads((retrain / "POOR_POOL_SKIP_seed0" / "metrics.json").read_text())
+    alone = json.loads((tmp_path / "direct" / "metrics.json").read_text())
+    assert swept["test_acc"] == alone["test_acc"] and swept["genotype"] == alone["genotype"]
+    assert [epoch["train_loss"] for epoch in swept["history"]] == [epoch["train_loss"] for epoch in alone["history"]]
 
 
 def test_smoke_entropy_matches_the_search_log(smoke):
     out, _ = smoke
     summary = json.loads((out / "summary.json").read_text())
-    assert [search["seed"] for search in summary["searches"]] == [0, 1]
+    assert [search["seed"] for search in summary["searches"]] == [0]
     for search in summary["searches"]:
         log = (Path(search["run_dir"]) / "search.log").read_text()
         logged = float(re.findall(r"\bentropy ([0-9.]+)", log)[-1])  # the last epoch's, 4 significant digits
@@ -94,7 +118,8 @@ def test_smoke_budget_stats_and_outputs(smoke):
     summary = json.loads((out / "summary.json").read_text())
     budget = summary["budget"]
     assert budget["train_overrides"] == ["experiment=smoke", "logger=none"] == budget["search_overrides"]
-    assert budget["epochs"] == 1 and budget["retrain_seeds"] == [0] and budget["search_seeds"] == [0, 1]
+    assert budget["epochs"] == 1 and budget["retrain_seeds"] == [0] and budget["search_seeds"] == [0]
+    assert budget["launcher"] == "basic"
     assert (budget["network"]["layers"], budget["network"]["channels"]) == (3, 4)
     for arm in bench.ARMS:
         accuracies = [run["test_acc"] for run in summary[arm]]
@@ -104,10 +129,9 @@ def test_smoke_budget_stats_and_outputs(smoke):
     assert summary["minutes"]["searched"]["search_wall"] > 0
     assert summary["verdict"]["searched_beats_random"] in (True, False)
     markdown = (out / "summary.md").read_text()
-    assert "| searched | 2 |" in markdown and "| poor | 1 |" in markdown
+    assert "| searched | 1 |" in markdown and "| poor | 1 |" in markdown
     assert "- searched: retrain " in markdown and ", search " in markdown
-    # --parallel 2 shares the cores out between the two runs at a time, unless the caller fixed the threads.
-    assert budget["omp_num_threads"] == os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 2)))
+    assert budget["omp_num_threads"] == os.environ.get("OMP_NUM_THREADS")
     assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lines = stdout.strip().splitlines()
     assert lines[-1].startswith("| poor | 1 |") and lines[-6].startswith("| arm | n |")
@@ -117,25 +141,31 @@ def test_smoke_budget_stats_and_outputs(smoke):
 def test_resume_reuses_finished_runs_and_reruns_an_unfinished_one(smoke, tmp_path, capsys):
     out = tmp_path / "copy"
     shutil.copytree(smoke[0], out)
-    unfinished = out / "train_random_1_seed0"
-    (unfinished / DONE).unlink()
-    kept = {path: path.stat().st_mtime_ns for path in out.glob("*/metrics.json") if path.parent != unfinished}
-    assert bench.main(["--out", str(out), "--smoke", "--parallel", "2", "--resume"]) == 0
+    unfinished = out / "retrain" / "random_1_seed0"
+    (unfinished / "metrics.json").unlink()
+    kept = {path: path.stat().st_mtime_ns for path in out.glob("*/*/metrics.json") if path.parent != unfinished}
+    search = out / "search" / "search_0" / "genotype.json"
+    kept[search] = search.stat().st_mtime_ns
+    assert bench.main(["--out", str(out), "--smoke", "--searches", "1", "--resume"]) == 0
     assert {path: path.stat().st_mtime_ns for path in kept} == kept  # not run again
-    assert (unfinished / DONE).is_file() and (unfinished / "metrics.json").is_file()
+    assert (unfinished / "metrics.json").is_file()
+    # the resumed stage is a multirun of the unfinished job alone (the search stage has nothing left: not run)
+    (command,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
+    assert command.count(".json'") == 1 and "random_1.json'" in command
     before = json.loads((smoke[0] / "summary.json").read_text())
     after = json.loads((out / "summary.json").read_text())
-    assert after["stats"] == before["stats"]  # the rerun retrain is the same seeded CPU run
-    assert "not empty" not in capsys.readouterr().err
+    # the rerun retrain (alone in its process, not the third job of one) is the same seeded CPU run
+    assert after["stats"] == before["stats"]
 
 
 def test_a_failed_run_stops_the_benchmark_with_one_line(tmp_path):
     result = run_benchmark("--out", str(tmp_path / "out"), "--smoke", "--search-override", "search.schedule.cycles=0")
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
-    log = tmp_path / "out" / "logs" / "search_0.log"
-    assert line.startswith(f"search_vs_random: run search_0 failed (exit 2); its log is {log}: ")
-    assert "need cycles >= 1" in line
+    log = tmp_path / "out" / "logs" / "search.log"
+    assert line.startswith(f"search_vs_random: a multirun failed (exit 2; unfinished: {tmp_path / 'out' / 'search'}/"
+                           "search_0, ")
+    assert f"its log is {log}: " in line and "need cycles >= 1" in line
     assert not (tmp_path / "out" / "summary.json").exists()
 
 
@@ -144,6 +174,7 @@ def test_a_failed_run_stops_the_benchmark_with_one_line(tmp_path):
     [
         (["seed=3"], "sets seed, which the benchmark sets for every run"),
         (["hydra.run.dir=/tmp/x"], "sets hydra.run.dir"),
+        (["hydra.sweep.dir=/tmp/x"], "--out sets the run dirs, --launcher the launcher"),
         (["data"], "is not a Hydra override"),
         (["--train-override", "+genotype=DARTS_V1"], "sets genotype"),
     ],
@@ -151,6 +182,16 @@ def test_a_failed_run_stops_the_benchmark_with_one_line(tmp_path):
 def test_bad_input_is_refused(tmp_path, args, message, capsys):
     assert bench.main(["--out", str(tmp_path / "out"), "--smoke", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--launcher", "mpi"], "invalid choice: 'mpi'"),
+    (["--parallel", "2"], "--parallel is gone: the runs are Hydra multiruns; pass --launcher local_gpus"),
+])
+def test_bad_flags_end_before_any_run(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--out", str(tmp_path / "out"), "--smoke", *args])
+    assert stop.value.code == 2 and message in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
 def test_a_non_empty_out_dir_is_refused(tmp_path, capsys):
@@ -176,9 +217,12 @@ def test_the_cifar10_plan_and_its_flags(tmp_path):
                                     "model.network.channels=16", "trainer.device=cuda", "data.root=/d",
                                     "batch_size=32")
     assert (plan.search_seeds, plan.random_seeds, plan.retrain_seeds) == ((0, 1, 2), (0, 1, 2, 3, 4), (0,))
-    job = bench.retrain_jobs(plan, "random", "random_3", tmp_path / "g s.json")[0]
-    assert job.overrides[-3:] == (f"genotype='{tmp_path / 'g s.json'}'", "seed=0",
-                                  f"hydra.run.dir='{tmp_path / 'train_random_3_seed0'}'")
+    (sweep,) = bench.retrain_sweeps(plan, ["search_0", "random_3"])
+    assert sweep.command(("+sweep=local_gpus",))[2:] == [
+        "-m", "+sweep=local_gpus", *plan.train_overrides, "seed=0",
+        f"genotype='{tmp_path / 'genotypes' / 'search_0.json'}','{tmp_path / 'genotypes' / 'random_3.json'}'",
+        f"hydra.sweep.dir='{tmp_path / 'retrain'}'", "hydra.sweep.subdir='${aso_se.stem:${genotype}}_seed0'"]
+    assert sweep.run_dirs() == [tmp_path / "retrain" / "search_0_seed0", tmp_path / "retrain" / "random_3_seed0"]
 
 
 def test_the_qann_experiment_is_every_runs_experiment(tmp_path):

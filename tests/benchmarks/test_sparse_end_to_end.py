@@ -20,7 +20,7 @@ def test_smoke_run_times_both_eager_arms_and_measures_the_inputs(tmp_path, capsy
     assert set(cudnn["sparse_conv_paths"]) == {"dense:requested"} and set(dispatcher["sparse_conv_paths"]) == {
         "dense:cpu"}
     assert cudnn["sparse_share"] is None and cudnn["images_per_second_last_epoch"] > 0
-    overrides = (out / "eager_torch" / ".hydra" / "overrides.yaml").read_text()
+    overrides = (out / "train" / "eager_torch" / ".hydra" / "overrides.yaml").read_text()
     assert "model.network.conv_backend=torch" in overrides and "genotype=DARTS_V2" in overrides
     sparsity = summary["activation_sparsity"]
     assert sparsity["convs"] == len(sparsity["per_conv"]) > 0
