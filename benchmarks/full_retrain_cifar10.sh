@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# The fast full-size retrain (experiment=cifar10_qann_fast, DARTS_V2 as the ST-BIF QANN) on all GPUs of this
-# machine, stopped gracefully after STOP_S seconds (SIGTERM: checkpoint, exit 143) and continued by running it
-# again with the same RUN dir (resume=). Log in $OUT/fast_<piece>.log.
+# The fast full-size retrain (experiment=cifar10_qann_fast, DARTS_V2 as the ST-BIF QANN) on the GPUs of this
+# machine (or those in CUDA_VISIBLE_DEVICES), stopped gracefully after STOP_S seconds (SIGTERM: checkpoint, exit
+# 143) and continued by running it again with the same RUN dir (resume=). Log in $OUT/<run name>_<piece>.log.
+# The global batch stays 1,024 on any number of GPUs (batch_size=1024/GPUs); overrides pick the arm:
 #   OUT=<dir> DATA=/tmp/cifar10 RUN=/tmp/run/fast0 STOP_S=400 bash benchmarks/full_retrain_cifar10.sh [overrides]
+#   CUDA_VISIBLE_DEVICES=2,3 RUN=/tmp/run/relu ... bash benchmarks/full_retrain_cifar10.sh neuron=relu
 set -uo pipefail
-GPUS=$(nvidia-smi -L | wc -l)
-piece=$(ls "$OUT" 2>/dev/null | grep -c '^fast_' || true)
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+  GPUS=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+else
+  GPUS=$(nvidia-smi -L | wc -l)
+fi
+name=$(basename "$RUN")
+piece=$(ls "$OUT" 2>/dev/null | grep -c "^${name}_" || true)
+log="$OUT/${name}_$piece.log"
 if [ -f "$RUN/checkpoints/last.pt" ]; then
   args=(resume="$RUN")
 else
-  args=(trainer=ddp experiment=cifar10_qann_fast genotype=DARTS_V2 data.root="$DATA" hydra.run.dir="$RUN" "$@")
+  args=(trainer=ddp experiment=cifar10_qann_fast genotype=DARTS_V2 batch_size=$((1024 / GPUS)) data.root="$DATA"
+        hydra.run.dir="$RUN" "$@")
 fi
 timeout -s TERM --preserve-status "${STOP_S:-400}" python3 -m torch.distributed.run --standalone \
-  --nproc_per_node="$GPUS" train.py "${args[@]}" > "$OUT/fast_$piece.log" 2>&1
-echo "exit $?"
-grep -E "retrain epoch|SNN|energy|error|SIGTERM|resume" "$OUT/fast_$piece.log" | tail -n 12
+  --nproc_per_node="$GPUS" train.py "${args[@]}" > "$log" 2>&1
+echo "$name exit $?"
+grep -E "retrain epoch|SNN|energy|error|SIGTERM|resume" "$log" | tail -n 12

@@ -7,6 +7,7 @@ import torch
 # Tests use tiny tensors: one intra-op thread. Extra threads buy nothing at these sizes, and
 # on a busy 2-core machine their spin-waits made whole test folders 10x slower (13 s vs 178 s).
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # the same for the entry points and sweeps the tests start
 
 
 def pytest_configure(config: pytest.Config) -> None:

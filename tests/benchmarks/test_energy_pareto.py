@@ -9,6 +9,7 @@ import pytest
 from benchmarks import energy_pareto as sweep
 
 
+@pytest.mark.slow
 def test_smoke_sweep_lowers_the_energy_of_the_found_cell(tmp_path, capsys):
     out = tmp_path / "out"
     # In-process: its multiruns are subprocesses anyway; this spares the sweep's own start-up.

@@ -23,6 +23,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return out, stdout.getvalue()
 
 
+@pytest.mark.slow
 def test_smoke_run_reports_every_arm_and_the_verdicts(smoke):
     out, stdout = smoke
     summary = json.loads((out / "summary.json").read_text())
@@ -46,6 +47,7 @@ def test_smoke_run_reports_every_arm_and_the_verdicts(smoke):
     assert lines[-3].startswith("| relu | 1 |") and lines[-1].startswith("| st_bif | 1 |")
 
 
+@pytest.mark.slow
 def test_an_arm_through_submitits_local_executor_equals_the_basic_launchers_run(smoke, tmp_path):
     """--launcher slurm_local: the Slurm path (hydra-submitit-launcher) with submitit's local executor."""
     out = tmp_path / "out"

@@ -138,6 +138,7 @@ def test_smoke_budget_stats_and_outputs(smoke):
     assert lines[-8].startswith("searched >= random + 1 std?") and lines[-7].startswith("poor < random - 1 std?")
 
 
+@pytest.mark.slow
 def test_resume_reuses_finished_runs_and_reruns_an_unfinished_one(smoke, tmp_path, capsys):
     out = tmp_path / "copy"
     shutil.copytree(smoke[0], out)
@@ -158,6 +159,7 @@ def test_resume_reuses_finished_runs_and_reruns_an_unfinished_one(smoke, tmp_pat
     assert after["stats"] == before["stats"]
 
 
+@pytest.mark.slow
 def test_a_failed_run_stops_the_benchmark_with_one_line(tmp_path):
     result = run_benchmark("--out", str(tmp_path / "out"), "--smoke", "--search-override", "search.schedule.cycles=0")
     assert result.returncode == 1

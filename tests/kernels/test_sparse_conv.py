@@ -200,8 +200,8 @@ def test_non_finite_inputs_propagate_like_conv2d():
     assert torch.equal(y.isnan(), F.conv2d(x, weight, bias, 1, 1).isnan())
 
 
-@pytest.mark.parametrize("memory", [pytest.param("nchw", marks=pytest.mark.slow),
-                                    pytest.param("strided", marks=pytest.mark.slow), "channels_last"])
+@pytest.mark.slow  # 13-27 s each in the interpreter; the block-map and sparsity tests run the prescan in CI
+@pytest.mark.parametrize("memory", ["nchw", "strided", "channels_last"])
 def test_prescan_matches_reference(memory):
     generator = torch.Generator().manual_seed(1)
     x = layout(spikes((2, 7, 19, 13), 0.01, generator, plane_silence=0.5), memory)

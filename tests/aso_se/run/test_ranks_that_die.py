@@ -117,7 +117,8 @@ def test_a_hung_rank_stops_the_other_after_peer_timeout_s(tmp_path: Path) -> Non
     torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)  # readable
 
 
-@pytest.mark.parametrize("entry_point", ["train", pytest.param("search", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("entry_point", ["train", "search"])
 def test_a_run_stopped_on_two_processes_resumes_on_one_with_the_global_batch(tmp_path: Path, entry_point: str) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "two.log"
     fresh = (["train.py", "experiment=smoke", "logger=none", "trainer=ddp", "genotype=DARTS_V2", "epochs=8"]
@@ -148,6 +149,7 @@ def test_a_run_stopped_on_two_processes_resumes_on_one_with_the_global_batch(tmp
     assert (run_dir / result).is_file()
 
 
+@pytest.mark.slow
 def test_a_global_batch_the_new_processes_cannot_split_is_one_line(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.joinpath("checkpoints").mkdir(parents=True)

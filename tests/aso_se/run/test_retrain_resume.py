@@ -32,6 +32,7 @@ def _interrupt_at_step(step: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Retrainer, "_train_step", train_step)
 
 
+@pytest.mark.slow
 def test_sigint_mid_epoch_then_resume_equals_uninterrupted(
         run_app: RunApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code, stderr = run_app("train", *TRAIN, "hydra.run.dir=straight")

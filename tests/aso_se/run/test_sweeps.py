@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.aso_se.run.helpers import REPO, SMOKE
 
 
@@ -23,6 +25,7 @@ def _jobs(sweep_dir: Path) -> dict[int, dict]:
             for job in sweep_dir.iterdir() if job.name.isdigit()}
 
 
+@pytest.mark.slow
 def test_local_gpus_runs_one_job_per_gpu_slot(tmp_path: Path) -> None:
     locks = tmp_path / "locks"
     result = _multirun("+sweep=local_gpus", "sweep.gpus=[7,9]", f"sweep.lock_dir={locks}",

@@ -84,6 +84,7 @@ def test_energy_weight_steers_alpha_to_cheaper_ops():
     assert frugal_steps[-1]["energy_uj"] < frugal_steps[0]["energy_uj"]
 
 
+@pytest.mark.slow
 def test_a_resumed_energy_aware_search_ends_exactly_like_an_uninterrupted_one():
     reference, _ = search(5.0)
     stopped, _ = search(5.0, stop_at=3)  # mid-epoch: the epoch's costs come from the checkpoint
