@@ -13,6 +13,7 @@ from aso_se.parallel.distributed import DistributedContext
 from aso_se.train.retrain import Retrainer
 from search_space.network import build_network
 from search_space.neurons import NeuronFactory
+from tests.aso_se.train.ddp_runs import assert_trains_as_ddp
 
 
 def _train(rank: int, world_size: int, init_file: str, out_dir: str, channels_last: bool) -> None:
@@ -46,15 +47,6 @@ def _train(rank: int, world_size: int, init_file: str, out_dir: str, channels_la
 def test_flat_reduction_trains_as_ddp(tmp_path: Path) -> None:
     channels_last = True  # the flat buffer's views take the weights' NHWC strides (NCHW is the plain case)
     mp.spawn(_train, args=(2, str(tmp_path / "rendezvous"), str(tmp_path), channels_last), nprocs=2, join=True)
-    runs = {(reduction, rank): torch.load(tmp_path / f"{reduction}{rank}.pt", weights_only=True)
-            for reduction in ("ddp", "after_backward") for rank in range(2)}
-    for rank in range(2):
-        ddp, flat = runs["ddp", rank], runs["after_backward", rank]
-        assert ddp["losses"][0] != ddp["losses"][1]  # the weights moved
-        torch.testing.assert_close(flat["losses"], ddp["losses"], rtol=1e-5, atol=1e-6)
-        for name, value in ddp["state"].items():
-            if "running" in name or "num_batches" in name:
-                continue  # DDP keeps the batch-norm statistics of this rank's last batch on top of rank 0's
-            torch.testing.assert_close(flat["state"][name], value, rtol=1e-5, atol=1e-6, msg=name)
-    for name, value in runs["after_backward", 0]["state"].items():  # the ranks agree, statistics included
-        assert torch.equal(value, runs["after_backward", 1]["state"][name]), name
+    runs = {reduction: [torch.load(tmp_path / f"{reduction}{rank}.pt", weights_only=True) for rank in range(2)]
+            for reduction in ("ddp", "after_backward")}
+    assert_trains_as_ddp(runs["ddp"], runs["after_backward"], rtol=1e-5, atol=1e-6)

@@ -15,6 +15,7 @@ from aso_se.parallel.distributed import DistributedContext
 from aso_se.train.retrain import Retrainer
 from search_space.network import build_network
 from search_space.neurons import NeuronFactory
+from tests.aso_se.train.ddp_runs import assert_trains_as_ddp
 
 pytestmark = [
     pytest.mark.gpu,
@@ -60,15 +61,7 @@ def _train(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
 
 def test_graphs_with_the_flat_reduction_train_as_eager_ddp_on_two_gpus(tmp_path: Path) -> None:
     mp.spawn(_train, args=(2, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=2, join=True)
-    runs = {(arm, rank): torch.load(tmp_path / f"{arm}{rank}.pt", weights_only=True)
-            for arm in ("ddp", "graph") for rank in range(2)}
-    for rank in range(2):
-        ddp, graph = runs["ddp", rank], runs["graph", rank]
-        assert len(set(ddp["losses"])) == STEPS  # the batches and the weights moved
-        torch.testing.assert_close(graph["losses"], ddp["losses"], rtol=1e-4, atol=1e-5)
-        for name, value in ddp["state"].items():
-            if "running" in name or "num_batches" in name:
-                continue  # DDP keeps the batch-norm statistics of this rank's last batch on top of rank 0's
-            torch.testing.assert_close(graph["state"][name], value, rtol=1e-4, atol=1e-5, msg=name)
-    for name, value in runs["graph", 0]["state"].items():  # the ranks agree, statistics included
-        assert torch.equal(value, runs["graph", 1]["state"][name]), name
+    runs = {arm: [torch.load(tmp_path / f"{arm}{rank}.pt", weights_only=True) for rank in range(2)]
+            for arm in ("ddp", "graph")}
+    assert len(set(runs["ddp"][0]["losses"])) == STEPS  # the batches and the weights moved
+    assert_trains_as_ddp(runs["ddp"], runs["graph"], rtol=1e-4, atol=1e-5)
