@@ -1,13 +1,14 @@
 """Searched vs random cells: does the search find cells better than chance, under one retrain budget?
 
 Two Hydra multiruns: S searches (``search.py -m seed=0,..`` in DIR/search/search_<s>), then every cell
-(searched, R random genotypes drawn under the search's derivation rules, DARTS_V2 as reference,
-POOR_POOL_SKIP as a floor; all in DIR/genotypes/) retrained by ``train.py -m genotype=<cells>`` under the
+(searched, R random genotypes drawn under the search's derivation rules, DARTS_V2 and PC_DARTS as
+references, POOR_POOL_SKIP as a floor; all in DIR/genotypes/) retrained by ``train.py -m genotype=<cells>`` under the
 same overrides, one multirun per retrain seed (DIR/retrain/<cell>_seed<s>). Each multirun's command is
 printed: rerun a cell or add one by hand with it. Writes DIR/summary.json, summary.md and summary.png
 (read from the run dirs); prints the table last. The CIFAR-10 protocol (search: experiment=cifar10_snn, or
 cifar10_qann with --experiment; retrain: the same experiment with epochs=30 model.network.layers=8
-model.network.channels=16), e.g. one job per GPU of this machine, or on Slurm:
+model.network.channels=16: --budget proxy, the default; --budget full retrains experiment=cifar10_qann_fast,
+DARTS's 20 x 36 network for 180 epochs, after cifar10_qann searches), e.g. one job per GPU of this machine, or on Slurm:
 
     python benchmarks/search_vs_random.py --out DIR --searches 3 --randoms 5 --launcher local_gpus data.root=<cifar10>
     python benchmarks/search_vs_random.py --out DIR --launcher slurm hydra.launcher.partition=<p> data.root=<cifar10>
@@ -54,10 +55,16 @@ from search_space.genotypes import GENOTYPES, Genotype, random_genotype  # noqa:
 from search_space.ops import check_primitives  # noqa: E402
 
 ARMS = ("searched", "random", "reference", "poor")
-REFERENCE, POOR = "DARTS_V2", "POOR_POOL_SKIP"
+REFERENCES, POOR = ("DARTS_V2", "PC_DARTS"), "POOR_POOL_SKIP"
 CELL_TYPES = ("normal", "reduce")
 CIFAR10_EXPERIMENTS = ("cifar10_snn", "cifar10_qann")  # BPTT at T = 4, or ST-BIF trained as its quantized ANN
 CIFAR10_RETRAIN_BUDGET = {"epochs": 30, "layers": 8, "channels": 16}
+# The named retrain budgets. proxy: the search's experiment on the supernet's size for 30 epochs. full: the
+# full-size retrain, experiment=cifar10_qann_fast (20 x 36, 180 epochs) as it is, one process per run, so at its
+# recipe's global batch of 1,024 (its lr is for that batch); the searches stay experiment=cifar10_qann.
+BUDGETS = ("proxy", "full")
+FULL_TRAIN_EXPERIMENT, FULL_SEARCH_EXPERIMENT = "cifar10_qann_fast", "cifar10_qann"
+FULL_TRAIN_OVERRIDES = ("batch_size=1024",)
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -73,6 +80,7 @@ class Plan:
     retrain_seeds: tuple[int, ...]
     device: str | None
     launcher: str = "basic"
+    budget: str = "proxy"  # its name, recorded in the summary ("smoke" under --smoke)
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -80,12 +88,19 @@ def make_plan(args: argparse.Namespace) -> Plan:
     search_only = check_overrides(args.search_override)
     train_only = check_overrides(args.train_override)
     device = (f"trainer.device={args.device}",) if args.device else ()
-    budget = {} if args.smoke else dict(CIFAR10_RETRAIN_BUDGET)
+    full = args.budget == "full" and not args.smoke
+    budget = {} if args.smoke or full else dict(CIFAR10_RETRAIN_BUDGET)
     flags = {"epochs": args.retrain_epochs, "layers": args.retrain_layers, "channels": args.retrain_channels}
-    budget.update({key: value for key, value in flags.items() if value is not None})
+    budget.update({key: value for key, value in flags.items() if value is not None})  # explicit flags win
     retrain_budget = tuple(f"{'epochs' if key == 'epochs' else f'model.network.{key}'}={value}"
                            for key, value in budget.items())
-    base_search = base_train = SMOKE if args.smoke else (f"experiment={args.experiment}",)
+    if args.smoke:
+        base_search = base_train = SMOKE
+    elif full:
+        base_search, base_train = (f"experiment={args.experiment}",), (f"experiment={FULL_TRAIN_EXPERIMENT}",
+                                                                       *FULL_TRAIN_OVERRIDES)
+    else:
+        base_search = base_train = (f"experiment={args.experiment}",)
     return Plan(
         out=args.out.resolve(),
         search_overrides=(*base_search, *device, *common, *search_only),
@@ -95,6 +110,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         retrain_seeds=tuple(range(args.retrain_seeds)),
         device=args.device,
         launcher=args.launcher,
+        budget="smoke" if args.smoke else args.budget,
     )
 
 
@@ -121,7 +137,7 @@ def arm_of(source: str) -> str:
         return "searched"
     if source.startswith("random_"):
         return "random"
-    return {REFERENCE: "reference", POOR: "poor"}[source]
+    return "reference" if source in REFERENCES else {POOR: "poor"}[source]
 
 
 # ----------------------------------------------------------------------------- the search space
@@ -161,7 +177,8 @@ def fixed_cells(plan: Plan, rules: SpaceRules) -> dict[str, dict[str, Genotype]]
     randoms = {f"random_{seed}": random_genotype(rules.primitives, rules.steps, random.Random(seed),
                                                  rules.max_skip_connect, multiplier=rules.multiplier)
                for seed in plan.random_seeds}
-    return {"random": randoms, "reference": {REFERENCE: GENOTYPES[REFERENCE]}, "poor": {POOR: GENOTYPES[POOR]}}
+    return {"random": randoms, "reference": {name: GENOTYPES[name] for name in REFERENCES},
+            "poor": {POOR: GENOTYPES[POOR]}}
 
 
 # ----------------------------------------------------------------------------- running
@@ -204,7 +221,8 @@ def collect_search(run_dir: Path, rules: SpaceRules) -> dict[str, Any]:
 def retrain_budget(plan: Plan, run_dirs: Sequence[Path]) -> dict[str, Any]:
     """What every retrain got, read back from each run's composed config; they must be identical."""
     first = same_config(run_dirs, ignore=("genotype", "seed"))
-    return {"search_overrides": list(plan.search_overrides), "train_overrides": list(plan.train_overrides),
+    return {"name": plan.budget, "search_overrides": list(plan.search_overrides),
+            "train_overrides": list(plan.train_overrides),
             "search_seeds": list(plan.search_seeds), "random_seeds": list(plan.random_seeds),
             "retrain_seeds": list(plan.retrain_seeds), "device": plan.device or "auto (CUDA when present)",
             "launcher": plan.launcher,
@@ -286,6 +304,59 @@ def plot(arms: Mapping[str, Sequence[Mapping[str, Any]]], stats: Mapping[str, Ar
     plt.close(figure)
 
 
+def genotype_distance(a: Genotype, b: Genotype) -> dict[str, int]:
+    """Edges of ``a`` not in ``b``, per cell type: each node's two (op, input) edges compared as a multiset (the
+    order within a node carries no meaning)."""
+    distance = {}
+    for kind in CELL_TYPES:
+        edges_a, edges_b = getattr(a, kind), getattr(b, kind)
+        if len(edges_a) != len(edges_b):
+            raise BenchmarkError(f"the {kind} cells have {len(edges_a)} and {len(edges_b)} edges; compare cells "
+                                 "of one search space")
+        differing = 0
+        for node in range(0, len(edges_a), 2):
+            left, right = list(edges_a[node:node + 2]), list(edges_b[node:node + 2])
+            for edge in left:
+                if edge in right:
+                    right.remove(edge)
+                else:
+                    differing += 1
+        distance[kind] = differing
+    return distance
+
+
+def search_spread(searched: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """How far apart the searches landed: pairwise genotype distance of the searched cells (mean and max per cell
+    type, out of its edges; None below 2 cells) and the std of their mean test accuracies."""
+    by_source: dict[str, list[Mapping[str, Any]]] = {}
+    for run in searched:
+        by_source.setdefault(run["source"], []).append(run)
+    cells = [_genotype_of(runs[0]) for runs in by_source.values()]
+    pairs = [genotype_distance(a, b) for i, a in enumerate(cells) for b in cells[i + 1:]]
+    spread: dict[str, Any] = {"cells": len(cells), "pairs": len(pairs)}
+    for kind in CELL_TYPES:
+        values = [pair[kind] for pair in pairs]
+        spread[kind] = {"edges": len(getattr(cells[0], kind)) if cells else None,
+                        "mean": statistics.fmean(values) if values else None, "max": max(values, default=None)}
+    means = [statistics.fmean(run["test_acc"] for run in runs) for runs in by_source.values()]
+    spread["acc_std"] = mean_std(means)[1] if means else None
+    return spread
+
+
+def _genotype_of(run: Mapping[str, Any]) -> Genotype:
+    return Genotype.from_json(json.dumps(run["genotype"]))
+
+
+def spread_line(spread: Mapping[str, Any]) -> str:
+    if spread["pairs"] == 0:
+        return f"Searches' spread: {spread['cells']} searched cell(s), no pair to compare."
+    kinds = ", ".join(f"{kind} mean {spread[kind]['mean']:.2f} / max {spread[kind]['max']} of {spread[kind]['edges']}"
+                      for kind in CELL_TYPES)
+    std = "n/a" if spread["acc_std"] is None else f"{spread['acc_std']:.4f}"
+    return (f"Searches' spread over {spread['pairs']} pair(s) of {spread['cells']} cells: differing edges {kinds}; "
+            f"test acc std {std}.")
+
+
 # ----------------------------------------------------------------------------- the benchmark
 def minutes_per_arm(searches: Sequence[Mapping[str, Any]],
                     arms: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -330,6 +401,7 @@ def run_benchmark(plan: Plan, resume: bool = False) -> dict[str, Any]:
                          "multiplier": rules.multiplier, "max_skip_connect": rules.max_skip_connect},
         "minutes": minutes_per_arm(searches, arms),
         "stats": {arm: vars(s) for arm, s in stats.items()},
+        "search_spread": search_spread(arms["searched"]),
         "verdict": {"searched_beats_random": decision.searched_beats_random,
                     "poor_below_random": decision.poor_below_random, "lines": list(decision.lines)},
     }
@@ -344,10 +416,11 @@ def summary_markdown(summary: Mapping[str, Any], stats: Mapping[str, ArmStats], 
     entropies = ", ".join(f"{s['alpha_entropy']['mean']:.3f}" for s in summary["searches"])
     return "\n".join([
         "# Searched vs random cells", "",
-        f"Retrain budget (every arm): `{' '.join(budget['train_overrides'])}`, seeds {budget['retrain_seeds']}, "
+        f"Retrain budget **{budget['name']}** (every arm): `{' '.join(budget['train_overrides'])}`, "
+        f"seeds {budget['retrain_seeds']}, "
         f"{budget['epochs']} epochs, {budget['network']['layers']} cells of {budget['network']['channels']} channels.",
         f"Searches: `{' '.join(budget['search_overrides'])}`, seeds {budget['search_seeds']}; "
-        f"final α mean edge entropy (nats): {entropies}.", "",
+        f"final α mean edge entropy (nats): {entropies}.", spread_line(summary["search_spread"]), "",
         table(stats), "", *[f"- {line}" for line in decision.lines], "",
         "Minutes per arm (wall, i.e. device time on a GPU / process CPU):",
         *[f"- {arm}: retrain {m['retrain_wall']:.1f} / {m['retrain_cpu']:.1f}"
@@ -361,14 +434,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="a new or empty directory: every run and the summary")
     parser.add_argument("--smoke", action="store_true", help="experiment=smoke for every run: seconds each on a CPU")
-    parser.add_argument("--experiment", default="cifar10_snn", choices=CIFAR10_EXPERIMENTS,
-                        help="the CIFAR-10 experiment of every run: cifar10_snn (BPTT, T = 4) or cifar10_qann")
+    parser.add_argument("--budget", default="proxy", choices=BUDGETS,
+                        help="the retrain budget: proxy (8 cells x 16 channels, 30 epochs; default) or full "
+                             f"(experiment={FULL_TRAIN_EXPERIMENT}: 20 x 36, 180 epochs; "
+                             f"searches {FULL_SEARCH_EXPERIMENT})")
+    parser.add_argument("--experiment", default=None, choices=CIFAR10_EXPERIMENTS,
+                        help="the CIFAR-10 experiment of every run: cifar10_snn (BPTT, T = 4; default) or "
+                             f"cifar10_qann (--budget full: {FULL_SEARCH_EXPERIMENT}, the only one it takes)")
     parser.add_argument("--searches", type=int, default=None, help="searches (seeds 0..S-1); default 3, smoke 2")
     parser.add_argument("--randoms", type=int, default=None, help="random cells (seeds 0..R-1); default 5, smoke 2")
     parser.add_argument("--retrain-seeds", type=int, default=1, help="retrains of every cell (seeds 0..N-1)")
-    parser.add_argument("--retrain-epochs", type=int, default=None, help="default 30 (smoke: experiment=smoke's)")
-    parser.add_argument("--retrain-layers", type=int, default=None, help="cells of the retrained network; default 8")
-    parser.add_argument("--retrain-channels", type=int, default=None, help="its base channels; default 16")
+    parser.add_argument("--retrain-epochs", type=int, default=None,
+                        help="default: the budget's (proxy 30, full 180; smoke: experiment=smoke's)")
+    parser.add_argument("--retrain-layers", type=int, default=None,
+                        help="cells of the retrained network; default: the budget's (proxy 8, full 20)")
+    parser.add_argument("--retrain-channels", type=int, default=None,
+                        help="its base channels; default: the budget's (proxy 16, full 36)")
     parser.add_argument("--device", default=None, help="trainer.device of every run (cpu, cuda, cuda:1); default: auto")
     parser.add_argument("--search-override", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override for the searches only (repeatable)")
@@ -378,6 +459,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. data.root=... neuron=lif")
     args = parser.parse_args(argv)
     check_launcher_args(parser, args)
+    if args.budget == "full" and args.smoke:
+        parser.error("--smoke is its own budget (experiment=smoke); drop --budget full")
+    if args.budget == "full" and args.experiment not in (None, FULL_SEARCH_EXPERIMENT):
+        parser.error(f"--budget full retrains experiment={FULL_TRAIN_EXPERIMENT}, whose searches are "
+                     f"{FULL_SEARCH_EXPERIMENT}; drop --experiment {args.experiment}")
+    if args.experiment is None:
+        args.experiment = FULL_SEARCH_EXPERIMENT if args.budget == "full" else "cifar10_snn"
     args.searches = (2 if args.smoke else 3) if args.searches is None else args.searches
     args.randoms = (2 if args.smoke else 5) if args.randoms is None else args.randoms
     for name in ("searches", "randoms", "retrain_seeds"):

@@ -57,7 +57,7 @@ def test_smoke_summary_has_every_arm_and_its_runs(smoke):
     out, _ = smoke
     summary = json.loads((out / "summary.json").read_text())
     assert {*bench.ARMS, "budget", "searches", "minutes", "stats", "verdict"} <= set(summary)
-    assert [len(summary[arm]) for arm in bench.ARMS] == [1, 2, 1, 1]
+    assert [len(summary[arm]) for arm in bench.ARMS] == [1, 2, 2, 1]
     for arm in bench.ARMS:
         for run in summary[arm]:
             metrics = json.loads((Path(run["run_dir"]) / "metrics.json").read_text())
@@ -65,7 +65,8 @@ def test_smoke_summary_has_every_arm_and_its_runs(smoke):
             assert run["params_m"] == metrics["params_m"] > 0 and 0.0 < run["firing_rate_mean"] < 1.0
             assert _genotype(run["genotype"]) == Genotype.from_json(metrics["genotype"])
             assert run["seed"] == 0 and run["wall_minutes"] > 0 and run["cpu_minutes"] > 0
-    assert _genotype(summary["reference"][0]["genotype"]) == GENOTYPES["DARTS_V2"]
+    references = [_genotype(run["genotype"]) for run in summary["reference"]]
+    assert references == [GENOTYPES["DARTS_V2"], GENOTYPES["PC_DARTS"]]
     assert _genotype(summary["poor"][0]["genotype"]) == GENOTYPES["POOR_POOL_SKIP"]
     # The random cells are the seeded draws from the search's space (DARTS's ops, 4 nodes, at most 2 skips).
     expected = [random_genotype(DARTS, 4, random.Random(seed), 2) for seed in (0, 1)]
@@ -119,7 +120,7 @@ def test_smoke_budget_stats_and_outputs(smoke):
     budget = summary["budget"]
     assert budget["train_overrides"] == ["experiment=smoke", "logger=none"] == budget["search_overrides"]
     assert budget["epochs"] == 1 and budget["retrain_seeds"] == [0] and budget["search_seeds"] == [0]
-    assert budget["launcher"] == "basic"
+    assert budget["launcher"] == "basic" and budget["name"] == "smoke"
     assert (budget["network"]["layers"], budget["network"]["channels"]) == (3, 4)
     for arm in bench.ARMS:
         accuracies = [run["test_acc"] for run in summary[arm]]
@@ -128,8 +129,10 @@ def test_smoke_budget_stats_and_outputs(smoke):
         assert summary["minutes"][arm]["retrain_wall"] > 0 and summary["minutes"][arm]["devices"] == ["cpu"]
     assert summary["minutes"]["searched"]["search_wall"] > 0
     assert summary["verdict"]["searched_beats_random"] in (True, False)
+    assert summary["search_spread"]["cells"] == 1 and summary["search_spread"]["pairs"] == 0
     markdown = (out / "summary.md").read_text()
-    assert "| searched | 1 |" in markdown and "| poor | 1 |" in markdown
+    assert "| searched | 1 |" in markdown and "| poor | 1 |" in markdown and "budget **smoke**" in markdown
+    assert "Searches' spread: 1 searched cell(s)" in markdown
     assert "- searched: retrain " in markdown and ", search " in markdown
     assert budget["omp_num_threads"] == os.environ.get("OMP_NUM_THREADS")
     assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -235,6 +238,35 @@ def test_the_qann_experiment_is_every_runs_experiment(tmp_path):
     assert rules.primitives == PRIMITIVE_SETS["darts"]
 
 
+def test_the_full_budget_retrains_the_fast_experiment_and_flags_still_win(tmp_path):
+    """--budget full composes its overrides (no run): the searches stay cifar10_qann, the retrains take
+    cifar10_qann_fast's own 20 x 36, 180 epochs at its global batch; an explicit --retrain-* flag overrides it."""
+    plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--budget", "full", "data.root=/d"]))
+    assert plan.budget == "full"
+    assert plan.search_overrides == ("experiment=cifar10_qann", "data.root=/d")
+    assert plan.train_overrides == ("experiment=cifar10_qann_fast", "batch_size=1024", "data.root=/d")
+    bench.search_space_rules(plan)  # both entry points compose it
+    train = bench.compose_config("train", (*plan.train_overrides, "genotype=PC_DARTS"))
+    assert (train.epochs, train.model.network.layers, train.model.network.channels) == (180, 20, 36)
+    assert train.batch_size == 1024
+    plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--budget", "full", "--retrain-epochs", "50",
+                                             "--train-override", "batch_size=512"]))
+    assert plan.train_overrides == ("experiment=cifar10_qann_fast", "batch_size=1024", "epochs=50", "batch_size=512")
+    proxy = bench.make_plan(bench.parse_args(["--out", str(tmp_path)]))
+    assert proxy.budget == "proxy" and proxy.train_overrides[:4] == (
+        "experiment=cifar10_snn", "epochs=30", "model.network.layers=8", "model.network.channels=16")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--budget", "full", "--experiment", "cifar10_snn"], "drop --experiment cifar10_snn"),
+    (["--budget", "full", "--smoke"], "--smoke is its own budget"),
+])
+def test_the_full_budget_refuses_what_it_cannot_run(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--out", str(tmp_path), *args])
+    assert message in capsys.readouterr().err
+
+
 def test_the_smoke_plan_keeps_the_experiments_network_unless_told(tmp_path):
     plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--smoke", "--retrain-layers", "5"]))
     assert plan.train_overrides == ("experiment=smoke", "logger=none", "model.network.layers=5")
@@ -331,3 +363,32 @@ def test_random_cells_are_what_the_search_derivation_can_produce():
                                   _probabilities_choosing(genotype.reduce, 4), DARTS, steps=4, multiplier=4,
                                   max_skip_connect=2)
         assert derived == genotype
+
+
+# ----------------------------------------------------------------------------- the searches' spread
+def test_genotype_distance_by_hand():
+    a = GENOTYPES["DARTS_V2"]
+    assert bench.genotype_distance(a, a) == {"normal": 0, "reduce": 0}
+    normal = list(a.normal)
+    normal[0], normal[1] = normal[1], normal[0]  # the same node's edges swapped: the same cell
+    normal[2] = ("avg_pool_3x3", normal[2][1])  # another op on one edge
+    normal[7] = (normal[7][0], 0 if normal[7][1] else 1)  # another input on one edge
+    b = Genotype(normal=normal, normal_concat=a.normal_concat, reduce=a.reduce, reduce_concat=a.reduce_concat)
+    assert bench.genotype_distance(a, b) == bench.genotype_distance(b, a) == {"normal": 2, "reduce": 0}
+
+
+def test_search_spread_of_three_cells():
+    cells = {"search_0": GENOTYPES["DARTS_V2"], "search_1": GENOTYPES["DARTS_V2"], "search_2": GENOTYPES["PC_DARTS"]}
+    runs = [{"source": source, "genotype": json.loads(cell.to_json()), "test_acc": acc}
+            for (source, cell), acc in zip(cells.items(), (0.5, 0.6, 0.7))]
+    runs.append({**runs[0], "test_acc": 0.7})  # a second retrain seed: search_0's mean is 0.6
+    spread = bench.search_spread(runs)
+    apart = bench.genotype_distance(GENOTYPES["DARTS_V2"], GENOTYPES["PC_DARTS"])
+    assert spread["cells"] == 3 and spread["pairs"] == 3
+    for kind in ("normal", "reduce"):
+        assert spread[kind] == {"edges": 8, "mean": pytest.approx(2 * apart[kind] / 3), "max": apart[kind]}
+    assert spread["acc_std"] == pytest.approx(statistics.stdev([0.6, 0.6, 0.7]))
+    assert "3 pair(s) of 3 cells" in bench.spread_line(spread)
+    one = bench.search_spread(runs[:1])
+    assert one["pairs"] == 0 and one["normal"]["mean"] is None and one["acc_std"] is None
+    assert "no pair" in bench.spread_line(one)
