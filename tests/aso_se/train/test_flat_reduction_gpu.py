@@ -28,12 +28,15 @@ def _train(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
     torch.cuda.set_device(rank)
     torch.backends.cudnn.allow_tf32 = False  # both arms in full fp32, so rounding alone separates them
     torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         for cuda_graph in (False, True):  # eager DDP, then the graphs with the flat reduction
             torch.manual_seed(5 + rank)  # each rank its own initial weights: both arms start from rank 0's
+            # cuDNN convs, as the fast recipe: "auto" may take the sparse kernels (TF32) inside the capture
+            # only, and a first run with it differed from eager DDP from the captured step on (2 H200).
             network = build_network("DARTS_V2", neuron=NeuronFactory("st_bif_qann", timesteps=1), channels=8,
-                                    layers=5, num_classes=10, auxiliary=True, image_size=32)
+                                    layers=5, num_classes=10, auxiliary=True, image_size=32, conv_backend="torch")
             sgd = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, nesterov=True, fused=True)
             trainer = Retrainer(network, optimizer=sgd,
                                 scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=2),
