@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from kernels.st_bif import STBIFNeuron
 from search_space.errors import UserInputError
+from search_space.graded_st_bif import GradedSTBIF
 from search_space.multistep import Stem
 from search_space.neurons import QuantizedActivation, SpikingNeuron
 from search_space.ops import Zero
@@ -129,16 +130,19 @@ def _unconvertible(model: nn.Module) -> list[str]:
     return sorted({found for child in children for found in _unconvertible(child)})
 
 
-def convert_to_snn(qann: nn.Module, timesteps: int) -> nn.Module:
+def convert_to_snn(qann: nn.Module, timesteps: int, spikes_per_step: int = 1) -> nn.Module:
     """A new ST-BIF SNN with the QANN's weights, running ``timesteps`` steps (the QANN is untouched).
 
     Every QuantizedActivation becomes an ST-BIF neuron with its θ and bounds (the Triton kernel on CUDA,
-    the torch reference on CPU); eval-mode BatchNorm and conv/linear biases add their shift at t = 0
-    only; max pooling runs on running sums; the stem injects the image at t = 0; a linear head named
-    ``classifier`` (fed features averaged over T) reads them summed over time instead.
+    the torch reference on CPU; with ``spikes_per_step`` > 1 the graded neuron of graded_st_bif.py);
+    eval-mode BatchNorm and conv/linear biases add their shift at t = 0 only; max pooling runs on running
+    sums; the stem injects the image at t = 0; a linear head named ``classifier`` (fed features averaged
+    over T) reads them summed over time instead.
     """
     if isinstance(timesteps, bool) or not isinstance(timesteps, int) or timesteps < 1:
         raise UserInputError(f"timesteps={timesteps!r} must be a positive integer")
+    if isinstance(spikes_per_step, bool) or not isinstance(spikes_per_step, int) or spikes_per_step < 1:
+        raise UserInputError(f"spikes_per_step={spikes_per_step!r} must be a positive integer (1: binary spikes)")
     has_qann = any(isinstance(module, QuantizedActivation) for module in qann.modules())
     others = _unconvertible(qann)
     if not has_qann or others:
@@ -147,20 +151,22 @@ def convert_to_snn(qann: nn.Module, timesteps: int) -> nn.Module:
             "activations or layers without an exact spiking form: build and train it with neuron=st_bif_qann"
         )
     snn = copy.deepcopy(qann).eval()
-    _convert_children(snn, timesteps)
+    _convert_children(snn, timesteps, spikes_per_step)
     for module in snn.modules():
         if hasattr(module, "timesteps") and isinstance(module.timesteps, int):
             module.timesteps = timesteps
     return snn
 
 
-def _convert_children(module: nn.Module, timesteps: int) -> None:
+def _convert_children(module: nn.Module, timesteps: int, spikes_per_step: int) -> None:
     for name, child in module.named_children():
         replacement: nn.Module | None = None
         if isinstance(child, QuantizedActivation):
             # The Triton kernel takes fp16/bf16/fp32: a float64 network runs the reference neuron.
             backend = "torch" if child.q_threshold.dtype == torch.float64 else "auto"
             neuron = STBIFNeuron(q_threshold=1.0, level=child.level, sym=child.sym, backend=backend)
+            if spikes_per_step > 1:
+                neuron = GradedSTBIF(child.q_threshold, neuron.pos_max, neuron.neg_min, spikes_per_step)
             neuron.q_threshold = child.q_threshold.detach().clone()  # exactly the QANN's θ
             replacement = SpikingNeuron(neuron, timesteps, capturable=True)
         elif isinstance(child, nn.modules.batchnorm._BatchNorm):
@@ -174,7 +180,7 @@ def _convert_children(module: nn.Module, timesteps: int) -> None:
         elif isinstance(child, (nn.Conv2d, nn.Linear)) and child.bias is not None:
             replacement = _BiasAtFirstStep(child, timesteps)
         if replacement is None:
-            _convert_children(child, timesteps)
+            _convert_children(child, timesteps, spikes_per_step)
         else:
             setattr(module, name, replacement)
 
@@ -253,7 +259,8 @@ def _snn_logits(snn: nn.Module, x: Tensor, timesteps: int, prefixes: list[int]) 
 @_full_fp32()
 def evaluate_snn(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, device: torch.device | str = "cpu",
                  max_timesteps: int = 64, dtype: torch.dtype | None = None,
-                 before_batch: Callable[[], None] = lambda: None, sharded: bool = False) -> SNNEvaluation:
+                 before_batch: Callable[[], None] = lambda: None, sharded: bool = False,
+                 spikes_per_step: int = 1) -> SNNEvaluation:
     """Runs the QANN and its SNN (fresh state each run, the image at t = 0) at growing T until a run's
     last step has no spike anywhere, or T reaches ``max_timesteps`` (a warning then).
 
@@ -269,6 +276,7 @@ def evaluate_snn(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, d
     ``before_batch()`` runs before every batch of every run and may raise to stop the evaluation.
     ``sharded`` (torch.distributed initialized): every rank passes the same batches and evaluates
     ``rank::world`` of them; the counts are summed over the ranks, which all return the same result.
+    ``spikes_per_step`` > 1: graded spikes (graded_st_bif.py), fewer steps to the same final logits.
     """
     if isinstance(max_timesteps, bool) or not isinstance(max_timesteps, int) or max_timesteps < 1:
         raise UserInputError(f"max_timesteps={max_timesteps!r} must be a positive integer, e.g. 64")
@@ -278,13 +286,14 @@ def evaluate_snn(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, d
     qann.eval()
     try:
         return _evaluate(qann, batches, torch.device(device), max_timesteps, before_batch,
-                         sharded and dist.is_initialized() and dist.get_world_size() > 1)
+                         sharded and dist.is_initialized() and dist.get_world_size() > 1, spikes_per_step)
     finally:
         qann.train(was_training)
 
 
 def _evaluate(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], device: torch.device,
-              max_timesteps: int, before_batch: Callable[[], None], sharded: bool) -> SNNEvaluation:
+              max_timesteps: int, before_batch: Callable[[], None], sharded: bool,
+              spikes_per_step: int) -> SNNEvaluation:
     data_dtype = next(qann.parameters()).dtype
     batches = [(x.to(device, data_dtype), y.to(device)) for x, y in batches]
     qann_logits = {i: _logits(qann(batches[i][0])) for i in _my_batches(len(batches), sharded, before_batch)}
@@ -296,7 +305,7 @@ def _evaluate(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], device:
     accuracy_at: dict[int, float] = {}
     timesteps = min(growth if prefix else 1, max_timesteps)
     while True:
-        snn = convert_to_snn(qann, timesteps).to(device)
+        snn = convert_to_snn(qann, timesteps, spikes_per_step).to(device)
         prefixes = [2**j for j in range(timesteps.bit_length()) if 2**j < timesteps] if prefix else []
         hits = dict.fromkeys([*prefixes, timesteps], 0)
         agreement, diff, last = 0, 0.0, 0

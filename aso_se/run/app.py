@@ -71,7 +71,9 @@ ELASTIC_MARKERS = Path("outputs") / ".torchelastic"
 # (``+data.root=<dir>``: the default config a resume composes, mnist5k's, has no root).
 MACHINE_KEYS = ("data.root", "data.num_workers")
 # ... and how train.py evaluates the exact SNN at the end: evaluation only, the training is unchanged.
-EVALUATION_KEYS = ("snn_max_timesteps", "snn_eval_samples", "snn_eval_dtype")
+EVALUATION_KEYS = ("snn_max_timesteps", "snn_eval_samples", "snn_eval_dtype", "snn_spikes_per_step")
+# Evaluation settings newer than some saved runs: their defaults, so that those runs resume (and re-evaluate).
+NEWER_EVALUATION_DEFAULTS = {"snn_spikes_per_step": 1}
 RESUME_KEYS = MACHINE_KEYS + EVALUATION_KEYS
 # Knobs that shrink activation memory, named in the out-of-memory line per entry point.
 _MEMORY_KNOBS = {
@@ -536,6 +538,9 @@ class Run:
                                                         warn=log.warning,
                                                         set_aside=int(os.environ.get("RANK", "0")) == 0)
         self.cfg = OmegaConf.create(self.state["config"])
+        if self.entry_point == "train":
+            for key, default in NEWER_EVALUATION_DEFAULTS.items():
+                self.cfg.setdefault(key, default)
         self._fit_to_this_launch(self.state.get("world_size"))
         for override in allowed:  # where this machine keeps the data (a run dir copied here resumes), the SNN's eval
             key, value = override.split("=", 1)

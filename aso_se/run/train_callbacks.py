@@ -20,7 +20,7 @@ from aso_se.run.app import Interrupted, Run
 from aso_se.run.checkpoint import first_non_finite, save_json, tensor_digest
 from aso_se.train.energy_report import energy_metrics
 from aso_se.train.retrain import Retrainer
-from aso_se.train.snn_eval import is_qann, snn_metrics
+from aso_se.train.snn_eval import check_snn_settings, is_qann, snn_metrics
 from search_space.genotypes import Genotype
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ class TrainCallbacks:
         self.board = board
         self.trainer = trainer
         self.genotype = genotype
+        check_snn_settings(run.cfg.snn_eval_dtype, run.cfg.snn_spikes_per_step)
         if board is not None:
             board.genotype(genotype, trainer.global_step)
         if run.resumed and run.ctx.is_main:
@@ -92,12 +93,14 @@ class TrainCallbacks:
                 _, snn_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
             metrics.update(snn_metrics(network, snn_test, device=ctx.device, max_timesteps=cfg.snn_max_timesteps,
                                        dtype=cfg.snn_eval_dtype, board=self.board, step=step,
-                                       before_batch=self._stop_all_ranks_together, sharded=ctx.distributed))
+                                       before_batch=self._stop_all_ranks_together, sharded=ctx.distributed,
+                                       spikes_per_step=cfg.snn_spikes_per_step))
             run.raise_if_stopped()
         if not ctx.is_main:
             return
         metrics.update(energy_metrics(network, full_test, device=ctx.device, board=self.board, step=step,
-                                      snn_timesteps=metrics.get("snn_timesteps")))
+                                      snn_timesteps=metrics.get("snn_timesteps"),
+                                      spikes_per_step=cfg.snn_spikes_per_step))
         save_json({**metrics, "wall_time_s": run.wall_time_s, "cpu_time_s": run.cpu_time_s,
                    "genotype": self.genotype.to_json(), "world_size": ctx.world_size, "device": str(ctx.device),
                    "precision": cfg.trainer.precision, "cuda_graph": cfg.cuda_graph},

@@ -17,12 +17,13 @@ log = logging.getLogger(__name__)
 @torch.no_grad()
 def energy_metrics(network: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, device: torch.device,
                    max_batches: int = 4, snn_timesteps: int | None = None, board: Any = None,
-                   step: int = 0) -> dict[str, Any]:
+                   step: int = 0, spikes_per_step: int = 1) -> dict[str, Any]:
     """Mean SOPs, MACs and energy per image over the first ``max_batches`` batches, in eval mode.
 
-    With ``snn_timesteps`` (a QANN) the counts are those of its ST-BIF SNN run for that many steps.
+    With ``snn_timesteps`` (a QANN) the counts are those of its ST-BIF SNN run for that many steps
+    (``spikes_per_step``: see convert_to_snn).
     """
-    model = convert_to_snn(network, snn_timesteps) if snn_timesteps else network
+    model = convert_to_snn(network, snn_timesteps, spikes_per_step) if snn_timesteps else network
     was_training = model.training
     model.eval()
     totals = {"sops": 0.0, "macs": 0.0, "energy": 0.0, "images": 0}

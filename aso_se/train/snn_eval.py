@@ -17,15 +17,24 @@ def is_qann(network: nn.Module) -> bool:
     return any(isinstance(module, QuantizedActivation) for module in network.modules())
 
 
-def snn_metrics(network: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, device: torch.device,
-                max_timesteps: int, dtype: str = "float32", board: Any = None, step: int = 0,
-                before_batch: Callable[[], None] = lambda: None, sharded: bool = False) -> dict[str, Any]:
-    """metrics.json's SNN keys; TensorBoard gets the accuracy-over-steps curve as a figure.
-    ``before_batch``, ``sharded``: see ``evaluate_snn`` (every rank then gets the same keys)."""
+def check_snn_settings(dtype: str, spikes_per_step: Any) -> None:
+    """The SNN evaluation's settings, checked before training rather than after it."""
     if dtype not in ("float32", "float64"):
         raise UserInputError(f"snn_eval_dtype={dtype!r}: use float32 (Triton neuron) or float64 (exact)")
+    if isinstance(spikes_per_step, bool) or not isinstance(spikes_per_step, int) or spikes_per_step < 1:
+        raise UserInputError(f"snn_spikes_per_step={spikes_per_step!r}: use a positive integer (1: binary spikes)")
+
+
+def snn_metrics(network: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, device: torch.device,
+                max_timesteps: int, dtype: str = "float32", board: Any = None, step: int = 0,
+                before_batch: Callable[[], None] = lambda: None, sharded: bool = False,
+                spikes_per_step: int = 1) -> dict[str, Any]:
+    """metrics.json's SNN keys; TensorBoard gets the accuracy-over-steps curve as a figure.
+    ``before_batch``, ``sharded``: see ``evaluate_snn`` (every rank then gets the same keys)."""
+    check_snn_settings(dtype, spikes_per_step)
     result = evaluate_snn(network, batches, device=device, max_timesteps=max_timesteps,
-                          dtype=getattr(torch, dtype), before_batch=before_batch, sharded=sharded)
+                          dtype=getattr(torch, dtype), before_batch=before_batch, sharded=sharded,
+                          spikes_per_step=spikes_per_step)
     if board is not None:
         board.curve("snn/accuracy_vs_timesteps", list(result.accuracy_at), list(result.accuracy_at.values()), step,
                     xlabel="time steps", ylabel="SNN test accuracy")
@@ -39,5 +48,6 @@ def snn_metrics(network: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *,
         "snn_logit_max_abs_diff": result.logit_max_abs_diff,
         "snn_prediction_agreement": result.prediction_agreement,
         "snn_eval_dtype": dtype,
+        "snn_spikes_per_step": spikes_per_step,
         "snn_acc_at_t": {str(steps): accuracy for steps, accuracy in result.accuracy_at.items()},
     }

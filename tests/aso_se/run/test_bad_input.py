@@ -69,6 +69,18 @@ def test_search_optimizer_given_to_train(run_app: RunApp) -> None:
     assert_one_line(stderr, "Could not override 'search_optim'", "optim=retrain")
 
 
+@pytest.mark.parametrize(("override", "fragments"), [
+    ("snn_spikes_per_step=0", ["snn_spikes_per_step=0", "positive integer"]),
+    ("snn_eval_dtype=float16", ["snn_eval_dtype='float16'", "float32", "float64"]),
+])
+def test_bad_snn_setting_stops_the_retrain_before_it_trains(override: str, fragments: list[str], run_app: RunApp,
+                                                           tmp_path: Path) -> None:
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "neuron=st_bif_qann", override, "hydra.run.dir=run")
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, *fragments)
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the first epoch
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for runs without a GPU")
 def test_cuda_graph_without_a_gpu(run_app: RunApp, tmp_path: Path) -> None:
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "cuda_graph=true")

@@ -142,7 +142,7 @@ def test_sigterm_during_the_snn_evaluation_stops_it_and_resume_redoes_only_the_e
 
 
 def test_a_resume_may_change_the_snn_evaluation_knobs_alone(run_app: RunApp, tmp_path: Path) -> None:
-    """snn_max_timesteps, snn_eval_samples and snn_eval_dtype only change the evaluation: a finished QANN run
+    """snn_max_timesteps, snn_eval_samples, snn_eval_dtype and snn_spikes_per_step only change the evaluation: a finished QANN run
     resumed with them evaluates its SNN anew (no training) and rewrites metrics.json; other settings are refused."""
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann",
                            "snn_max_timesteps=1", "hydra.run.dir=run")
@@ -158,6 +158,14 @@ def test_a_resume_may_change_the_snn_evaluation_knobs_alone(run_app: RunApp, tmp
     assert metrics["snn_eval_dtype"] == "float64" and metrics["snn_silent"] and len(metrics["snn_acc_at_t"]) > 1
     assert metrics["snn_prediction_agreement"] == 1.0 and metrics["test_acc"] == capped["test_acc"]
     assert "retrain epoch" not in (run_dir / "train.log").read_text().split("resumed from")[-1]  # no training
+
+    # graded spikes (up to 15 a step, the default 16 levels): the same SNN accuracy after one step
+    code, stderr = run_app("train", f"resume={run_dir}", "snn_spikes_per_step=15", "snn_max_timesteps=4",
+                           "snn_eval_samples=20")
+    assert code == 0, stderr
+    graded = json.loads((run_dir / "metrics.json").read_text())
+    assert graded["snn_spikes_per_step"] == 15 and graded["snn_silent"] and graded["snn_timesteps"] == 1
+    assert graded["snn_test_acc"] == metrics["snn_test_acc"] and graded["test_acc"] == capped["test_acc"]
 
     code, stderr = run_app("train", f"resume={run_dir}", "snn_eval_dtype=float64", "epochs=3")
     assert code != 0 and "drop the overrides epochs=3" in stderr

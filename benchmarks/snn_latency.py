@@ -1,0 +1,124 @@
+"""How many steps a trained QANN's SNN needs, with binary or graded ST-BIF spikes (issue #45).
+
+    python benchmarks/snn_latency.py --run outputs/train/<run> --spikes-per-step 1,2,4,15 --samples 1000
+
+Loads the run's best.pt and config, converts the QANN once per spikes-per-step m (graded_st_bif.py;
+m = 1 is ST-BIF), and reports the accuracy after 1, 2, 4, ... steps, the steps to silence (where the
+SNN equals the QANN) and the energy per image at T = 8 and at silence (search_space/energy.py's
+convention: a conv reading graded spikes pays MACs). Writes <out>/snn_latency.json and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from hydra.utils import instantiate  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from aso_se.run.checkpoint import load_checkpoint  # noqa: E402
+from search_space.energy import count_energy  # noqa: E402
+from search_space.errors import UserInputError  # noqa: E402
+from search_space.genotypes import Genotype  # noqa: E402
+from search_space.qann import convert_to_snn, evaluate_snn  # noqa: E402
+
+ENERGY_BATCH = 16  # images whose counts give the energy per image (a forward over T steps each)
+
+
+def load_qann(run_dir: Path, data_root: str | None, samples: int | None) -> tuple[torch.nn.Module, Any]:
+    """The run's network with its best weights, and its data config capped at ``samples`` test images."""
+    state = load_checkpoint(run_dir / "checkpoints" / "best.pt", kind="train")
+    cfg = OmegaConf.create(state["config"])
+    if cfg.neuron.kind != "st_bif_qann":
+        raise UserInputError(f"{run_dir} trained neuron={cfg.neuron.kind}; only a neuron=st_bif_qann run has an SNN")
+    if data_root is not None:
+        cfg.data.root = data_root
+    if "augment_on_device" in cfg.data:  # the training's GPU pipeline: the test split reads as usual without it
+        cfg.data.augment_on_device = False
+    if "num_workers" in cfg.data:
+        cfg.data.num_workers = min(cfg.data.num_workers, 2)
+    cfg.data.max_test_samples = samples
+    data = instantiate(cfg.data)
+    network = instantiate(cfg.model.network)(Genotype.from_json(state["genotype"]), neuron=instantiate(cfg.neuron),
+                                             num_classes=data.num_classes, in_channels=data.in_channels,
+                                             image_size=data.image_size)
+    network.load_state_dict(state["model"])
+    return network.eval(), data
+
+
+def energy_uj(network: torch.nn.Module, images: torch.Tensor, timesteps: int, spikes_per_step: int) -> float:
+    with torch.no_grad():
+        return count_energy(convert_to_snn(network, timesteps, spikes_per_step), images).energy_per_image_uj
+
+
+def measure(network: torch.nn.Module, batches: list, device: torch.device, spikes_per_step: int,
+            max_timesteps: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    result = evaluate_snn(network, batches, device=device, max_timesteps=max_timesteps, spikes_per_step=spikes_per_step)
+    images = batches[0][0][:ENERGY_BATCH].to(device)
+    steps = sorted({min(8, result.snn_timesteps), max(result.snn_timesteps, 1)})
+    return {"spikes_per_step": spikes_per_step, "qann_accuracy": result.qann_accuracy,
+            "snn_accuracy": result.snn_accuracy, "timesteps_to_silence": result.snn_timesteps,
+            "silent": result.silent, "prediction_agreement": result.prediction_agreement,
+            "accuracy_at": {str(k): v for k, v in result.accuracy_at.items()},
+            "energy_uj_at": {str(t): energy_uj(network, images, t, spikes_per_step) for t in steps},
+            "seconds": time.perf_counter() - start}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    steps = sorted({int(k) for row in rows for k in row["accuracy_at"]})
+    head = " | ".join(f"T = {t}" for t in steps)
+    lines = [f"| spikes per step | {head} | steps to silence | µJ/image at T ≤ 8 | µJ/image at silence |",
+             "|---:|" + "---:|" * (len(steps) + 3)]
+    for row in rows:
+        cells = " | ".join(f"{100 * row['accuracy_at'][str(t)]:.2f}" if str(t) in row["accuracy_at"] else "—"
+                           for t in steps)
+        energy = list(row["energy_uj_at"].values())
+        lines.append(f"| {row['spikes_per_step']} | {cells} | {row['timesteps_to_silence']} | {energy[0]:,.0f} "
+                     f"| {energy[-1]:,.0f} |")
+    lines.append(f"\nQANN on the same images: {100 * rows[0]['qann_accuracy']:.2f}%.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--run", type=Path, required=True, help="a train.py run dir of a neuron=st_bif_qann run")
+    parser.add_argument("--spikes-per-step", default="1,2,4", help="comma-separated m values (1: binary ST-BIF)")
+    parser.add_argument("--samples", type=int, default=None, help="a stratified cap on the test images (all: omit)")
+    parser.add_argument("--max-timesteps", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=250)
+    parser.add_argument("--data-root", default=None, help="where this machine keeps the run's data set")
+    parser.add_argument("--out", type=Path, default=None, help="folder for snn_latency.json/.md (default: the run)")
+    args = parser.parse_args(argv)
+    try:
+        values = [int(v) for v in args.spikes_per_step.split(",")]
+    except ValueError:
+        parser.error(f"--spikes-per-step {args.spikes_per_step!r}: give integers >= 1, e.g. 1,2,4")
+    try:
+        network, data = load_qann(args.run, args.data_root, args.samples)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        _, test = data.train_loaders(args.batch_size, seed=0)
+        batches = list(itertools.islice(test, None))
+        rows = [measure(network.to(device), batches, device, m, args.max_timesteps) for m in values]
+    except UserInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    out = args.out or args.run
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"run": str(args.run), "images": sum(len(y) for _, y in batches), "device": str(device),
+              "torch": torch.__version__, "rows": rows}
+    (out / "snn_latency.json").write_text(json.dumps(report, indent=2))
+    (out / "snn_latency.md").write_text(table(rows) + "\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

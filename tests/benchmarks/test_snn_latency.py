@@ -1,0 +1,46 @@
+"""benchmarks/snn_latency.py on a smoke QANN run: one row per spikes-per-step, the same final accuracy,
+fewer steps with graded spikes, and bad input refused."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import snn_latency as bench
+from tests.aso_se.run.helpers import SMOKE, run_in_process
+
+
+@pytest.fixture(scope="module")
+def qann_run(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("qann")
+    code = run_in_process("train", *SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann",
+                          "snn_max_timesteps=1", "hydra.run.dir=run", cwd=cwd)
+    assert code == 0
+    return cwd / "run"
+
+
+def test_graded_spikes_reach_the_same_accuracy_in_fewer_steps(qann_run, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert bench.main(["--run", str(qann_run), "--spikes-per-step", "1,15", "--samples", "20",
+                       "--batch-size", "10", "--out", str(out)]) == 0
+    report = json.loads((out / "snn_latency.json").read_text())
+    binary, graded = report["rows"]
+    assert report["images"] == 20 and (binary["spikes_per_step"], graded["spikes_per_step"]) == (1, 15)
+    for row in (binary, graded):
+        assert row["silent"] and row["snn_accuracy"] == row["qann_accuracy"]
+    assert graded["timesteps_to_silence"] == 1 < binary["timesteps_to_silence"]  # 15 = the default levels - 1
+    assert graded["accuracy_at"]["1"] == graded["qann_accuracy"]
+    assert all(energy > 0 for row in (binary, graded) for energy in row["energy_uj_at"].values())
+    assert capsys.readouterr().out.splitlines()[2].startswith("| 1 |")
+    assert (out / "snn_latency.md").read_text().startswith("| spikes per step |")
+
+
+def test_bad_input_is_refused(qann_run, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--run", str(qann_run), "--spikes-per-step", "two"])
+    assert "--spikes-per-step 'two'" in capsys.readouterr().err
+    assert bench.main(["--run", str(qann_run), "--spikes-per-step", "0", "--samples", "10",
+                       "--out", str(tmp_path)]) == 2
+    assert "spikes_per_step=0" in capsys.readouterr().err
+    assert bench.main(["--run", str(tmp_path / "nowhere")]) == 2
+    assert "does not exist" in capsys.readouterr().err
