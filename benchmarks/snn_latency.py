@@ -1,11 +1,14 @@
 """How many steps a trained QANN's SNN needs, with binary or graded ST-BIF spikes (issue #45).
 
-    python benchmarks/snn_latency.py --run outputs/train/<run> --spikes-per-step 1,2,4,15 --samples 1000
+    python benchmarks/snn_latency.py --run outputs/train/<run> --spikes-per-step 1,2,4,15 --samples 1000 \
+        [--relu-run outputs/train/<the same cell trained with neuron=relu>]
 
 Loads the run's best.pt and config, converts the QANN once per spikes-per-step m (graded_st_bif.py;
 m = 1 is ST-BIF), and reports the accuracy after 1, 2, 4, ... steps, the steps to silence (where the
-SNN equals the QANN) and the energy per image at T = 8 and at silence (search_space/energy.py's
-convention: a conv reading graded spikes pays MACs). Writes <out>/snn_latency.json and .md.
+SNN equals the QANN) and the energy per image at T = min(8, silence) and at silence, on
+search_space/energy.py's two conventions: dense MACs for any multi-bit input (graded spikes, a depthwise
+conv's output), and MACs over its non-zero entries only (skip_zero_macs). ``--relu-run`` adds the ReLU
+network's accuracy and energy on both. Writes <out>/snn_latency.json and .md.
 """
 from __future__ import annotations
 
@@ -32,12 +35,13 @@ from search_space.qann import convert_to_snn, evaluate_snn  # noqa: E402
 ENERGY_BATCH = 16  # images whose counts give the energy per image (a forward over T steps each)
 
 
-def load_qann(run_dir: Path, data_root: str | None, samples: int | None) -> tuple[torch.nn.Module, Any]:
+def load_run(run_dir: Path, data_root: str | None, samples: int | None,
+             kind: str = "st_bif_qann") -> tuple[torch.nn.Module, Any]:
     """The run's network with its best weights, and its data config capped at ``samples`` test images."""
     state = load_checkpoint(run_dir / "checkpoints" / "best.pt", kind="train")
     cfg = OmegaConf.create(state["config"])
-    if cfg.neuron.kind != "st_bif_qann":
-        raise UserInputError(f"{run_dir} trained neuron={cfg.neuron.kind}; only a neuron=st_bif_qann run has an SNN")
+    if cfg.neuron.kind != kind:
+        raise UserInputError(f"{run_dir} trained neuron={cfg.neuron.kind}; pass a neuron={kind} run")
     if data_root is not None:
         cfg.data.root = data_root
     if "augment_on_device" in cfg.data:  # the training's GPU pipeline: the test split reads as usual without it
@@ -53,9 +57,11 @@ def load_qann(run_dir: Path, data_root: str | None, samples: int | None) -> tupl
     return network.eval(), data
 
 
-def energy_uj(network: torch.nn.Module, images: torch.Tensor, timesteps: int, spikes_per_step: int) -> float:
+def energy_uj(model: torch.nn.Module, images: torch.Tensor) -> dict[str, float]:
+    """µJ per image on both conventions: dense MACs for multi-bit inputs, and MACs of non-zero entries only."""
     with torch.no_grad():
-        return count_energy(convert_to_snn(network, timesteps, spikes_per_step), images).energy_per_image_uj
+        return {"dense": count_energy(model, images).energy_per_image_uj,
+                "skip_zero": count_energy(model, images, skip_zero_macs=True).energy_per_image_uj}
 
 
 def measure(network: torch.nn.Module, batches: list, device: torch.device, spikes_per_step: int,
@@ -68,22 +74,34 @@ def measure(network: torch.nn.Module, batches: list, device: torch.device, spike
             "snn_accuracy": result.snn_accuracy, "timesteps_to_silence": result.snn_timesteps,
             "silent": result.silent, "prediction_agreement": result.prediction_agreement,
             "accuracy_at": {str(k): v for k, v in result.accuracy_at.items()},
-            "energy_uj_at": {str(t): energy_uj(network, images, t, spikes_per_step) for t in steps},
+            "energy_uj_at": {str(t): energy_uj(convert_to_snn(network, t, spikes_per_step), images) for t in steps},
             "seconds": time.perf_counter() - start}
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def relu_row(run_dir: Path, data_root: str | None, images: torch.Tensor) -> dict[str, Any]:
+    """The ReLU network's test accuracy (its metrics.json, the full test set) and energy per image."""
+    network, _ = load_run(run_dir, data_root, None, kind="relu")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    return {"run": str(run_dir), "test_acc": metrics["test_acc"],
+            "energy_uj": energy_uj(network.to(images.device).eval(), images)}
+
+
+def table(rows: list[dict[str, Any]], relu: dict[str, Any] | None) -> str:
     steps = sorted({int(k) for row in rows for k in row["accuracy_at"]})
     head = " | ".join(f"T = {t}" for t in steps)
-    lines = [f"| spikes per step | {head} | steps to silence | µJ/image at T ≤ 8 | µJ/image at silence |",
-             "|---:|" + "---:|" * (len(steps) + 3)]
+    lines = [f"| spikes per step | {head} | steps to silence | µJ/image at T = min(8, silence): dense / skip-zero "
+             "| at silence: dense / skip-zero |", "|---:|" + "---:|" * (len(steps) + 3)]
     for row in rows:
         cells = " | ".join(f"{100 * row['accuracy_at'][str(t)]:.2f}" if str(t) in row["accuracy_at"] else "—"
                            for t in steps)
-        energy = list(row["energy_uj_at"].values())
-        lines.append(f"| {row['spikes_per_step']} | {cells} | {row['timesteps_to_silence']} | {energy[0]:,.0f} "
-                     f"| {energy[-1]:,.0f} |")
+        early, last = row["energy_uj_at"][min(row["energy_uj_at"], key=int)], row["energy_uj_at"][
+            max(row["energy_uj_at"], key=int)]
+        lines.append(f"| {row['spikes_per_step']} | {cells} | {row['timesteps_to_silence']} "
+                     f"| {early['dense']:,.0f} / {early['skip_zero']:,.0f} | {last['dense']:,.0f} / {last['skip_zero']:,.0f} |")
     lines.append(f"\nQANN on the same images: {100 * rows[0]['qann_accuracy']:.2f}%.")
+    if relu is not None:
+        lines.append(f"ReLU network ({relu['run']}): {100 * relu['test_acc']:.2f}% on its full test set, "
+                     f"{relu['energy_uj']['dense']:,.0f} / {relu['energy_uj']['skip_zero']:,.0f} µJ per image.")
     return "\n".join(lines)
 
 
@@ -96,27 +114,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=250)
     parser.add_argument("--data-root", default=None, help="where this machine keeps the run's data set")
     parser.add_argument("--out", type=Path, default=None, help="folder for snn_latency.json/.md (default: the run)")
+    parser.add_argument("--relu-run", type=Path, default=None, help="the same cell trained with neuron=relu")
     args = parser.parse_args(argv)
     try:
         values = [int(v) for v in args.spikes_per_step.split(",")]
     except ValueError:
         parser.error(f"--spikes-per-step {args.spikes_per_step!r}: give integers >= 1, e.g. 1,2,4")
     try:
-        network, data = load_qann(args.run, args.data_root, args.samples)
+        network, data = load_run(args.run, args.data_root, args.samples)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         _, test = data.train_loaders(args.batch_size, seed=0)
         batches = list(itertools.islice(test, None))
         rows = [measure(network.to(device), batches, device, m, args.max_timesteps) for m in values]
+        relu = (None if args.relu_run is None else
+                relu_row(args.relu_run, args.data_root, batches[0][0][:ENERGY_BATCH].to(device)))
     except UserInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     out = args.out or args.run
     out.mkdir(parents=True, exist_ok=True)
     report = {"run": str(args.run), "images": sum(len(y) for _, y in batches), "device": str(device),
-              "torch": torch.__version__, "rows": rows}
+              "torch": torch.__version__, "rows": rows, "relu": relu}
     (out / "snn_latency.json").write_text(json.dumps(report, indent=2))
-    (out / "snn_latency.md").write_text(table(rows) + "\n")
-    print(table(rows))
+    (out / "snn_latency.md").write_text(table(rows, relu) + "\n")
+    print(table(rows, relu))
     return 0
 
 

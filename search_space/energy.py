@@ -6,6 +6,8 @@ borders, stride, dilation and groups included); any other input (the image, a de
 output, ReLU or QANN activations) costs its dense multiply-accumulates (MACs). Energy uses the 45 nm
 figures of Horowitz (ISSCC 2014): 0.9 pJ per accumulate, 4.6 pJ per MAC. BatchNorm (folded into the
 weights at inference), biases, pooling and additions are not counted, as is usual in SNN papers.
+``skip_zero_macs=True`` counts a multi-bit input's MACs over its non-zero entries only (each times its
+exact fan-out), as hardware that skips zeros would pay: graded spikes, or a ReLU network's activations.
 """
 from __future__ import annotations
 
@@ -80,17 +82,19 @@ def _linear_macs(linear: nn.Linear, x: Tensor) -> float:
     return float(x.numel() // linear.in_features) * linear.in_features * linear.out_features
 
 
-def _count_layer(name: str, module: nn.Module, x: Tensor, out: Tensor) -> LayerCount:
+def _count_layer(name: str, module: nn.Module, x: Tensor, out: Tensor, skip_zero_macs: bool) -> LayerCount:
     spikes = is_spikes(x)
     nonzero = int((x != 0).sum().item())
     if isinstance(module, nn.Conv2d):
-        kind, sops = "conv", (conv_fan_out_sum(module, x) if spikes and nonzero else 0.0)
+        kind, reached = "conv", (conv_fan_out_sum(module, x) if nonzero and (spikes or skip_zero_macs) else 0.0)
         dense = _conv_macs(module, out)
     else:
-        kind, sops = "linear", float(nonzero * module.out_features) if spikes else 0.0
+        kind, reached = "linear", float(nonzero * module.out_features)
         dense = _linear_macs(module, x)
     rate = nonzero / x.numel() if x.numel() else 0.0
-    return LayerCount(name, kind, spikes, x.numel(), rate, sops, 0.0 if spikes else dense)
+    if spikes:
+        return LayerCount(name, kind, True, x.numel(), rate, reached, 0.0)
+    return LayerCount(name, kind, False, x.numel(), rate, 0.0, reached if skip_zero_macs else dense)
 
 
 def _images(inputs: Tensor, timesteps: int | None) -> int:
@@ -116,7 +120,7 @@ def _images(inputs: Tensor, timesteps: int | None) -> int:
 
 @torch.no_grad()
 def count_energy(model: nn.Module, inputs: Tensor, *, timesteps: int | None = None, e_ac_pj: float = E_AC_PJ,
-                 e_mac_pj: float = E_MAC_PJ) -> EnergyReport:
+                 e_mac_pj: float = E_MAC_PJ, skip_zero_macs: bool = False) -> EnergyReport:
     """Runs ``model(inputs)`` once, as the model is (put it in eval mode first), counting every conv and linear.
 
     ``inputs``: images ``[B, ...]`` (a network that encodes them over its T steps itself), time-first
@@ -130,7 +134,7 @@ def count_energy(model: nn.Module, inputs: Tensor, *, timesteps: int | None = No
 
     def hook(name: str):
         def record(module: nn.Module, args: tuple[Tensor, ...], out: Tensor) -> None:
-            layers.append(_count_layer(name, module, args[0], out))
+            layers.append(_count_layer(name, module, args[0], out, skip_zero_macs))
         return record
 
     handles = [module.register_forward_hook(hook(name)) for name, module in model.named_modules()

@@ -19,10 +19,18 @@ def qann_run(tmp_path_factory):
     return cwd / "run"
 
 
-def test_graded_spikes_reach_the_same_accuracy_in_fewer_steps(qann_run, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def relu_run(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("relu")
+    assert run_in_process("train", *SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=relu", "hydra.run.dir=run",
+                          cwd=cwd) == 0
+    return cwd / "run"
+
+
+def test_graded_spikes_reach_the_same_accuracy_in_fewer_steps(qann_run, relu_run, tmp_path, capsys):
     out = tmp_path / "out"
     assert bench.main(["--run", str(qann_run), "--spikes-per-step", "1,15", "--samples", "20",
-                       "--batch-size", "10", "--out", str(out)]) == 0
+                       "--batch-size", "10", "--out", str(out), "--relu-run", str(relu_run)]) == 0
     report = json.loads((out / "snn_latency.json").read_text())
     binary, graded = report["rows"]
     assert report["images"] == 20 and (binary["spikes_per_step"], graded["spikes_per_step"]) == (1, 15)
@@ -30,12 +38,18 @@ def test_graded_spikes_reach_the_same_accuracy_in_fewer_steps(qann_run, tmp_path
         assert row["silent"] and row["snn_accuracy"] == row["qann_accuracy"]
     assert graded["timesteps_to_silence"] == 1 < binary["timesteps_to_silence"]  # 15 = the default levels - 1
     assert graded["accuracy_at"]["1"] == graded["qann_accuracy"]
-    assert all(energy > 0 for row in (binary, graded) for energy in row["energy_uj_at"].values())
-    assert capsys.readouterr().out.splitlines()[2].startswith("| 1 |")
+    energies = [energy for row in (binary, graded) for energy in row["energy_uj_at"].values()]
+    assert all(0 < energy["skip_zero"] <= energy["dense"] for energy in energies)
+    assert set(binary["energy_uj_at"]) == {str(min(8, binary["timesteps_to_silence"])),
+                                           str(binary["timesteps_to_silence"])}
+    relu = report["relu"]
+    assert 0 < relu["energy_uj"]["skip_zero"] < relu["energy_uj"]["dense"] and 0 <= relu["test_acc"] <= 1
+    stdout = capsys.readouterr().out.splitlines()
+    assert stdout[2].startswith("| 1 |") and stdout[-1].startswith("ReLU network")
     assert (out / "snn_latency.md").read_text().startswith("| spikes per step |")
 
 
-def test_bad_input_is_refused(qann_run, tmp_path, capsys):
+def test_bad_input_is_refused(qann_run, relu_run, tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--run", str(qann_run), "--spikes-per-step", "two"])
     assert "--spikes-per-step 'two'" in capsys.readouterr().err
@@ -44,3 +58,5 @@ def test_bad_input_is_refused(qann_run, tmp_path, capsys):
     assert "spikes_per_step=0" in capsys.readouterr().err
     assert bench.main(["--run", str(tmp_path / "nowhere")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert bench.main(["--run", str(relu_run), "--samples", "10", "--out", str(tmp_path)]) == 2
+    assert "trained neuron=relu; pass a neuron=st_bif_qann run" in capsys.readouterr().err

@@ -130,6 +130,25 @@ def test_a_relu_network_costs_only_its_closed_form_macs() -> None:
     assert report.macs_per_image == 8 * 36 * 3 * 9 + 8 * 9 * 4 * 9 + 8 * 9 * 10
 
 
+def test_skip_zero_macs_counts_a_multi_bit_input_s_non_zero_entries_times_their_fan_out() -> None:
+    """Graded spikes (2θ, −θ, ...) or ReLU outputs: MACs only where the input is non-zero, each its exact
+    fan-out (the brute-force enumeration); binary spikes stay SOPs; with no zeros a 1x1 conv pays its dense MACs."""
+    torch.manual_seed(3)
+    conv = nn.Conv2d(3, 5, 3, stride=2, padding=1, bias=False)
+    graded = torch.randint(-2, 3, (2, 3, 7, 7)).float() * 0.5
+    assert not is_spikes(graded) and (graded == 0).any()
+    sparse = count_energy(conv, graded, skip_zero_macs=True)
+    assert sparse.sops_per_image == 0 and sparse.macs_per_image == brute_force_sops(conv, graded) / 2
+    assert sparse.macs_per_image < count_energy(conv, graded).macs_per_image
+    binary = (graded > 0).float()
+    assert count_energy(conv, binary, skip_zero_macs=True).sops_per_image == count_energy(conv, binary).sops_per_image
+    pointwise, dense_input = nn.Conv2d(3, 4, 1, bias=False), torch.rand(1, 3, 5, 5) + 0.1
+    assert count_energy(pointwise, dense_input, skip_zero_macs=True).macs_per_image == 4 * 3 * 25
+    linear = nn.Linear(6, 3)
+    x = torch.tensor([[0.0, 1.5, 0.0, -2.0, 0.0, 0.5]])
+    assert count_energy(linear, x, skip_zero_macs=True).macs_per_image == 3 * 3
+
+
 def test_time_steps_of_one_image_are_summed() -> None:
     # Flattened time-first [T*B, ...]: rows 0-1 are step 1 of images 0-1, rows 2-3 step 2.
     x = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
