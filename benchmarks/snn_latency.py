@@ -22,15 +22,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
-from aso_se.run.checkpoint import load_checkpoint  # noqa: E402
-from search_space.energy import count_energy  # noqa: E402
-from search_space.errors import UserInputError  # noqa: E402
-from search_space.genotypes import Genotype  # noqa: E402
-from search_space.qann import convert_to_snn, evaluate_snn  # noqa: E402
+from aso_se.run.checkpoint import load_checkpoint
+from search_space.energy import count_energy
+from search_space.errors import UserInputError
+from search_space.genotypes import Genotype
+from search_space.qann import convert_to_snn, evaluate_snn
 
 ENERGY_BATCH = 16  # images whose counts give the energy per image (a forward over T steps each)
 
@@ -94,10 +94,11 @@ def table(rows: list[dict[str, Any]], relu: dict[str, Any] | None) -> str:
     for row in rows:
         cells = " | ".join(f"{100 * row['accuracy_at'][str(t)]:.2f}" if str(t) in row["accuracy_at"] else "—"
                            for t in steps)
-        early, last = row["energy_uj_at"][min(row["energy_uj_at"], key=int)], row["energy_uj_at"][
-            max(row["energy_uj_at"], key=int)]
+        energy = row["energy_uj_at"]
+        early, last = energy[min(energy, key=int)], energy[max(energy, key=int)]
         lines.append(f"| {row['spikes_per_step']} | {cells} | {row['timesteps_to_silence']} "
-                     f"| {early['dense']:,.0f} / {early['skip_zero']:,.0f} | {last['dense']:,.0f} / {last['skip_zero']:,.0f} |")
+                     f"| {early['dense']:,.0f} / {early['skip_zero']:,.0f} "
+                     f"| {last['dense']:,.0f} / {last['skip_zero']:,.0f} |")
     lines.append(f"\nQANN on the same images: {100 * rows[0]['qann_accuracy']:.2f}%.")
     if relu is not None:
         lines.append(f"ReLU network ({relu['run']}): {100 * relu['test_acc']:.2f}% on its full test set, "
