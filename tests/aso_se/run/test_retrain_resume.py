@@ -89,6 +89,7 @@ def test_a_retrain_in_pieces_each_resumed_from_a_copied_run_dir_equals_uninterru
     assert [r["train_loss"] for r in metrics[0]["history"]] == [r["train_loss"] for r in metrics[1]["history"]]
 
 
+@pytest.mark.slow  # test_checkpoint.py keeps the fallback itself in CI
 def test_a_truncated_last_checkpoint_resumes_from_the_one_before_and_ends_as_uninterrupted(
         run_app: RunApp, tmp_path: Path) -> None:
     """trainer.keep_checkpoints=2 (the default): last.pt damaged after the run, the resume says so in one line,
