@@ -18,7 +18,10 @@ source "$REPO/benchmarks/timed.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/summary.txt"
 echo "experiment=${EXPERIMENT:-cifar10_qann} overrides: $*" | tee -a "$OUT/summary.txt"
-timed cifar10_full_search "${LIMIT_S:-1500}" python3 "$REPO/search.py" experiment="${EXPERIMENT:-cifar10_qann}" \
+# NPROC=N: torchrun on N GPUs of this machine (trainer=ddp, the same batch per process: N times fewer steps)
+LAUNCH=(python3); [ "${NPROC:-1}" -gt 1 ] && LAUNCH=(python3 -m torch.distributed.run --standalone --nproc_per_node="$NPROC")
+DDP=(); [ "${NPROC:-1}" -gt 1 ] && DDP=(trainer=ddp)
+timed cifar10_full_search "${LIMIT_S:-1500}" "${LAUNCH[@]}" "$REPO/search.py" "${DDP[@]}" experiment="${EXPERIMENT:-cifar10_qann}" \
   data.root="$CIFAR" data.num_workers=12 "$@" hydra.run.dir="$WORK/search"
 cp "$WORK/search/search.log" "$OUT/search.log" 2>/dev/null
 cp "$WORK/search/genotype.json" "$OUT/genotype.json" 2>/dev/null

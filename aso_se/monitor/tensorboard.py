@@ -27,10 +27,18 @@ class TensorBoardLogger:
     """One SummaryWriter for the run plus the figures and groupings this project logs."""
 
     def __init__(self, log_dir: str | Path, *, purge_step: int | None = None,
-                 flush_secs: int = 30) -> None:
+                 flush_secs: int = 30, alpha_figure_every_n_epochs: int = 1) -> None:
         # purge_step drops events a killed run wrote after its last checkpoint, so a resumed
         # run's curves continue without a doubled segment.
         self.writer = SummaryWriter(str(log_dir), purge_step=purge_step, flush_secs=flush_secs)
+        if alpha_figure_every_n_epochs < 1:
+            raise ValueError(f"logger.alpha_figure_every_n_epochs={alpha_figure_every_n_epochs}: need >= 1")
+        self.alpha_figure_every_n_epochs = alpha_figure_every_n_epochs
+
+    def alpha_figure_due(self, epoch: int) -> bool:
+        """Whether the epoch-end α heatmaps of 0-based ``epoch`` are drawn: drawing costs rank 0 about a
+        second of host time, which the other ranks of a short multi-GPU epoch wait for."""
+        return (epoch + 1) % self.alpha_figure_every_n_epochs == 0
 
     def scalars(self, prefix: str, values: Mapping[str, float], step: int) -> None:
         for name, value in values.items():

@@ -83,7 +83,8 @@ class SearchCallbacks:
         if self.board is not None:
             step = engine.progress["global_step"]
             self.board.scalars("search_epoch", summary, step)
-            self.board.alphas(engine.alpha_probabilities(), engine.primitives, step)
+            if self.board.alpha_figure_due(info["epoch"]):
+                self.board.alphas(engine.alpha_probabilities(), engine.primitives, step)
             rates = firing_rates(engine.supernet)  # each neuron as of the last step that ran it
             if rates:  # one host transfer for all neurons
                 values = torch.stack([rate.float() for rate in rates.values()]).tolist()
@@ -96,7 +97,8 @@ class SearchCallbacks:
         if self.run.ctx.is_main:
             save_json(_genotype_json(result.genotype),
                       self.run.run_dir / "genotypes" / f"cycle_{result.cycle}.json")
-        if self.board is not None:
+        if self.board is not None:  # the cycle's final α, whatever alpha_figure_every_n_epochs skipped
+            self.board.alphas(engine.alpha_probabilities(), engine.primitives, engine.progress["global_step"])
             self.board.genotype(result.genotype, engine.progress["global_step"])
             self.board.scalars("evolution", {"cells": float(len(result.structure.cells)),
                                              "channels": float(result.structure.channels),

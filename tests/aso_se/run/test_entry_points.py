@@ -65,6 +65,10 @@ def test_search_writes_genotype_checkpoint_and_tensorboard(smoke_search: Path) -
             "search_epoch/images_per_second"} <= set(tags["scalars"])
     images = {"alpha/normal", "alpha/reduce", "genotype/normal", "genotype/reduce"}
     assert images <= set(tags["images"])
+    # every alpha_figure_every_n_epochs-th epoch, and each cycle's end (2 cycles here)
+    cycle_ends = [event.step for event in events.Images("genotype/normal")]
+    alpha_steps = [event.step for event in events.Images("alpha/normal")]
+    assert len(cycle_ends) == 2 and set(cycle_ends) <= set(alpha_steps)
     assert any(tag.startswith("firing_rate/cells.") for tag in tags["histograms"])
 
 

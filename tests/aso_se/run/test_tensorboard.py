@@ -44,6 +44,14 @@ def test_everything_logged_can_be_read_back(tmp_path: Path) -> None:
     assert "sep_conv_3x3" in str(events.Tensors("genotype/text_summary")[0].tensor_proto)
 
 
+def test_alpha_figures_are_due_every_n_epochs_and_a_bad_n_is_refused(tmp_path: Path) -> None:
+    board = TensorBoardLogger(tmp_path, alpha_figure_every_n_epochs=3)
+    assert [epoch for epoch in range(9) if board.alpha_figure_due(epoch)] == [2, 5, 8]
+    assert all(TensorBoardLogger(tmp_path / "every").alpha_figure_due(epoch) for epoch in range(4))
+    with pytest.raises(ValueError, match="alpha_figure_every_n_epochs=0: need >= 1"):
+        TensorBoardLogger(tmp_path / "bad", alpha_figure_every_n_epochs=0)
+
+
 def test_purge_step_drops_events_after_the_resumed_checkpoint(tmp_path: Path) -> None:
     board = TensorBoardLogger(tmp_path)
     for step in range(10):
