@@ -30,10 +30,13 @@ from typing import Any, BinaryIO
 
 import torch
 
+from aso_se.run.packed_tensors import pack, unpack
 from search_space.errors import UserInputError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: tensors packed (aso_se.run.packed_tensors)
+_READABLE_VERSIONS = (1, 2)
 _HEADER_KEY = "aso_se_checkpoint"
+_FLATS_KEY = "aso_se_packed_flats"
 
 
 class CheckpointError(UserInputError):
@@ -61,7 +64,9 @@ class CheckpointWriteError(Exception):
 def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str], *, kind: str, keep: int = 1) -> None:
     """Atomically write ``state`` (plus a header naming ``kind`` and the format) to ``path``, keeping the
     ``keep - 1`` previous checkpoints as ``older(path, 1)``, ``older(path, 2)``, ... (newest first)."""
-    payload = {_HEADER_KEY: {"kind": kind, "version": FORMAT_VERSION}, **state}
+    skeleton, flats = pack(dict(state))
+    payload = {_HEADER_KEY: {"kind": kind, "version": FORMAT_VERSION}, **skeleton,
+               _FLATS_KEY: [flat.cpu() for flat in flats]}
     path = Path(path)
     _write_atomically(path, lambda f: torch.save(payload, f), what="checkpoint ",
                       before_replace=lambda: _shift_history(path, keep))
@@ -174,10 +179,11 @@ def load_checkpoint(path: str | os.PathLike[str], *, kind: str) -> dict[str, Any
     if header.get("kind") != kind:
         raise CheckpointError(f"checkpoint {path} was written by the {header.get('kind')} entry "
                               f"point, not {kind}; resume it with {header.get('kind')}.py")
-    if header.get("version") != FORMAT_VERSION:
+    if header.get("version") not in _READABLE_VERSIONS:
         raise CheckpointError(f"checkpoint {path} has format version {header.get('version')}, "
-                              f"this code reads version {FORMAT_VERSION}; start a new run")
-    return {key: value for key, value in payload.items() if key != _HEADER_KEY}
+                              f"this code reads versions {_READABLE_VERSIONS}; start a new run")
+    flats = payload.pop(_FLATS_KEY, [])
+    return unpack({key: value for key, value in payload.items() if key != _HEADER_KEY}, flats)
 
 
 @contextlib.contextmanager
@@ -213,9 +219,12 @@ def first_non_finite(states: Mapping[str, Any]) -> str | None:
     walk(states, "")
     for device in dict.fromkeys(tensor.device for _, tensor in named):
         on_device = [(name, tensor) for name, tensor in named if tensor.device == device]
+        # One check of all of them at once (thousands of tensors in a search's state), then per tensor if it fails.
+        maxima = torch._foreach_norm([tensor for _, tensor in on_device if tensor.numel()], float("inf"))
+        if not maxima or bool(torch.isfinite(torch.stack(maxima)).all()):  # NaN and Inf propagate to the max
+            continue
         finite = torch.stack([torch.isfinite(tensor).all() for _, tensor in on_device]).cpu()
-        if not bool(finite.all()):
-            return on_device[int((~finite).nonzero()[0])][0]
+        return on_device[int((~finite).nonzero()[0])][0]
     return None
 
 
