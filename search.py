@@ -29,8 +29,8 @@ def main(cfg: DictConfig) -> None:
             in_channels=data.in_channels, optim=instantiate(cfg.optim, _convert_="object"),
             device=ctx.device, precision=cfg.trainer.precision, seed=cfg.seed)
         run.restore(engine, "engine")
-        weights_loader, arch_loader = data.search_loaders(cfg.batch_size, seed=cfg.seed,
-                                                          rank=ctx.rank, world_size=ctx.world_size)
+        weights_loader, arch_loader = data.search_loaders(cfg.batch_size, seed=cfg.seed, rank=ctx.rank,
+                                                          world_size=ctx.world_size, device=ctx.device)
         board = run.tensorboard(cfg.logger, step=engine.progress["global_step"])
         callbacks = SearchCallbacks(run, board, engine=engine, steps_per_epoch=len(weights_loader),
                                     log_every_n_steps=cfg.trainer.log_every_n_steps)

@@ -91,19 +91,24 @@ class ClassificationData(ABC):
         return len(self.splits.classes)
 
     def search_loaders(
-        self, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1
+        self, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1, device: torch.device | None = None
     ) -> tuple[EpochLoader, EpochLoader]:
         """(weights, architecture) loaders over two disjoint, stratified halves of the
-        (capped) training set. Both use the training transforms, as DARTS's train_search does."""
-        train = self._capped(self.splits.train_labels, self.max_train_samples, "train cap")
-        order = stratified_order(self.splits.train_labels[train], derive_seed(self.split_seed, "search halves"))
-        weights_half, arch_half = train[order[: len(order) // 2]], train[order[len(order) // 2 :]]
+        (capped) training set. Both use the training transforms, as DARTS's train_search does.
+        ``device``: as for `train_loaders`."""
+        weights_half, arch_half = self.search_halves()
         dataset = SeededTransformDataset(self.splits.train, self.train_transform, seed)
         log.info("%s search halves: %d images for weights, %d for α", self.name, len(weights_half), len(arch_half))
         return (
             self._loader(dataset, weights_half, batch_size, seed=seed, rank=rank, world_size=world_size, shuffle=True),
             self._loader(dataset, arch_half, batch_size, seed=seed, rank=rank, world_size=world_size, shuffle=True),
         )
+
+    def search_halves(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training-set indices of the weights' and α's halves (stratified, fixed by ``split_seed``)."""
+        train = self._capped(self.splits.train_labels, self.max_train_samples, "train cap")
+        order = stratified_order(self.splits.train_labels[train], derive_seed(self.split_seed, "search halves"))
+        return train[order[: len(order) // 2]], train[order[len(order) // 2 :]]
 
     def train_loaders(
         self, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1, device: torch.device | None = None

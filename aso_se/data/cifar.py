@@ -1,5 +1,6 @@
 """CIFAR-10 and CIFAR-100: torchvision's binary release (downloaded when allowed), or the same
 images as an ImageFolder tree (``root/train/<class>/*``, ``root/test/<class>/*``)."""
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,8 +11,10 @@ from aso_se.data.base import ClassificationData, LoadedSplits
 from aso_se.data.device_loader import DeviceAugment, DeviceEpochLoader, decode_uint8
 from aso_se.data.errors import FIX_ROOT, DataError, check_positive
 from aso_se.data.image_folder import LAYOUT, has_image_folder_layout, read_image_folder
-from aso_se.data.sampling import ShardSampler
+from aso_se.data.sampling import ShardSampler, derive_seed
 from aso_se.data.transforms import image_transforms
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,27 @@ class CIFARData(ClassificationData):
             loaders.append(DeviceEpochLoader(images, labels.to(device), sampler, batch_size=batch_size,
                                              augment=augment, normalize=self.device_augment, seed=seed))
         return loaders[0], loaders[1]
+
+    def search_loaders(self, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1,
+                       device: torch.device | None = None):
+        """The host loaders, or with ``augment_on_device`` and a ``device``, loaders whose batches are made
+        there: no loader workers to restart at each epoch's start (a pause every rank of a short multi-GPU
+        epoch waits for), no decoding beside the host-bound search step."""
+        if not self.augment_on_device or device is None:
+            return super().search_loaders(batch_size, seed=seed, rank=rank, world_size=world_size)
+        check_positive(batch_size, "batch_size")
+        images = decode_uint8(self.splits.train, self.num_workers).to(device)
+        labels = self.splits.train_labels.to(device)
+        weights_half, arch_half = self.search_halves()
+        log.info("%s search halves: %d images for weights, %d for α (batches made on %s)",
+                 self.name, len(weights_half), len(arch_half), device)
+        return tuple(
+            DeviceEpochLoader(images, labels, ShardSampler(half, seed=seed, rank=rank, world_size=world_size,
+                                                           shuffle=True),
+                              batch_size=batch_size, augment=self.device_augment, normalize=self.device_augment,
+                              seed=derive_seed(seed, purpose))  # the halves' crops and flips independent
+            for half, purpose in ((weights_half, "weights half"), (arch_half, "arch half"))
+        )
 
     def _load(self) -> LoadedSplits:
         if not has_image_folder_layout(self.root):

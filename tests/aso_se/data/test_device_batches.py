@@ -1,0 +1,81 @@
+"""CIFAR batches made on the device (data.augment_on_device) for the search and the retrain, on real
+digits padded to 32x32 RGB, against the host loaders."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from aso_se.data import CIFARData
+from aso_se.data.device_loader import DeviceEpochLoader
+from tests.aso_se.data.helpers import pick
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def cifar_like(tmp_path_factory, digits) -> Path:
+    """A CIFAR-10 ImageFolder copy of real digits: 32x32 RGB PNGs, 12 training and 4 test images per class."""
+    images, labels = digits
+    root = tmp_path_factory.mktemp("cifar_like")
+    for split, indices in (("train", pick(labels, 12)), ("test", pick(labels, 4, offset=12))):
+        for index in indices:
+            folder = root / split / f"class{labels[index]}"
+            folder.mkdir(parents=True, exist_ok=True)
+            rgb = np.stack([np.pad(images[index], 2)] * 3, axis=-1)
+            rgb[..., 1] //= 2  # channels that differ, so a mixed-up channel order shows
+            Image.fromarray(rgb).save(folder / f"{index:04d}.png")
+    return root
+
+
+def _data(root: Path, **augment) -> CIFARData:
+    return CIFARData(name="cifar10", root=str(root), download=False, augment_on_device=True, **augment)
+
+
+def _keys(loader) -> list[int]:
+    return [index for _, index in loader.sampler]
+
+
+def test_search_halves_on_the_device_are_the_host_halves(cifar_like: Path) -> None:
+    data = _data(cifar_like)
+    host = data.search_loaders(8, seed=3)
+    device = data.search_loaders(8, seed=3, device=CPU)
+    assert all(isinstance(loader, DeviceEpochLoader) for loader in device)
+    for on_host, on_device in zip(host, device):
+        on_host.set_epoch(0), on_device.set_epoch(0)
+        assert _keys(on_host) == _keys(on_device)  # the same shuffled order
+    assert not set(_keys(device[0])) & set(_keys(device[1])) and len(_keys(device[0])) == 60
+    assert len(device[0]) == 60 // 8  # training drops the incomplete last batch
+    halves = [set(_keys(loader)) for loader in device]
+    ranks = [data.search_loaders(8, seed=3, rank=rank, world_size=2, device=CPU) for rank in (0, 1)]
+    for split, half in enumerate(halves):  # two ranks share each half between them
+        shards = [set(_keys(loaders[split])) for loaders in ranks]
+        assert shards[0] | shards[1] == half and not shards[0] & shards[1]
+
+
+def test_unaugmented_device_batches_equal_the_host_transforms(cifar_like: Path) -> None:
+    plain = {"crop_padding": 0, "horizontal_flip": False, "cutout_length": 0}
+    data = _data(cifar_like, **plain)
+    weights = data.search_loaders(8, seed=1, device=CPU)[0]
+    weights.set_epoch(2)
+    images, labels = next(iter(weights))
+    keys = _keys(weights)[:8]
+    host = data.search_loaders(8, seed=1)[0].dataset  # the host transforms (nothing random left)
+    expected = torch.stack([host[(2, key)][0] for key in keys])
+    assert images.shape == (8, 3, 32, 32) and torch.equal(labels, data.splits.train_labels[keys])
+    torch.testing.assert_close(images, expected, rtol=0, atol=1e-6)
+
+
+def test_augmented_batches_depend_on_seed_epoch_and_batch_only(cifar_like: Path) -> None:
+    data = _data(cifar_like)
+    weights, arch = data.search_loaders(8, seed=5, device=CPU)
+    weights.set_epoch(1)
+    first = [batch[0] for batch in weights]
+    weights.set_epoch(1)
+    assert all(torch.equal(a, b) for a, b in zip(first, [batch[0] for batch in weights]))
+    weights.set_epoch(1, start_batch=2)  # a resumed epoch: the rest of the same batches
+    assert all(torch.equal(a, b) for a, b in zip(first[2:], [batch[0] for batch in weights], strict=True))
+    weights.set_epoch(2)
+    assert not torch.equal(first[0], next(iter(weights))[0])
+    assert weights.seed != arch.seed  # the two halves' crops and flips are drawn independently
