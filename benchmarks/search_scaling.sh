@@ -20,8 +20,8 @@ for n in $COUNTS; do
 import re, statistics, sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 run, n = sys.argv[1], sys.argv[2]
-rates = re.findall(r"(warmup|search) \(epoch (\d+)\).*images_per_second (\d+).*seconds ([\d.]+)", open(f"{run}/search.log").read())
-print(f"{n} GPU(s): epochs " + ", ".join(f"{p} {e}: {r} img/s {s} s" for p, e, r, s in rates))
+rates = re.findall(r"(warmup|search) \(epoch (\d+)\).*images_per_second ([\d.e+]+).*seconds ([\d.]+)", open(f"{run}/search.log").read())
+print(f"{n} GPU(s): epochs " + ", ".join(f"{p} {e}: {float(r):.0f} img/s {s} s" for p, e, r, s in rates))
 events = EventAccumulator(f"{run}/tb", size_guidance={"scalars": 0}); events.Reload()
 times = [e.wall_time for e in events.Scalars("search/loss")]
 gaps = [b - a for a, b in zip(times, times[1:])]
