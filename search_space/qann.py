@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from kernels.st_bif import STBIFNeuron
+from kernels.st_bif import STBIFNeuron, level_bounds
 from search_space.errors import UserInputError
 from search_space.graded_st_bif import GradedSTBIF
 from search_space.multistep import Stem
@@ -164,9 +164,10 @@ def _convert_children(module: nn.Module, timesteps: int, spikes_per_step: int) -
         if isinstance(child, QuantizedActivation):
             # The Triton kernel takes fp16/bf16/fp32: a float64 network runs the reference neuron.
             backend = "torch" if child.q_threshold.dtype == torch.float64 else "auto"
-            neuron = STBIFNeuron(q_threshold=1.0, level=child.level, sym=child.sym, backend=backend)
             if spikes_per_step > 1:
-                neuron = GradedSTBIF(child.q_threshold, neuron.pos_max, neuron.neg_min, spikes_per_step)
+                neuron = GradedSTBIF(child.q_threshold, *level_bounds(child.level, child.sym), spikes_per_step)
+            else:
+                neuron = STBIFNeuron(q_threshold=1.0, level=child.level, sym=child.sym, backend=backend)
             neuron.q_threshold = child.q_threshold.detach().clone()  # exactly the QANN's θ
             replacement = SpikingNeuron(neuron, timesteps, capturable=True)
         elif isinstance(child, nn.modules.batchnorm._BatchNorm):
