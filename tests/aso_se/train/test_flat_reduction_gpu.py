@@ -56,6 +56,9 @@ def _train(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
                 losses.append(loss.item())  # read before the next replay overwrites it
             if cuda_graph:
                 assert trainer.graphed_step.replays > 0
+            # The evaluation gives every rank rank 0's batch-norm statistics, as DDP does before each forward
+            # (the flat reduction's ranks keep their own until then).
+            trainer.evaluate([(torch.randn(4, 3, 32, 32, generator=generator).cuda(), torch.arange(4).cuda())])
             state = {name: value.cpu() for name, value in network.state_dict().items()}
             torch.save({"losses": losses, "state": state}, f"{out_dir}/{'graph' if cuda_graph else 'ddp'}{rank}.pt")
     finally:
