@@ -27,6 +27,8 @@ times = [e.wall_time for e in events.Scalars("search/loss")]
 gaps = [b - a for a, b in zip(times, times[1:])]
 step = statistics.median(gaps)
 pauses = [f"{g:.2f}" for g in gaps if g > 2.5 * step]
-print(f"   {len(times)} steps, median step {step * 1000:.0f} ms; pauses over 2.5x a step (s): {pauses}")
+ends = [f"{e.value:.2f}" for e in events.Scalars("search_epoch/end_seconds")] if "search_epoch/end_seconds" in events.Tags()["scalars"] else []
+print(f"   {len(times)} steps, median step {step * 1000:.0f} ms; pauses over 2.5x a step (s): {pauses}; "
+      f"of which rank 0's epoch-end callback (s): {ends}")
 PY
 done

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import torch
@@ -72,6 +73,7 @@ class SearchCallbacks:
             self.save(self.engine)  # the state a stop after this step saves: resumes at the next step
 
     def on_epoch_end(self, engine: ASOSEEngine, info: dict[str, Any]) -> None:
+        started = time.perf_counter()
         if self.engine is None:
             self.engine = engine
         self._epoch_key = None
@@ -90,8 +92,11 @@ class SearchCallbacks:
                 values = torch.stack([rate.float() for rate in rates.values()]).tolist()
                 self.board.firing_rates(dict(zip(rates, values)), step)
             self.board.sparse_conv_paths(paths, step)
-            self.board.flush()
         self.save(engine)
+        if self.board is not None:  # what every rank waits for at an epoch's end (RESULTS.md "Several GPUs")
+            self.board.scalars("search_epoch", {"end_seconds": time.perf_counter() - started},
+                               engine.progress["global_step"])
+            self.board.flush()
 
     def on_cycle_end(self, engine: ASOSEEngine, result: CycleResult) -> None:
         if self.run.ctx.is_main:

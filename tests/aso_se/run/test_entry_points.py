@@ -62,7 +62,7 @@ def test_search_writes_genotype_checkpoint_and_tensorboard(smoke_search: Path) -
     events.Reload()
     tags = events.Tags()
     assert {"search/loss", "search/arch_loss", "search/temperature", "search/entropy",
-            "search_epoch/images_per_second"} <= set(tags["scalars"])
+            "search_epoch/images_per_second", "search_epoch/end_seconds"} <= set(tags["scalars"])
     images = {"alpha/normal", "alpha/reduce", "genotype/normal", "genotype/reduce"}
     assert images <= set(tags["images"])
     # every alpha_figure_every_n_epochs-th epoch, and each cycle's end (2 cycles here)
