@@ -33,10 +33,10 @@ import torch
 from aso_se.run.packed_tensors import pack, unpack
 from search_space.errors import UserInputError
 
-FORMAT_VERSION = 2  # 2: tensors packed (aso_se.run.packed_tensors)
-_READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3  # 3: tensors packed (aso_se.run.packed_tensors); 2 was an earlier packing, never released
+_READABLE_VERSIONS = (1, 3)
 _HEADER_KEY = "aso_se_checkpoint"
-_FLATS_KEY = "aso_se_packed_flats"
+_PACKED_KEY = "aso_se_packed_tensors"
 
 
 class CheckpointError(UserInputError):
@@ -64,9 +64,9 @@ class CheckpointWriteError(Exception):
 def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str], *, kind: str, keep: int = 1) -> None:
     """Atomically write ``state`` (plus a header naming ``kind`` and the format) to ``path``, keeping the
     ``keep - 1`` previous checkpoints as ``older(path, 1)``, ``older(path, 2)``, ... (newest first)."""
-    skeleton, flats = pack(dict(state))
+    skeleton, packed = pack(dict(state))
     payload = {_HEADER_KEY: {"kind": kind, "version": FORMAT_VERSION}, **skeleton,
-               _FLATS_KEY: [flat.cpu() for flat in flats]}
+               _PACKED_KEY: {"flats": [flat.cpu() for flat in packed["flats"]], "table": packed["table"]}}
     path = Path(path)
     _write_atomically(path, lambda f: torch.save(payload, f), what="checkpoint ",
                       before_replace=lambda: _shift_history(path, keep))
@@ -182,8 +182,8 @@ def load_checkpoint(path: str | os.PathLike[str], *, kind: str) -> dict[str, Any
     if header.get("version") not in _READABLE_VERSIONS:
         raise CheckpointError(f"checkpoint {path} has format version {header.get('version')}, "
                               f"this code reads versions {_READABLE_VERSIONS}; start a new run")
-    flats = payload.pop(_FLATS_KEY, [])
-    return unpack({key: value for key, value in payload.items() if key != _HEADER_KEY}, flats)
+    state = {key: value for key, value in payload.items() if key not in (_HEADER_KEY, _PACKED_KEY)}
+    return unpack(state, payload[_PACKED_KEY]) if _PACKED_KEY in payload else state  # format 1: as saved
 
 
 @contextlib.contextmanager

@@ -1,10 +1,11 @@
 """A nested state's tensors packed into one flat tensor per (device, dtype), and back.
 
-``torch.save`` pays per tensor (pickling, and a device-to-host copy each on a GPU); a search engine's
-state holds ~10,000 small tensors, so each epoch-end checkpoint cost rank 0 about a second that every
-other rank waited for. Packed, the file holds a few large tensors and small placeholders that
-``torch.load(weights_only=True)`` reads. Layouts survive (a channels_last tensor comes back
-channels_last); a tensor that is not dense (overlapping or with holes) is left as it is.
+``torch.save`` pays per tensor (pickling, and a device-to-host copy each on a GPU) and per pickled
+object; a search engine's state holds ~10,000 small tensors, so each epoch-end checkpoint cost rank 0
+about a second that every other rank waited for. Packed, the file holds a few large tensors, one
+table of int64 rows (group, offset, ndim, shape, dims in storage order) and a 2-tuple placeholder per
+tensor, all of which ``torch.load(weights_only=True)`` reads. Layouts survive (a channels_last
+tensor comes back channels_last); a tensor that is not dense (overlapping, or with holes) is kept as is.
 """
 from __future__ import annotations
 
@@ -15,16 +16,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
-_MARK = "aso_se_packed_tensor"  # a placeholder: {_MARK: [group, offset, shape, dims in storage order]}
+_MARK = "aso_se_packed_tensor"  # a placeholder: (_MARK, row of the table)
+_ATOMIC = frozenset({int, float, str, bool, type(None)})  # returned as they are, before the slower checks
 
 
-def pack(state: Any) -> tuple[Any, list[Tensor]]:
-    """(``state`` with its dense tensors replaced by placeholders, one flat tensor per (device, dtype))."""
+def pack(state: Any) -> tuple[Any, dict[str, Any]]:
+    """(``state`` with its dense tensors replaced by placeholders, {"flats": one flat tensor per (device,
+    dtype), "table": each placeholder's int64 row}); the flats stay on their devices."""
     groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
     sizes: dict[tuple[torch.device, torch.dtype], int] = {}
     indices: dict[tuple[torch.device, torch.dtype], int] = {}
+    rows: list[list[int]] = []
 
     def walk(value: Any) -> Any:
+        if type(value) in _ATOMIC:
+            return value
         if isinstance(value, Tensor):
             contiguous = value.is_contiguous()  # the common case, in one call (thousands of tensors)
             order = list(range(value.dim())) if contiguous else _storage_order(value)
@@ -36,7 +42,8 @@ def pack(state: Any) -> tuple[Any, list[Tensor]]:
             offset = sizes[key]
             groups[key].append(value.view(-1) if contiguous else value.permute(order).reshape(-1))
             sizes[key] = offset + value.numel()
-            return {_MARK: [indices[key], offset, list(value.shape), order]}
+            rows.append([indices[key], offset, value.dim(), *value.shape, *order])
+            return (_MARK, len(rows) - 1)
         if isinstance(value, Mapping):
             items = [(key, walk(item)) for key, item in value.items()]
             return OrderedDict(items) if isinstance(value, OrderedDict) else dict(items)
@@ -46,19 +53,26 @@ def pack(state: Any) -> tuple[Any, list[Tensor]]:
 
     with torch.no_grad():
         skeleton = walk(state)
-        return skeleton, [torch.cat(members) for members in groups.values()]
+        width = max((len(row) for row in rows), default=0)
+        padded = [row + [-1] * (width - len(row)) for row in rows]
+        table = torch.tensor(padded, dtype=torch.int64).reshape(len(rows), width)
+        return skeleton, {"flats": [torch.cat(members) for members in groups.values()], "table": table}
 
 
-def unpack(skeleton: Any, flats: list[Tensor]) -> Any:
+def unpack(skeleton: Any, packed: Mapping[str, Any]) -> Any:
     """The state that `pack` was given, each tensor with its own storage (on the flats' devices)."""
+    flats, rows = packed["flats"], packed["table"].tolist()
 
     def walk(value: Any) -> Any:
+        if type(value) in _ATOMIC:
+            return value
+        if isinstance(value, tuple) and len(value) == 2 and value[0] == _MARK:
+            group, offset, ndim, *rest = rows[value[1]]
+            shape, order = rest[:ndim], rest[ndim:2 * ndim]
+            stored = flats[group][offset:offset + _numel(shape)].view([shape[dim] for dim in order])
+            inverse = sorted(range(ndim), key=order.__getitem__)
+            return stored.permute(inverse).clone(memory_format=torch.preserve_format)
         if isinstance(value, Mapping):
-            if set(value) == {_MARK}:
-                group, offset, shape, order = value[_MARK]
-                stored = flats[group][offset:offset + _numel(shape)].view([shape[dim] for dim in order])
-                inverse = sorted(range(len(order)), key=order.__getitem__)
-                return stored.permute(inverse).clone(memory_format=torch.preserve_format)
             items = [(key, walk(item)) for key, item in value.items()]
             return OrderedDict(items) if isinstance(value, OrderedDict) else dict(items)
         if isinstance(value, (list, tuple)):

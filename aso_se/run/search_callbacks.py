@@ -113,13 +113,14 @@ class SearchCallbacks:
     def save(self, engine: ASOSEEngine) -> None:
         """``checkpoints/last.pt``: the engine's whole state (rank 0); never NaN/Inf weights (every rank
         checks, so all stop together)."""
-        bad = first_non_finite({"supernet": engine.supernet.state_dict(),
-                                "weights_optimizer": engine.weights_optimizer.state_dict()["state"],
-                                "arch_optimizer": engine.arch_optimizer.state_dict()["state"]})
+        state = engine.state_dict()  # once: thousands of tensors (the checked parts are in it)
+        bad = first_non_finite({"supernet": state["supernet"],
+                                "weights_optimizer": state["weights_optimizer"]["state"],
+                                "arch_optimizer": state["arch_optimizer"]["state"]})
         if bad is not None:
             raise TrainingDiverged(f"{bad} became NaN/Inf by global step {engine.progress['global_step']} (not "
                                    f"saved): lower the learning rate (optim) or use trainer.precision=fp32")
-        self.run.save({"engine": engine.state_dict()})
+        self.run.save({"engine": state})
 
     def finish(self, genotype: Genotype) -> None:
         """The final ``genotype.json`` (what ``train.py`` picks up by default)."""

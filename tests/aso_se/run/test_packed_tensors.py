@@ -45,13 +45,13 @@ def _assert_same(got, want) -> None:
 
 def test_pack_then_unpack_returns_every_tensor_with_its_layout() -> None:
     state = _state()
-    skeleton, flats = pack(state)
-    assert len(flats) == 5  # float32, int64, uint8, bfloat16, bool
+    skeleton, packed = pack(state)
+    assert len(packed["flats"]) == 5  # float32, int64, uint8, bfloat16, bool
     buffer = io.BytesIO()
-    torch.save({"skeleton": skeleton, "flats": flats}, buffer)
+    torch.save({"skeleton": skeleton, "packed": packed}, buffer)
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=True)
-    restored = unpack(loaded["skeleton"], loaded["flats"])
+    restored = unpack(loaded["skeleton"], loaded["packed"])
     _assert_same(restored, state)
     assert restored["model"]["weight"].is_contiguous(memory_format=torch.channels_last)
     restored["model"]["bias"].add_(1)  # own storage: the others are untouched
@@ -66,6 +66,12 @@ def test_checkpoints_are_packed_and_read_back(tmp_path) -> None:
     _assert_same(load_checkpoint(tmp_path / "last.pt", kind="search"), state)
 
 
+def test_a_state_without_tensors_packs_to_an_empty_table() -> None:
+    skeleton, packed = pack({"epoch": 3, "names": ["a", ("b", 1)]})
+    assert packed["flats"] == [] and packed["table"].numel() == 0
+    assert unpack(skeleton, packed) == {"epoch": 3, "names": ["a", ("b", 1)]}
+
+
 def test_format_1_checkpoints_still_load(tmp_path) -> None:
     state = {"w": torch.randn(3, 2), "epoch": 2}
     torch.save({"aso_se_checkpoint": {"kind": "train", "version": 1}, **state}, tmp_path / "old.pt")
@@ -76,6 +82,6 @@ def test_format_1_checkpoints_still_load(tmp_path) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_tensors_pack_on_their_device() -> None:
     state = {"a": torch.randn(3, device="cuda"), "b": torch.randn(2)}
-    skeleton, flats = pack(state)
-    assert {flat.device.type for flat in flats} == {"cuda", "cpu"}
-    _assert_same(unpack(skeleton, flats), state)
+    skeleton, packed = pack(state)
+    assert {flat.device.type for flat in packed["flats"]} == {"cuda", "cpu"}
+    _assert_same(unpack(skeleton, packed), state)
