@@ -10,7 +10,7 @@ tensor comes back channels_last); a tensor that is not dense (overlapping, or wi
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -18,6 +18,7 @@ from torch import Tensor
 
 _MARK = "aso_se_packed_tensor"  # a placeholder: (_MARK, row of the table)
 _ATOMIC = frozenset({int, float, str, bool, type(None)})  # returned as they are, before the slower checks
+_DESCEND = object()  # a converter's answer: not a leaf of mine, look inside
 
 
 def pack(state: Any) -> tuple[Any, dict[str, Any]]:
@@ -28,31 +29,24 @@ def pack(state: Any) -> tuple[Any, dict[str, Any]]:
     indices: dict[tuple[torch.device, torch.dtype], int] = {}
     rows: list[list[int]] = []
 
-    def walk(value: Any) -> Any:
-        if type(value) in _ATOMIC:
+    def placeholder(value: Any) -> Any:
+        if not isinstance(value, Tensor):
+            return _DESCEND
+        contiguous = value.is_contiguous()  # the common case, in one call (thousands of tensors)
+        order = list(range(value.dim())) if contiguous else _storage_order(value)
+        if order is None:
             return value
-        if isinstance(value, Tensor):
-            contiguous = value.is_contiguous()  # the common case, in one call (thousands of tensors)
-            order = list(range(value.dim())) if contiguous else _storage_order(value)
-            if order is None:
-                return value
-            key = (value.device, value.dtype)
-            if key not in groups:
-                groups[key], sizes[key], indices[key] = [], 0, len(indices)
-            offset = sizes[key]
-            groups[key].append(value.view(-1) if contiguous else value.permute(order).reshape(-1))
-            sizes[key] = offset + value.numel()
-            rows.append([indices[key], offset, value.dim(), *value.shape, *order])
-            return (_MARK, len(rows) - 1)
-        if isinstance(value, Mapping):
-            items = [(key, walk(item)) for key, item in value.items()]
-            return OrderedDict(items) if isinstance(value, OrderedDict) else dict(items)
-        if isinstance(value, (list, tuple)):
-            return type(value)(walk(item) for item in value)
-        return value
+        key = (value.device, value.dtype)
+        if key not in groups:
+            groups[key], sizes[key], indices[key] = [], 0, len(indices)
+        offset = sizes[key]
+        groups[key].append(value.view(-1) if contiguous else value.permute(order).reshape(-1))
+        sizes[key] = offset + value.numel()
+        rows.append([indices[key], offset, value.dim(), *value.shape, *order])
+        return (_MARK, len(rows) - 1)
 
     with torch.no_grad():
-        skeleton = walk(state)
+        skeleton = _rebuild(state, placeholder)
         width = max((len(row) for row in rows), default=0)
         padded = [row + [-1] * (width - len(row)) for row in rows]
         table = torch.tensor(padded, dtype=torch.int64).reshape(len(rows), width)
@@ -63,23 +57,32 @@ def unpack(skeleton: Any, packed: Mapping[str, Any]) -> Any:
     """The state that `pack` was given, each tensor with its own storage (on the flats' devices)."""
     flats, rows = packed["flats"], packed["table"].tolist()
 
-    def walk(value: Any) -> Any:
-        if type(value) in _ATOMIC:
-            return value
-        if isinstance(value, tuple) and len(value) == 2 and value[0] == _MARK:
-            group, offset, ndim, *rest = rows[value[1]]
-            shape, order = rest[:ndim], rest[ndim:2 * ndim]
-            stored = flats[group][offset:offset + _numel(shape)].view([shape[dim] for dim in order])
-            inverse = sorted(range(ndim), key=order.__getitem__)
-            return stored.permute(inverse).clone(memory_format=torch.preserve_format)
-        if isinstance(value, Mapping):
-            items = [(key, walk(item)) for key, item in value.items()]
-            return OrderedDict(items) if isinstance(value, OrderedDict) else dict(items)
-        if isinstance(value, (list, tuple)):
-            return type(value)(walk(item) for item in value)
-        return value
+    def tensor(value: Any) -> Any:
+        if not (isinstance(value, tuple) and len(value) == 2 and value[0] == _MARK):
+            return _DESCEND
+        group, offset, ndim, *rest = rows[value[1]]
+        shape, order = rest[:ndim], rest[ndim:2 * ndim]
+        stored = flats[group][offset:offset + _numel(shape)].view([shape[dim] for dim in order])
+        inverse = sorted(range(ndim), key=order.__getitem__)
+        return stored.permute(inverse).clone(memory_format=torch.preserve_format)
 
-    return walk(skeleton)
+    return _rebuild(skeleton, tensor)
+
+
+def _rebuild(value: Any, convert: Callable[[Any], Any]) -> Any:
+    """``value`` with ``convert`` applied to each value in it (nested dicts, lists, tuples kept with their
+    types); where ``convert`` returns ``_DESCEND``, into the container."""
+    if type(value) in _ATOMIC:
+        return value
+    converted = convert(value)
+    if converted is not _DESCEND:
+        return converted
+    if isinstance(value, Mapping):
+        items = [(key, _rebuild(item, convert)) for key, item in value.items()]
+        return OrderedDict(items) if isinstance(value, OrderedDict) else dict(items)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_rebuild(item, convert) for item in value)
+    return value
 
 
 def _storage_order(tensor: Tensor) -> list[int] | None:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.aso_se.data.helpers import pick
+from tests.aso_se.data.helpers import write_image_tree
 
 
 @pytest.fixture(scope="session")
@@ -22,10 +22,4 @@ def digits() -> tuple[np.ndarray, np.ndarray]:
 def digit_folder(tmp_path_factory, digits) -> Path:
     """An ImageFolder tree of real digits as PNG: train/<digit>/ (12 each), test/<digit>/ (4 each)."""
     images, labels = digits
-    root = tmp_path_factory.mktemp("digits")
-    for split, indices in (("train", pick(labels, 12)), ("test", pick(labels, 4, offset=12))):
-        for index in indices:
-            folder = root / split / str(labels[index])
-            folder.mkdir(parents=True, exist_ok=True)
-            Image.fromarray(images[index]).save(folder / f"{index:04d}.png")
-    return root
+    return write_image_tree(tmp_path_factory.mktemp("digits"), images, labels, to_image=Image.fromarray)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from aso_se.data.errors import DataError
 from search_space.errors import UserInputError
@@ -23,6 +24,17 @@ def error_of(action: Callable[[], object]) -> str:
 def pick(labels: np.ndarray, per_class: int, offset: int = 0) -> np.ndarray:
     """Indices of ``per_class`` digits of every class, starting at ``offset`` within each."""
     return np.concatenate([np.flatnonzero(labels == c)[offset : offset + per_class] for c in range(10)])
+
+
+def write_image_tree(root: Path, images: np.ndarray, labels: np.ndarray, *,
+                     to_image: Callable[[np.ndarray], Image.Image], class_name: Callable[[int], str] = str) -> Path:
+    """An ImageFolder tree of real digits as PNG: train/<class>/ (12 per class), test/<class>/ (4 per class)."""
+    for split, indices in (("train", pick(labels, 12)), ("test", pick(labels, 4, offset=12))):
+        for index in indices:
+            folder = root / split / class_name(int(labels[index]))
+            folder.mkdir(parents=True, exist_ok=True)
+            to_image(images[index]).save(folder / f"{index:04d}.png")
+    return root
 
 
 def write_idx_gz(path: Path, array: np.ndarray) -> None:

@@ -9,7 +9,7 @@ from PIL import Image
 
 from aso_se.data import CIFARData
 from aso_se.data.device_loader import DeviceEpochLoader
-from tests.aso_se.data.helpers import pick
+from tests.aso_se.data.helpers import write_image_tree
 
 CPU = torch.device("cpu")
 
@@ -17,16 +17,14 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="module")
 def cifar_like(tmp_path_factory, digits) -> Path:
     """A CIFAR-10 ImageFolder copy of real digits: 32x32 RGB PNGs, 12 training and 4 test images per class."""
+    def to_rgb(digit: np.ndarray) -> Image.Image:
+        rgb = np.stack([np.pad(digit, 2)] * 3, axis=-1)
+        rgb[..., 1] //= 2  # channels that differ, so a mixed-up channel order shows
+        return Image.fromarray(rgb)
+
     images, labels = digits
-    root = tmp_path_factory.mktemp("cifar_like")
-    for split, indices in (("train", pick(labels, 12)), ("test", pick(labels, 4, offset=12))):
-        for index in indices:
-            folder = root / split / f"class{labels[index]}"
-            folder.mkdir(parents=True, exist_ok=True)
-            rgb = np.stack([np.pad(images[index], 2)] * 3, axis=-1)
-            rgb[..., 1] //= 2  # channels that differ, so a mixed-up channel order shows
-            Image.fromarray(rgb).save(folder / f"{index:04d}.png")
-    return root
+    return write_image_tree(tmp_path_factory.mktemp("cifar_like"), images, labels, to_image=to_rgb,
+                            class_name=lambda label: f"class{label}")
 
 
 def _data(root: Path, **augment) -> CIFARData:
