@@ -16,6 +16,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch.utils.tensorboard import SummaryWriter
 
+from search_space.errors import UserInputError
+
 if TYPE_CHECKING:
     from search_space.genotypes import Genotype
 
@@ -32,7 +34,8 @@ class TensorBoardLogger:
         # run's curves continue without a doubled segment.
         self.writer = SummaryWriter(str(log_dir), purge_step=purge_step, flush_secs=flush_secs)
         if alpha_figure_every_n_epochs < 1:
-            raise ValueError(f"logger.alpha_figure_every_n_epochs={alpha_figure_every_n_epochs}: need >= 1")
+            raise UserInputError(f"logger.alpha_figure_every_n_epochs={alpha_figure_every_n_epochs}: need an int >= 1 "
+                                 f"(1: α heatmaps at every epoch's end)")
         self.alpha_figure_every_n_epochs = alpha_figure_every_n_epochs
 
     def alpha_figure_due(self, epoch: int) -> bool:

@@ -39,6 +39,7 @@ def damaged_copy(finished_search: Path, tmp_path: Path) -> Path:
     ("resume=no/such/dir", ["resume dir no/such/dir does not exist"]),
     ("optim=retrain", ["Could not override 'optim'", "search_optim=adam|darts"]),  # train.py's group
     ("model=small", ["model= chooses train.py's network", "search.supernet.channels"]),  # likewise
+    ("logger.alpha_figure_every_n_epochs=0", ["alpha_figure_every_n_epochs=0", "an int >= 1"]),
 ])
 def test_bad_search_override(override: str, fragments: list[str], run_app: RunApp,
                              tmp_path: Path) -> None:

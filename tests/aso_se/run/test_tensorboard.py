@@ -6,6 +6,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from aso_se.monitor.tensorboard import TensorBoardLogger, edge_labels, layer_of
+from search_space.errors import UserInputError
 from search_space.genotypes import GENOTYPES
 
 PRIMITIVES = ["none", "max_pool_3x3", "avg_pool_3x3", "skip_connect", "sep_conv_3x3",
@@ -48,7 +49,7 @@ def test_alpha_figures_are_due_every_n_epochs_and_a_bad_n_is_refused(tmp_path: P
     board = TensorBoardLogger(tmp_path, alpha_figure_every_n_epochs=3)
     assert [epoch for epoch in range(9) if board.alpha_figure_due(epoch)] == [2, 5, 8]
     assert all(TensorBoardLogger(tmp_path / "every").alpha_figure_due(epoch) for epoch in range(4))
-    with pytest.raises(ValueError, match="alpha_figure_every_n_epochs=0: need >= 1"):
+    with pytest.raises(UserInputError, match="alpha_figure_every_n_epochs=0: need an int >= 1"):
         TensorBoardLogger(tmp_path / "bad", alpha_figure_every_n_epochs=0)
 
 
