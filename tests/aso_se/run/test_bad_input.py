@@ -39,7 +39,6 @@ def damaged_copy(finished_search: Path, tmp_path: Path) -> Path:
     ("resume=no/such/dir", ["resume dir no/such/dir does not exist"]),
     ("optim=retrain", ["Could not override 'optim'", "search_optim=adam|darts"]),  # train.py's group
     ("model=small", ["model= chooses train.py's network", "search.supernet.channels"]),  # likewise
-    ("logger.alpha_figure_every_n_epochs=0", ["alpha_figure_every_n_epochs=0", "an int >= 1"]),
 ])
 def test_bad_search_override(override: str, fragments: list[str], run_app: RunApp,
                              tmp_path: Path) -> None:
@@ -47,6 +46,12 @@ def test_bad_search_override(override: str, fragments: list[str], run_app: RunAp
     assert code == app.EXIT_BAD_INPUT
     assert_one_line(stderr, *fragments)
     assert not (tmp_path / "no").exists()  # a mistyped resume dir is never created
+
+
+def test_bad_logger_setting(run_app: RunApp) -> None:
+    code, stderr = run_app("search", *SMOKE, "logger=tensorboard", "logger.alpha_figure_every_n_epochs=0")
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, "alpha_figure_every_n_epochs=0", "an int >= 1")
 
 
 @pytest.mark.parametrize(("text", "fragments"), [
