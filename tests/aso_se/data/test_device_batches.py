@@ -9,7 +9,9 @@ from PIL import Image
 
 from aso_se.data import CIFARData
 from aso_se.data.device_loader import DeviceEpochLoader
+from aso_se.search.schedule import SearchSchedule
 from tests.aso_se.data.helpers import write_image_tree
+from tests.aso_se.helpers import make_engine, tiny_supernet
 
 CPU = torch.device("cpu")
 
@@ -77,3 +79,24 @@ def test_augmented_batches_depend_on_seed_epoch_and_batch_only(cifar_like: Path)
     weights.set_epoch(2)
     assert not torch.equal(first[0], next(iter(weights))[0])
     assert weights.seed != arch.seed  # the two halves' crops and flips are drawn independently
+
+
+def test_a_search_on_device_batches_resumed_mid_epoch_ends_as_an_uninterrupted_one(cifar_like: Path) -> None:
+    """The cifar10_qann search's batch path through the engine, stopped mid-epoch (after the search epoch's first
+    of 3 steps) and resumed."""
+    data = _data(cifar_like)
+    schedule = SearchSchedule(cycles=1, warmup_epochs=1, search_epochs=1, restabilize_epochs=0)
+
+    def engine():
+        return make_engine(tiny_supernet("st_bif_qann", timesteps=1, in_channels=3), schedule=schedule, seed=2)
+
+    reference = engine()
+    expected = reference.run(*data.search_loaders(16, seed=1, device=CPU))
+    first = engine()
+    stop_mid_epoch = lambda: first.progress["global_step"] == 4  # noqa: E731
+    assert first.run(*data.search_loaders(16, seed=1, device=CPU), should_stop=stop_mid_epoch) is None
+    resumed = engine()
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.run(*data.search_loaders(16, seed=1, device=CPU)) == expected
+    for name, value in reference.supernet.state_dict().items():
+        assert torch.equal(resumed.supernet.state_dict()[name], value), name
