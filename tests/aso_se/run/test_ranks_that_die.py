@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aso_se.run.checkpoint import tensor_digest
+from aso_se.run.checkpoint import load_checkpoint, tensor_digest
 from aso_se.run.search_callbacks import alpha_digest
 from tests.aso_se.run.helpers import REPO
 
@@ -60,8 +60,7 @@ def _wait_for(path: Path, timeout_s: float = 120) -> None:
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    state = torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
-    return state["trainer"]["model"]
+    return load_checkpoint(run_dir / "checkpoints" / "last.pt", kind="train")["trainer"]["model"]
 
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers in /proc")
@@ -114,7 +113,7 @@ def test_a_hung_rank_stops_the_other_after_peer_timeout_s(tmp_path: Path) -> Non
     assert 4 <= waited < 30, waited  # the 5 s timeout, not gloo's 30 min default
     line = next(line for line in log.read_text().splitlines() if line.startswith("error: rank 0"))
     assert "trainer.peer_timeout_s" in line and "last.pt is intact" in line
-    torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)  # readable
+    load_checkpoint(run_dir / "checkpoints" / "last.pt", kind="train")  # readable
 
 
 @pytest.mark.slow
@@ -131,7 +130,7 @@ def test_a_run_stopped_on_two_processes_resumes_on_one_with_the_global_batch(tmp
     _wait_for(run_dir / "checkpoints" / "last.pt")
     os.killpg(agent.pid, signal.SIGTERM)
     agent.wait(timeout=120)
-    saved = torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    saved = load_checkpoint(run_dir / "checkpoints" / "last.pt", kind=entry_point)
     assert saved["world_size"] == 2 and saved["config"]["batch_size"] == 16, log.read_text()[-2000:]
     if entry_point == "train":
         step, digest = saved["trainer"]["global_step"], f"weights {tensor_digest(saved['trainer']['model'])}"
