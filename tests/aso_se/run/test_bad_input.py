@@ -152,6 +152,7 @@ def test_resume_with_a_data_setting_the_run_does_not_have(damaged_copy: Path, ru
 
 
 
+@pytest.mark.slow  # CI keeps the engine's NaN test, the retrain's app-level one and the overflowed-weights search
 def test_nan_loss_stops_the_search_and_keeps_the_last_checkpoint(
         run_app: RunApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Epoch 1 (search) is 2 steps of 2 losses (α, weights); epoch 2 (re-stabilization) has one
