@@ -1,11 +1,13 @@
 """benchmarks/graph_ops_equality.py on a CPU (no graphs): the comparisons find two eager engines equal."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from benchmarks import graph_ops_equality as script
 
 
+@pytest.mark.slow  # CI keeps the difference measure's test; the GPU run is the real one
 def test_lockstep_of_two_eager_engines_finds_no_difference_and_runs_each_step():
     batch = script.digits()
     rows = script.lockstep("relu", 1, False, batch, "cpu", steps=2)

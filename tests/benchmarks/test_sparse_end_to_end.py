@@ -9,6 +9,7 @@ import torch
 from benchmarks import sparse_end_to_end as bench
 
 
+@pytest.mark.slow  # CI keeps the script's counting, sparsity and bad-input tests
 def test_smoke_run_times_both_eager_arms_and_measures_the_inputs(tmp_path, capsys):
     out = tmp_path / "out"
     # In-process: its retrains are subprocesses anyway; this spares the benchmark's own start-up.
