@@ -30,13 +30,13 @@ class TensorBoardLogger:
 
     def __init__(self, log_dir: str | Path, *, purge_step: int | None = None,
                  flush_secs: int = 30, alpha_figure_every_n_epochs: int = 1) -> None:
-        # purge_step drops events a killed run wrote after its last checkpoint, so a resumed
-        # run's curves continue without a doubled segment.
-        self.writer = SummaryWriter(str(log_dir), purge_step=purge_step, flush_secs=flush_secs)
-        if alpha_figure_every_n_epochs < 1:
+        if alpha_figure_every_n_epochs < 1:  # before the writer: a refused setting leaves no event file
             raise UserInputError(f"logger.alpha_figure_every_n_epochs={alpha_figure_every_n_epochs}: need an int >= 1 "
                                  f"(1: α heatmaps at every epoch's end)")
         self.alpha_figure_every_n_epochs = alpha_figure_every_n_epochs
+        # purge_step drops events a killed run wrote after its last checkpoint, so a resumed
+        # run's curves continue without a doubled segment.
+        self.writer = SummaryWriter(str(log_dir), purge_step=purge_step, flush_secs=flush_secs)
 
     def alpha_figure_due(self, epoch: int) -> bool:
         """Whether the epoch-end α heatmaps of 0-based ``epoch`` are drawn: drawing costs rank 0 about a

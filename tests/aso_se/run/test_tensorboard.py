@@ -1,4 +1,5 @@
 """TensorBoard output read back with tensorboard's own EventAccumulator."""
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,7 @@ def test_alpha_figures_are_due_every_n_epochs_and_a_bad_n_is_refused(tmp_path: P
     assert all(TensorBoardLogger(tmp_path / "every").alpha_figure_due(epoch) for epoch in range(4))
     with pytest.raises(UserInputError, match="alpha_figure_every_n_epochs=0: need an int >= 1"):
         TensorBoardLogger(tmp_path / "bad", alpha_figure_every_n_epochs=0)
+    assert not (tmp_path / "bad").exists()
 
 
 def test_purge_step_drops_events_after_the_resumed_checkpoint(tmp_path: Path) -> None:
@@ -58,6 +60,9 @@ def test_purge_step_drops_events_after_the_resumed_checkpoint(tmp_path: Path) ->
     for step in range(10):
         board.scalars("train", {"loss": float(step)}, step)
     board.close()
+    # Event files are read in name order, which starts with the second and then a per-process counter that sorts
+    # "10" before "9": the resumed writer starts in a later second, as a resumed run does.
+    time.sleep(1.01 - time.time() % 1)
     resumed = TensorBoardLogger(tmp_path, purge_step=5)  # the checkpoint was taken at step 5
     resumed.scalars("train", {"loss": -1.0}, 5)
     resumed.close()
