@@ -9,6 +9,7 @@ tensor comes back channels_last); a tensor that is not dense (overlapping, or wi
 """
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -62,7 +63,7 @@ def unpack(skeleton: Any, packed: Mapping[str, Any]) -> Any:
             return _DESCEND
         group, offset, ndim, *rest = rows[value[1]]
         shape, order = rest[:ndim], rest[ndim:2 * ndim]
-        stored = flats[group][offset:offset + _numel(shape)].view([shape[dim] for dim in order])
+        stored = flats[group][offset:offset + math.prod(shape)].view([shape[dim] for dim in order])
         inverse = sorted(range(ndim), key=order.__getitem__)
         return stored.permute(inverse).clone(memory_format=torch.preserve_format)
 
@@ -91,10 +92,3 @@ def _storage_order(tensor: Tensor) -> list[int] | None:
         return None
     order = sorted(range(tensor.dim()), key=lambda dim: (-tensor.stride(dim), dim))
     return order if tensor.permute(order).is_contiguous() else None
-
-
-def _numel(shape: list[int]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
