@@ -20,6 +20,7 @@ go on to retrain from a search that was stopped.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -313,6 +314,7 @@ class Run:
         self._started = time.perf_counter()
         self._cpu_started = _cpu_seconds()
         self._saved_at = time.monotonic()
+        self._writer = checkpoint.CheckpointWriter()
         self._checkpoint_every_s: float | None = None
         self._watchdog: StuckRankWatchdog | None = None
 
@@ -382,6 +384,11 @@ class Run:
         of its own for an exception leaving the task. Bugs propagate with their traceback.
         """
         loaders.shutdown_workers()  # now, while torch still shuts them down cleanly
+        try:
+            self._writer.wait()  # an epoch-end checkpoint still being written
+        except checkpoint.CheckpointWriteError as err:
+            if exc is None:
+                exc = err
         if self._watchdog is not None:
             self._watchdog.close()
         self._restore_signal_handlers()
@@ -406,6 +413,8 @@ class Run:
         """One line and exit 6 at once: leaving the process group (or the interpreter) normally
         would wait on collectives that the lost rank never joins."""
         cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        with contextlib.suppress(Exception):
+            self._writer.wait(timeout_s=60.0)  # the epoch-end checkpoint being written: a restart resumes from it
         kept = (f"the last checkpoint {self.checkpoint_path} is intact; torchrun --max-restarts=N resumes "
                 f"from it by itself, or run torchrun ... {self.entry_point}.py resume={self.run_dir}"
                 if self.checkpoint_path.is_file() else "no checkpoint was saved yet")
@@ -577,16 +586,18 @@ class Run:
             with checkpoint.restore_errors(self.checkpoint_path):
                 component.load_state_dict(self.state[key])
 
-    def save(self, state: Mapping[str, Any], path: Path | None = None) -> None:
-        """Checkpoint ``state`` with the config it belongs to (rank 0 only; others return)."""
+    def save(self, state: Mapping[str, Any], path: Path | None = None, *, background: bool = False) -> None:
+        """Checkpoint ``state`` with the config it belongs to (rank 0 only; others return). ``background``: the
+        file is written while training goes on (``checkpoint.CheckpointWriter``); the next save or the run's
+        end waits for it."""
         if self.ctx is not None and not self.ctx.is_main:
             return
         self._keep_stop_handlers()
         config = OmegaConf.to_container(self.cfg, resolve=True)
         keep = self.cfg.trainer.get("keep_checkpoints", 1) if path is None else 1  # last.pt's history only
-        checkpoint.save_checkpoint({"config": config, "wall_time_s": self.wall_time_s,
-                                    "cpu_time_s": self.cpu_time_s, "world_size": self.ctx.world_size, **state},
-                                   path or self.checkpoint_path, kind=self.entry_point, keep=keep)
+        self._writer.save({"config": config, "wall_time_s": self.wall_time_s,
+                           "cpu_time_s": self.cpu_time_s, "world_size": self.ctx.world_size, **state},
+                          path or self.checkpoint_path, kind=self.entry_point, keep=keep, background=background)
         if path is None:
             self._saved_at = time.monotonic()
 

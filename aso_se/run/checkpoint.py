@@ -10,6 +10,11 @@ directory) removes it and raises `CheckpointWriteError`, the previous file untou
 before, ...), linked before the new file replaces the name, so a good state always has a name; and
 `load_newest_readable` falls back to them when the newest is truncated or corrupt.
 
+`CheckpointWriter` writes them on a background thread when asked (the epoch-end saves: rank 0 packs the state
+and copies it to the host, then goes on training while the file is written; every other rank would wait for it
+at the next step's allreduce). One write at a time; the next save, or the end of the run, waits for it and
+raises what it raised.
+
 `load_checkpoint` turns every way a file can be unusable (missing, truncated, not ours, written
 by the other entry point or an older format) into one `CheckpointError` line naming the file
 and the fix; `restore_errors` does the same for a checkpoint that loads but does not fit the
@@ -23,6 +28,8 @@ import json
 import os
 import pickle
 import shutil
+import threading
+import time
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -30,7 +37,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from aso_se.run.packed_tensors import pack, unpack
+from aso_se.run.packed_tensors import loose_tensors_to_host, pack, unpack
 from search_space.errors import UserInputError
 
 FORMAT_VERSION = 3  # 3: tensors packed (aso_se.run.packed_tensors); 2 was an earlier packing, never released
@@ -64,10 +71,70 @@ class CheckpointWriteError(Exception):
 def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str], *, kind: str, keep: int = 1) -> None:
     """Atomically write ``state`` (plus a header naming ``kind`` and the format) to ``path``, keeping the
     ``keep - 1`` previous checkpoints as ``older(path, 1)``, ``older(path, 2)``, ... (newest first)."""
+    _write_payload(_host_payload(state, kind), Path(path), keep)
+
+
+class CheckpointWriter:
+    """`save_checkpoint`, optionally on a background thread (module docstring). Writes happen in the order of
+    the saves; at most two are pending (a third save waits for the oldest)."""
+
+    _MAX_PENDING = 2
+
+    def __init__(self) -> None:
+        self._pending: list[threading.Thread] = []
+        self._error: BaseException | None = None
+
+    def save(self, state: Mapping[str, Any], path: str | os.PathLike[str], *, kind: str, keep: int = 1,
+             background: bool = False) -> None:
+        """`save_checkpoint`; with ``background`` the file is written after this returns (``state`` is copied
+        to the host first, so training may change it at once). Raises the error of an earlier background write."""
+        if not background:
+            self.wait()
+            _write_payload(_host_payload(state, kind), Path(path), keep)
+            return
+        self._raise_error()
+        while len(self._pending) >= self._MAX_PENDING:
+            self._pending.pop(0).join()
+        payload, previous = _host_payload(state, kind), (self._pending[-1] if self._pending else None)
+
+        def write() -> None:
+            if previous is not None:
+                previous.join()  # in the order saved: an older file never replaces a newer one
+            try:
+                _write_payload(payload, Path(path), keep)
+            except BaseException as err:  # raised in the caller's thread by the next save or wait()
+                self._error = self._error or err
+
+        thread = threading.Thread(target=write, name="checkpoint-writer")
+        thread.start()
+        self._pending.append(thread)
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Until the background writes are done (or ``timeout_s`` passed); raises the first one's error."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._pending:
+            self._pending[0].join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if self._pending[0].is_alive():
+                return
+            self._pending.pop(0)
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
+def _host_payload(state: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """What torch.save writes: the header, the packed state's skeleton, its flats on the host. Nothing in it
+    shares memory with ``state`` (the flats and table are new tensors, the containers rebuilt)."""
     skeleton, packed = pack(dict(state))
-    payload = {_HEADER_KEY: {"kind": kind, "version": FORMAT_VERSION}, **skeleton,
-               _PACKED_KEY: {"flats": [flat.cpu() for flat in packed["flats"]], "table": packed["table"]}}
-    path = Path(path)
+    skeleton = loose_tensors_to_host(skeleton)
+    return {_HEADER_KEY: {"kind": kind, "version": FORMAT_VERSION}, **skeleton,
+            _PACKED_KEY: {"flats": [flat.cpu() for flat in packed["flats"]], "table": packed["table"]}}
+
+
+def _write_payload(payload: Mapping[str, Any], path: Path, keep: int) -> None:
     _write_atomically(path, lambda f: torch.save(payload, f), what="checkpoint ",
                       before_replace=lambda: _shift_history(path, keep))
 

@@ -70,6 +70,20 @@ def unpack(skeleton: Any, packed: Mapping[str, Any]) -> Any:
     return _rebuild(skeleton, tensor)
 
 
+def loose_tensors_to_host(skeleton: Any) -> Any:
+    """``skeleton`` (from `pack`) with each tensor that `pack` kept as it is (not dense) copied to the host, its
+    layout kept: nothing left in it shares memory with the packed state."""
+
+    def copy(value: Any) -> Any:
+        if not isinstance(value, Tensor):
+            return _DESCEND
+        storage = value.untyped_storage()
+        storage = storage.clone() if storage.device.type == "cpu" else storage.cpu()
+        return torch.empty(0, dtype=value.dtype).set_(storage, value.storage_offset(), value.size(), value.stride())
+
+    return _rebuild(skeleton, copy)
+
+
 def _rebuild(value: Any, convert: Callable[[Any], Any]) -> Any:
     """``value`` with ``convert`` applied to each value in it (nested dicts, lists, tuples kept with their
     types); where ``convert`` returns ``_DESCEND``, into the container."""

@@ -92,7 +92,7 @@ class SearchCallbacks:
                 values = torch.stack([rate.float() for rate in rates.values()]).tolist()
                 self.board.firing_rates(dict(zip(rates, values)), step)
             self.board.sparse_conv_paths(paths, step)
-        self.save(engine)
+        self.save(engine, background=True)
         if self.board is not None:  # what every rank waits for at an epoch's end (RESULTS.md "Several GPUs")
             self.board.scalars("search_epoch", {"end_seconds": time.perf_counter() - started},
                                engine.progress["global_step"])
@@ -110,9 +110,9 @@ class SearchCallbacks:
                                              "pruned_ops": float(result.pruned_ops)},
                                engine.progress["global_step"])
 
-    def save(self, engine: ASOSEEngine) -> None:
+    def save(self, engine: ASOSEEngine, *, background: bool = False) -> None:
         """``checkpoints/last.pt``: the engine's whole state (rank 0); never NaN/Inf weights (every rank
-        checks, so all stop together)."""
+        checks, so all stop together). ``background``: written while the search goes on (`Run.save`)."""
         state = engine.state_dict()  # once: thousands of tensors (the checked parts are in it)
         bad = first_non_finite({"supernet": state["supernet"],
                                 "weights_optimizer": state["weights_optimizer"]["state"],
@@ -120,7 +120,7 @@ class SearchCallbacks:
         if bad is not None:
             raise TrainingDiverged(f"{bad} became NaN/Inf by global step {engine.progress['global_step']} (not "
                                    f"saved): lower the learning rate (optim) or use trainer.precision=fp32")
-        self.run.save({"engine": state})
+        self.run.save({"engine": state}, background=background)
 
     def finish(self, genotype: Genotype) -> None:
         """The final ``genotype.json`` (what ``train.py`` picks up by default)."""

@@ -57,23 +57,24 @@ class TrainCallbacks:
             self.board.firing_rates(test["firing_rates"], step)
             self.board.sparse_conv_paths(trainer.epoch_conv_paths, step)
             self.board.flush()
-        self.save(is_best)
+        self.save(is_best, background=True)
 
-    def save(self, is_best: bool = False) -> None:
+    def save(self, is_best: bool = False, *, background: bool = False) -> None:
         """``checkpoints/last.pt``: the Retrainer's whole state; with ``is_best`` also ``best.pt``:
         the weights alone, with the epoch and its test accuracy (rank 0). Never NaN/Inf weights (every
-        rank checks, so all stop together)."""
+        rank checks, so all stop together). ``background``: written while training goes on (`Run.save`)."""
         trainer = self.trainer
         bad = first_non_finite({"model": trainer.network.state_dict(),
                                 "optimizer": trainer.optimizer.state_dict()["state"]})
         if bad is not None:
             raise TrainingDiverged(f"{bad} became NaN/Inf by global step {trainer.global_step} (not saved): "
                                    f"lower optim.optimizer.lr or use trainer.precision=fp32")
-        self.run.save({"genotype": self.genotype.to_json(), "trainer": self.trainer.state_dict()})
+        self.run.save({"genotype": self.genotype.to_json(), "trainer": self.trainer.state_dict()},
+                      background=background)
         if is_best:
             self.run.save({"genotype": self.genotype.to_json(), "model": self.trainer.network.state_dict(),
                            "epoch": self.trainer.epoch, "test_acc": self.trainer.best_test_acc},
-                          self.run.run_dir / "checkpoints" / "best.pt")
+                          self.run.run_dir / "checkpoints" / "best.pt", background=background)
 
     def finish(self, data: Any) -> None:
         """``metrics.json`` (rank 0): the Retrainer's metrics, a QANN's exact SNN, the energy per image.
