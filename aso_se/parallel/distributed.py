@@ -173,8 +173,9 @@ def all_reduce_gradients(params: Iterable[nn.Parameter]) -> None:
     flat = torch.cat([grad.reshape(-1) for grad in grads])
     dist.all_reduce(flat)
     flat.div_(world_size)
-    for grad, averaged in zip(grads, flat.split([grad.numel() for grad in grads])):
-        grad.copy_(averaged.view_as(grad))
+    # one foreach copy back: a search's sampled ops leave ~1,000 gradients, a copy_ call each cost host time
+    parts = flat.split([grad.numel() for grad in grads])
+    torch._foreach_copy_(grads, [part.view_as(grad) for grad, part in zip(grads, parts)])
 
 
 def broadcast_module(module: nn.Module) -> None:

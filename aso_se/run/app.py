@@ -316,6 +316,7 @@ class Run:
         self._saved_at = time.monotonic()
         self._writer = checkpoint.CheckpointWriter()
         self._checkpoint_every_s: float | None = None
+        self._every_n_epochs = 1
         self._watchdog: StuckRankWatchdog | None = None
 
     @property
@@ -352,6 +353,11 @@ class Run:
             raise UserInputError(f"trainer.precision={trainer.precision} is not supported; "
                                  f"use fp32 or bf16")
         self._checkpoint_every_s = _checkpoint_interval_s(trainer.get("checkpoint_every_min"))
+        every = trainer.get("checkpoint_every_n_epochs", 1)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise UserInputError(f"trainer.checkpoint_every_n_epochs={every!r} must be an integer >= 1; fix "
+                                 f"trainer.checkpoint_every_n_epochs")
+        self._every_n_epochs = every
         keep = trainer.get("keep_checkpoints", 1)
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise UserInputError(f"trainer.keep_checkpoints={keep!r} must be an integer >= 1 (last.pt and the "
@@ -521,6 +527,11 @@ class Run:
                 log.warning("the %s handler was replaced outside Python (by %s); the run's stop handler is back",
                             signal.Signals(signum).name, describe_handler(replacement))
                 signal.signal(signum, self._on_signal)
+
+    def epoch_checkpoint_due(self, epoch: int, *, last: bool = False) -> bool:
+        """Whether the end of ``epoch`` (counted from 1) saves ``checkpoints/last.pt``: every
+        ``trainer.checkpoint_every_n_epochs`` epochs and the ``last`` one (a stop saves anyway)."""
+        return last or epoch % self._every_n_epochs == 0
 
     def checkpoint_due(self) -> bool:
         """True (on rank 0) once ``trainer.checkpoint_every_min`` has passed since the last save

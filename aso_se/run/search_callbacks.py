@@ -3,8 +3,8 @@
 The engine (``aso_se.search.engine.ASOSEEngine``) calls ``on_step`` after every step with host-side
 scalars, ``on_epoch_end`` once an epoch's state is final and ``on_cycle_end`` when a cycle's
 genotype is derived. Here they become a progress bar and an epoch log line, TensorBoard
-scalars and images, ``checkpoints/last.pt`` at every epoch end (and mid-epoch when
-``trainer.checkpoint_every_min`` has passed), and ``genotypes/cycle_<k>.json``. Only rank 0
+scalars and images, ``checkpoints/last.pt`` at every ``trainer.checkpoint_every_n_epochs``-th epoch's end
+(and mid-epoch when ``trainer.checkpoint_every_min`` has passed), and ``genotypes/cycle_<k>.json``. Only rank 0
 writes; every rank keeps the same bookkeeping.
 """
 from __future__ import annotations
@@ -92,7 +92,8 @@ class SearchCallbacks:
                 values = torch.stack([rate.float() for rate in rates.values()]).tolist()
                 self.board.firing_rates(dict(zip(rates, values)), step)
             self.board.sparse_conv_paths(paths, step)
-        self.save(engine, background=True)
+        if self.run.epoch_checkpoint_due(info["epoch"] + 1):  # info's epoch counts from 0
+            self.save(engine, background=True)
         if self.board is not None:  # what every rank waits for at an epoch's end (RESULTS.md "Several GPUs")
             self.board.scalars("search_epoch", {"end_seconds": time.perf_counter() - started},
                                engine.progress["global_step"])

@@ -3,7 +3,8 @@
 The Retrainer (``aso_se.train.retrain.Retrainer``) calls ``on_log`` with the running train
 scalars every ``trainer.log_every_n_steps`` steps and ``on_epoch_end(is_best)`` once an epoch is
 tested; ``save`` is its timed checkpoint and the entry point's save at a stop. Here they become
-TensorBoard scalars and histograms, ``checkpoints/last.pt`` at every epoch end, and
+TensorBoard scalars and histograms, ``checkpoints/last.pt`` at every ``trainer.checkpoint_every_n_epochs``-th
+epoch's end and the last, and
 ``checkpoints/best.pt`` when the test accuracy is the best so far. ``finish`` writes metrics.json,
 with the exact SNN's evaluation for a QANN (all ranks share it) and the energy per image. Only
 rank 0 writes.
@@ -57,7 +58,10 @@ class TrainCallbacks:
             self.board.firing_rates(test["firing_rates"], step)
             self.board.sparse_conv_paths(trainer.epoch_conv_paths, step)
             self.board.flush()
-        self.save(is_best, background=True)
+        if self.run.epoch_checkpoint_due(self.trainer.epoch, last=self.trainer.epoch == self.trainer.epochs):
+            self.save(is_best, background=True)
+        elif is_best:
+            self.save_best(background=True)
 
     def save(self, is_best: bool = False, *, background: bool = False) -> None:
         """``checkpoints/last.pt``: the Retrainer's whole state; with ``is_best`` also ``best.pt``:
@@ -72,9 +76,13 @@ class TrainCallbacks:
         self.run.save({"genotype": self.genotype.to_json(), "trainer": self.trainer.state_dict()},
                       background=background)
         if is_best:
-            self.run.save({"genotype": self.genotype.to_json(), "model": self.trainer.network.state_dict(),
-                           "epoch": self.trainer.epoch, "test_acc": self.trainer.best_test_acc},
-                          self.run.run_dir / "checkpoints" / "best.pt", background=background)
+            self.save_best(background=background)
+
+    def save_best(self, *, background: bool = False) -> None:
+        """``checkpoints/best.pt``: the weights alone, with the epoch and its test accuracy (rank 0)."""
+        self.run.save({"genotype": self.genotype.to_json(), "model": self.trainer.network.state_dict(),
+                       "epoch": self.trainer.epoch, "test_acc": self.trainer.best_test_acc},
+                      self.run.run_dir / "checkpoints" / "best.pt", background=background)
 
     def finish(self, data: Any) -> None:
         """``metrics.json`` (rank 0): the Retrainer's metrics, a QANN's exact SNN, the energy per image.

@@ -174,6 +174,8 @@ def test_sigkill_after_a_timed_checkpoint_loses_at_most_the_interval(tmp_path: P
     ("trainer.checkpoint_every_min=0", "trainer.checkpoint_every_min=0 must be a positive number"),
     ("trainer.checkpoint_every_min=soon", "trainer.checkpoint_every_min=soon must be a positive number"),
     ("trainer.keep_checkpoints=0", "trainer.keep_checkpoints=0 must be an integer >= 1"),
+    ("trainer.checkpoint_every_n_epochs=0", "trainer.checkpoint_every_n_epochs=0 must be an integer >= 1"),
+    ("trainer.checkpoint_every_n_epochs=1.5", "trainer.checkpoint_every_n_epochs=1.5 must be an integer >= 1"),
 ])
 def test_bad_stop_settings_are_one_line(run_app: RunApp, override: str, message: str) -> None:
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", override)
