@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.functional import pil_to_tensor
 
+from aso_se.data.loaders import worker_context
 from aso_se.data.sampling import ShardSampler, derive_seed
 
 
@@ -118,7 +119,8 @@ def decode_uint8(samples: Dataset, num_workers: int) -> torch.Tensor:
     data = getattr(samples, "data", None)
     if data is not None and getattr(data, "ndim", 0) == 4:  # torchvision's CIFAR: uint8 [N, H, W, C] in memory
         return torch.from_numpy(data).permute(0, 3, 1, 2).contiguous()
-    loader = DataLoader(_AsTensor(samples), batch_size=1024, num_workers=num_workers)
+    loader = DataLoader(_AsTensor(samples), batch_size=1024, num_workers=num_workers,
+                        multiprocessing_context=worker_context(num_workers))
     return torch.cat([images for images in loader])
 
 

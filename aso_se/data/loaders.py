@@ -5,7 +5,9 @@ group must reach the main process alone, which finishes its step, saves and shut
 """
 import contextlib
 import functools
+import multiprocessing
 import signal
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -110,6 +112,16 @@ def _stop_workers(iterator: Any) -> None:
             feeder.join(timeout=10)
 
 
+def worker_context(num_workers: int) -> Any:
+    """The multiprocessing context for ``num_workers`` loader workers: None (torch's default) unless this process
+    runs under a start method that is not the standard library's, e.g. a job of Hydra's joblib launcher (loky),
+    whose Process type DataLoader's workers can't use; then the platform's usual fork (Linux) or spawn."""
+    method = multiprocessing.get_start_method(allow_none=True)
+    if num_workers == 0 or method in (None, "fork", "spawn", "forkserver"):
+        return None
+    return multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+
+
 class EpochLoader(DataLoader):
     """A DataLoader over a ``ShardSampler``; call ``set_epoch(epoch)`` before each epoch.
 
@@ -137,6 +149,7 @@ class EpochLoader(DataLoader):
             collate_fn=collate_fn,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=num_workers > 0,
+            multiprocessing_context=worker_context(num_workers),
             generator=torch.Generator(),
             worker_init_fn=functools.partial(_ignore_signals, _IGNORED_IN_WORKERS),
         )

@@ -28,7 +28,7 @@ def _jobs(sweep_dir: Path) -> dict[int, dict]:
 @pytest.mark.slow
 def test_local_gpus_runs_one_job_per_gpu_slot(tmp_path: Path) -> None:
     locks = tmp_path / "locks"
-    result = _multirun("+sweep=local_gpus", "sweep.gpus=[7,9]", f"sweep.lock_dir={locks}",
+    result = _multirun("+sweep=local_gpus", "sweep.gpus=[7,9]", f"sweep.lock_dir={locks}", "data.num_workers=1",
                        cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = _jobs(tmp_path / "sweep")
