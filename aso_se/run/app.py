@@ -390,11 +390,11 @@ class Run:
         of its own for an exception leaving the task. Bugs propagate with their traceback.
         """
         loaders.shutdown_workers()  # now, while torch still shuts them down cleanly
+        write_error: Exception | None = None
         try:
             self._writer.wait()  # an epoch-end checkpoint still being written
-        except checkpoint.CheckpointWriteError as err:
-            if exc is None:
-                exc = err
+        except Exception as err:  # reported below unless the run already failed otherwise
+            write_error = err
         if self._watchdog is not None:
             self._watchdog.close()
         self._restore_signal_handlers()
@@ -403,7 +403,9 @@ class Run:
         if self.ctx is not None:
             shutdown_distributed(self.ctx)
         if exc is None:
-            return
+            if write_error is None:
+                return
+            exc = write_error
         if isinstance(exc, torch.OutOfMemoryError):
             exc = OutOfMemory(f"out of GPU memory; lower {_MEMORY_KNOBS[self.entry_point]}, or "
                               f"spread the batch over GPUs with trainer=ddp")
@@ -414,6 +416,8 @@ class Run:
         elif isinstance(exc, checkpoint.CheckpointWriteError):
             exc = WriteFailed(f"{exc}; {self._what_is_kept()}")
         exit_on_expected_failure(exc)
+        if exc is write_error:  # a bug in the background write: its traceback, as for any bug
+            raise write_error
 
     def _exit_peer_lost(self, err: BaseException) -> None:
         """One line and exit 6 at once: leaving the process group (or the interpreter) normally
