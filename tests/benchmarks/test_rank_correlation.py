@@ -77,7 +77,8 @@ def test_ranks_share_ties():
     ("missing", "no such file"), ("not json", "not a readable JSON summary"), ("empty", "no retrained cell"),
     ("disjoint", "0 cell(s) in common"),
 ])
-def test_bad_input_is_one_line(tmp_path, case, message):
+def test_bad_input_is_one_line(tmp_path, case, message, capsys):
+    """In-process (main's return code); the first case also as the script, for its exit status."""
     proxy = _summary(tmp_path / "proxy.json", {"random_0": ("random", CELLS[0], [0.4]),
                                                "random_1": ("random", CELLS[1], [0.5])})
     full = tmp_path / "full.json"
@@ -87,8 +88,14 @@ def test_bad_input_is_one_line(tmp_path, case, message):
         full.write_text(json.dumps({"searched": [], "budget": {}}))
     elif case == "disjoint":
         _summary(full, {"DARTS_V2": ("reference", GENOTYPES["DARTS_V2"], [0.9])})
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "rank_correlation.py"), "--proxy", str(proxy),
-                           "--full", str(full)], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.startswith("rank_correlation: ") and message in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
+    args = ["--proxy", str(proxy), "--full", str(full)]
+    if case == "missing":
+        done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "rank_correlation.py"), *args], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+        code, stdout, stderr = done.returncode, done.stdout, done.stderr
+    else:
+        code = rc.main(args)
+        stdout, stderr = capsys.readouterr()
+    assert code == 2 and stdout == ""
+    assert stderr.startswith("rank_correlation: ") and message in stderr
+    assert len(stderr.strip().splitlines()) == 1
