@@ -12,14 +12,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-from torch.utils.tensorboard import SummaryWriter
 
 from search_space.errors import UserInputError
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
     from search_space.genotypes import Genotype
+
+def _new_figure(**kwargs: object) -> Figure:
+    """A matplotlib figure (imported here: only the processes that draw pay for matplotlib)."""
+    from matplotlib.figure import Figure
+
+    return Figure(**kwargs)
+
 
 # A DARTS cell: two input states, then intermediate nodes that each read every earlier state.
 _INPUT_NAMES = ("c_{k-2}", "c_{k-1}")
@@ -36,6 +43,8 @@ class TensorBoardLogger:
         self.alpha_figure_every_n_epochs = alpha_figure_every_n_epochs
         # purge_step drops events a killed run wrote after its last checkpoint, so a resumed
         # run's curves continue without a doubled segment.
+        from torch.utils.tensorboard import SummaryWriter  # here: every process imports this module, few log
+
         self.writer = SummaryWriter(str(log_dir), purge_step=purge_step, flush_secs=flush_secs)
 
     def alpha_figure_due(self, epoch: int) -> bool:
@@ -68,7 +77,7 @@ class TensorBoardLogger:
     def curve(self, tag: str, xs: Sequence[float], ys: Sequence[float], step: int, *, xlabel: str,
               ylabel: str) -> None:
         """A y-over-x line plot as a figure (scalars at x would collide with the run's global steps)."""
-        figure = Figure(figsize=(4, 3))
+        figure = _new_figure(figsize=(4, 3))
         axes = figure.add_subplot()
         axes.plot(list(xs), list(ys), marker="o")
         axes.set_xscale("log", base=2)
@@ -132,7 +141,7 @@ def alpha_heatmap(weights: torch.Tensor, primitives: Sequence[str], *, title: st
     """Edges as rows, ops as columns, each cell annotated with its probability."""
     probs = weights.detach().float().cpu()
     edges, ops = probs.shape
-    figure = Figure(figsize=(1.1 * ops + 2.5, 0.38 * edges + 1.5), dpi=90)
+    figure = _new_figure(figsize=(1.1 * ops + 2.5, 0.38 * edges + 1.5), dpi=90)
     ax = figure.add_subplot()
     image = ax.imshow(probs.numpy(), cmap="viridis", vmin=0.0, vmax=max(float(probs.max()), 1e-6),
                       aspect="auto")
@@ -158,7 +167,7 @@ def cell_diagram(edges: Sequence[tuple[str, int]], concat: Sequence[int], *,
     for node in range(steps):
         positions[node + 2] = (2.0 + 2.0 * node, (0.45 if node % 2 == 0 else -0.45))
     output = (2.0 + 2.0 * steps, 0.0)
-    figure = Figure(figsize=(2.2 + 2.0 * steps, 3.4), dpi=90)
+    figure = _new_figure(figsize=(2.2 + 2.0 * steps, 3.4), dpi=90)
     ax = figure.add_subplot()
     for state in concat:
         _arrow(ax, positions[state], output, label="", color="0.65")
