@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from search_space.genotypes import Genotype
 
+
 def _new_figure(**kwargs: object) -> Figure:
     """A matplotlib figure (imported here: only the processes that draw pay for matplotlib)."""
     from matplotlib.figure import Figure

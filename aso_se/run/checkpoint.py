@@ -90,7 +90,7 @@ class CheckpointWriter:
         to the host first, so training may change it at once). Raises the error of an earlier background write."""
         if not background:
             self.wait()
-            _write_payload(_host_payload(state, kind), Path(path), keep)
+            save_checkpoint(state, path, kind=kind, keep=keep)
             return
         self._raise_error()
         while len(self._pending) >= self._MAX_PENDING:
