@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from search_space.genotypes import Genotype
+from search_space.grad_layout import grad_in_input_layout
 from search_space.multistep import drop_path
 from search_space.neurons import NeuronFactoryFn
 from search_space.ops import OPS, FactorizedReduce, NeuronConvBN
@@ -93,9 +94,11 @@ class Cell(nn.Module):
         self.multiplier = len(self._concat)
 
     def forward(self, s0: torch.Tensor, s1: torch.Tensor, drop_prob: float | torch.Tensor) -> torch.Tensor:
-        states = [self.preprocess0(s0), self.preprocess1(s1)]
+        # Each state's gradient sums a slice of the concatenation's with its readers': keep it in the state's layout.
+        states = [grad_in_input_layout(self.preprocess0(s0)), grad_in_input_layout(self.preprocess1(s1))]
         for node in range(len(self._ops) // 2):
-            states.append(self._edge(2 * node, states, drop_prob) + self._edge(2 * node + 1, states, drop_prob))
+            node_sum = self._edge(2 * node, states, drop_prob) + self._edge(2 * node + 1, states, drop_prob)
+            states.append(grad_in_input_layout(node_sum))
         return torch.cat([states[index] for index in self._concat], dim=1)
 
     def _edge(self, edge: int, states: list[torch.Tensor], drop_prob: float | torch.Tensor) -> torch.Tensor:
