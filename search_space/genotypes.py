@@ -211,6 +211,23 @@ POOR_POOL_SKIP = Genotype(
     reduce_concat=[2, 3, 4, 5],
 )
 
+def spike_native(genotype: Genotype) -> Genotype:
+    """The same cell with DARTS's separable and dilated convs replaced by their spike-native versions
+    (``spike_sep_conv_*``, ``spike_dil_conv_*``: a neuron before every conv, the 1x1 ones included)."""
+    def native(op: str) -> str:
+        if not op.startswith(("sep_conv_", "dil_conv_")):
+            return op
+        if f"spike_{op}" not in OPS:
+            raise UserInputError(f"{op} has no spike-native version (known: the spike_sep_conv_* and spike_dil_conv_* "
+                                 "ops); pick a genotype without it")
+        return f"spike_{op}"
+
+    def edges(cell: tuple[Edge, ...]) -> list[Edge]:
+        return [(native(op), index) for op, index in cell]
+    return Genotype(normal=edges(genotype.normal), normal_concat=genotype.normal_concat,
+                    reduce=edges(genotype.reduce), reduce_concat=genotype.reduce_concat)
+
+
 GENOTYPES: dict[str, Genotype] = {
     "NASNet": _NASNET,
     "AmoebaNet": _AMOEBANET,
@@ -221,6 +238,8 @@ GENOTYPES: dict[str, Genotype] = {
     "PC_DARTS_IMAGENET": _PC_DARTS_IMAGENET,
     "PDARTS": _PDARTS,
     "POOR_POOL_SKIP": POOR_POOL_SKIP,
+    # DARTS_V2's wiring in the spike-native space: the cell that issue #45 compares with its ReLU network.
+    "DARTS_V2_SPIKE_NATIVE": spike_native(_DARTS_V2),
 }
 
 _NONE_OP = "none"

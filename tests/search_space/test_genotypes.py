@@ -180,3 +180,17 @@ def test_random_genotype_other_spaces_and_multiplier():
 def test_random_genotype_bad_input(primitives, steps, cap, multiplier, message):
     with pytest.raises(UserInputError, match=message):
         random_genotype(primitives, steps, random.Random(0), cap, multiplier=multiplier)
+
+
+def test_spike_native_keeps_the_wiring_and_swaps_the_weighted_ops():
+    from search_space.genotypes import spike_native
+    from search_space.ops import SPIKE_NATIVE_PRIMITIVES
+    darts, native = GENOTYPES["DARTS_V2"], GENOTYPES["DARTS_V2_SPIKE_NATIVE"]
+    assert native == spike_native(darts)
+    for kind in ("normal", "reduce"):
+        for (op, index), (native_op, native_index) in zip(getattr(darts, kind), getattr(native, kind)):
+            assert native_index == index and native_op in SPIKE_NATIVE_PRIMITIVES
+            assert native_op == (f"spike_{op}" if "conv" in op else op)
+    assert native.normal != darts.normal and native.reduce == darts.reduce  # V2's reduction cell has no convs
+    with pytest.raises(UserInputError, match="sep_conv_7x7 has no spike-native version"):
+        spike_native(GENOTYPES["AmoebaNet"])
