@@ -6,9 +6,10 @@
 Loads the run's best.pt and config, converts the QANN once per spikes-per-step m (graded_st_bif.py;
 m = 1 is ST-BIF), and reports the accuracy after 1, 2, 4, ... steps, the steps to silence (where the
 SNN equals the QANN) and the energy per image at T = min(8, silence) and at silence, on
-search_space/energy.py's two conventions: dense MACs for any multi-bit input (graded spikes, a depthwise
-conv's output), and MACs over its non-zero entries only (skip_zero_macs). ``--relu-run`` adds the ReLU
-network's accuracy and energy on both. Writes <out>/snn_latency.json and .md.
+search_space/energy.py's three conventions: dense MACs for any multi-bit input (graded spikes, a depthwise
+conv's output); MACs over its non-zero entries only (skip_zero_macs); and that with a graded input's
+one-spike entries as accumulates (unit_spikes_as_sops). ``--relu-run`` adds the ReLU network's accuracy and
+energy on all three. Writes <out>/snn_latency.json and .md.
 """
 from __future__ import annotations
 
@@ -58,10 +59,16 @@ def load_run(run_dir: Path, data_root: str | None, samples: int | None,
 
 
 def energy_uj(model: torch.nn.Module, images: torch.Tensor) -> dict[str, float]:
-    """µJ per image on both conventions: dense MACs for multi-bit inputs, and MACs of non-zero entries only."""
+    """µJ per image on three conventions: dense MACs for multi-bit inputs; MACs of non-zero entries only; and
+    that with graded spikes read entry by entry (one spike an accumulate, several a MAC)."""
     with torch.no_grad():
         return {"dense": count_energy(model, images).energy_per_image_uj,
-                "skip_zero": count_energy(model, images, skip_zero_macs=True).energy_per_image_uj}
+                "skip_zero": count_energy(model, images, skip_zero_macs=True).energy_per_image_uj,
+                "unit_sops": count_energy(model, images, unit_spikes_as_sops=True).energy_per_image_uj}
+
+
+def _uj(energy: dict[str, float]) -> str:
+    return " / ".join(f"{energy[key]:,.0f}" if key in energy else "—" for key in ("dense", "skip_zero", "unit_sops"))
 
 
 def measure(network: torch.nn.Module, batches: list, device: torch.device, spikes_per_step: int,
@@ -89,20 +96,20 @@ def relu_row(run_dir: Path, data_root: str | None, images: torch.Tensor) -> dict
 def table(rows: list[dict[str, Any]], relu: dict[str, Any] | None) -> str:
     steps = sorted({int(k) for row in rows for k in row["accuracy_at"]})
     head = " | ".join(f"T = {t}" for t in steps)
-    lines = [f"| spikes per step | {head} | steps to silence | µJ/image at T = min(8, silence): dense / skip-zero "
-             "| at silence: dense / skip-zero |", "|---:|" + "---:|" * (len(steps) + 3)]
+    conventions = "dense / skip-zero / one spike an AC"
+    lines = [f"| spikes per step | {head} | steps to silence | µJ/image at T = min(8, silence): {conventions} "
+             f"| at silence: {conventions} |", "|---:|" + "---:|" * (len(steps) + 3)]
     for row in rows:
         cells = " | ".join(f"{100 * row['accuracy_at'][str(t)]:.2f}" if str(t) in row["accuracy_at"] else "—"
                            for t in steps)
         energy = row["energy_uj_at"]
         early, last = energy[min(energy, key=int)], energy[max(energy, key=int)]
         lines.append(f"| {row['spikes_per_step']} | {cells} | {row['timesteps_to_silence']} "
-                     f"| {early['dense']:,.0f} / {early['skip_zero']:,.0f} "
-                     f"| {last['dense']:,.0f} / {last['skip_zero']:,.0f} |")
+                     f"| {_uj(early)} | {_uj(last)} |")
     lines.append(f"\nQANN on the same images: {100 * rows[0]['qann_accuracy']:.2f}%.")
     if relu is not None:
         lines.append(f"ReLU network ({relu['run']}): {100 * relu['test_acc']:.2f}% on its full test set, "
-                     f"{relu['energy_uj']['dense']:,.0f} / {relu['energy_uj']['skip_zero']:,.0f} µJ per image.")
+                     f"{_uj(relu['energy_uj'])} µJ per image ({conventions}).")
     return "\n".join(lines)
 
 

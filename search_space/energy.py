@@ -8,6 +8,9 @@ figures of Horowitz (ISSCC 2014): 0.9 pJ per accumulate, 4.6 pJ per MAC. BatchNo
 weights at inference), biases, pooling and additions are not counted, as is usual in SNN papers.
 ``skip_zero_macs=True`` counts a multi-bit input's MACs over its non-zero entries only (each times its
 exact fan-out), as hardware that skips zeros would pay: graded spikes, or a ReLU network's activations.
+``unit_spikes_as_sops=True`` (which implies skipping zeros) reads graded spikes entry by entry: where every
+non-zero value of an input is a whole multiple of its smallest magnitude (one spike), entries of one spike
+cost accumulates and entries of several spikes MACs; real-valued inputs (a ReLU's) stay MACs.
 """
 from __future__ import annotations
 
@@ -82,9 +85,39 @@ def _linear_macs(linear: nn.Linear, x: Tensor) -> float:
     return float(x.numel() // linear.in_features) * linear.in_features * linear.out_features
 
 
-def _count_layer(name: str, module: nn.Module, x: Tensor, out: Tensor, skip_zero_macs: bool) -> LayerCount:
+def single_spike_entries(x: Tensor) -> Tensor | None:
+    """For graded spikes (every non-zero value a whole multiple of the smallest magnitude), the mask of the
+    entries that carry one spike; None for any other input (real values, all zeros)."""
+    magnitudes = x.detach().abs().to(torch.float64)
+    nonzero = magnitudes[magnitudes != 0]
+    if nonzero.numel() == 0:
+        return None
+    multiples = nonzero / nonzero.min()
+    if not torch.allclose(multiples, multiples.round(), rtol=0.0, atol=1e-3):
+        return None
+    return (magnitudes != 0) & ((magnitudes / nonzero.min()).round() == 1)
+
+
+def _reached(module: nn.Module, x: Tensor) -> float:
+    """Σ over the non-zero entries of ``x`` of the outputs each reaches (a linear layer: all of them)."""
+    if isinstance(module, nn.Conv2d):
+        return conv_fan_out_sum(module, x)
+    return float(int((x != 0).sum().item()) * module.out_features)
+
+
+def _count_layer(name: str, module: nn.Module, x: Tensor, out: Tensor, skip_zero_macs: bool,
+                 unit_spikes_as_sops: bool = False) -> LayerCount:
     spikes = is_spikes(x)
     nonzero = int((x != 0).sum().item())
+    single = None if spikes or not unit_spikes_as_sops else single_spike_entries(x)
+    if single is not None:  # graded spikes: one-spike entries accumulate, the others multiply
+        rate = nonzero / x.numel()
+        sops = _reached(module, torch.where(single, x, 0.0)) if bool(single.any()) else 0.0
+        multi = (x != 0) & ~single
+        macs = _reached(module, torch.where(multi, x, 0.0)) if bool(multi.any()) else 0.0
+        return LayerCount(name, "conv" if isinstance(module, nn.Conv2d) else "linear", False, x.numel(), rate,
+                          sops, macs)
+    skip_zero_macs = skip_zero_macs or unit_spikes_as_sops
     if isinstance(module, nn.Conv2d):
         kind, reached = "conv", (conv_fan_out_sum(module, x) if nonzero and (spikes or skip_zero_macs) else 0.0)
         dense = _conv_macs(module, out)
@@ -120,7 +153,8 @@ def _images(inputs: Tensor, timesteps: int | None) -> int:
 
 @torch.no_grad()
 def count_energy(model: nn.Module, inputs: Tensor, *, timesteps: int | None = None, e_ac_pj: float = E_AC_PJ,
-                 e_mac_pj: float = E_MAC_PJ, skip_zero_macs: bool = False) -> EnergyReport:
+                 e_mac_pj: float = E_MAC_PJ, skip_zero_macs: bool = False,
+                 unit_spikes_as_sops: bool = False) -> EnergyReport:
     """Runs ``model(inputs)`` once, as the model is (put it in eval mode first), counting every conv and linear.
 
     ``inputs``: images ``[B, ...]`` (a network that encodes them over its T steps itself), time-first
@@ -134,7 +168,7 @@ def count_energy(model: nn.Module, inputs: Tensor, *, timesteps: int | None = No
 
     def hook(name: str):
         def record(module: nn.Module, args: tuple[Tensor, ...], out: Tensor) -> None:
-            layers.append(_count_layer(name, module, args[0], out, skip_zero_macs))
+            layers.append(_count_layer(name, module, args[0], out, skip_zero_macs, unit_spikes_as_sops))
         return record
 
     handles = [module.register_forward_hook(hook(name)) for name, module in model.named_modules()

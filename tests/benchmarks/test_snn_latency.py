@@ -39,11 +39,13 @@ def test_graded_spikes_reach_the_same_accuracy_in_fewer_steps(qann_run, relu_run
     assert graded["timesteps_to_silence"] == 1 < binary["timesteps_to_silence"]  # 15 = the default levels - 1
     assert graded["accuracy_at"]["1"] == graded["qann_accuracy"]
     energies = [energy for row in (binary, graded) for energy in row["energy_uj_at"].values()]
-    assert all(0 < energy["skip_zero"] <= energy["dense"] for energy in energies)
+    assert all(0 < energy["unit_sops"] <= energy["skip_zero"] <= energy["dense"] for energy in energies)
+    assert any(energy["unit_sops"] < energy["skip_zero"] for energy in graded["energy_uj_at"].values())
     assert set(binary["energy_uj_at"]) == {str(min(8, binary["timesteps_to_silence"])),
                                            str(binary["timesteps_to_silence"])}
     relu = report["relu"]
     assert 0 < relu["energy_uj"]["skip_zero"] < relu["energy_uj"]["dense"] and 0 <= relu["test_acc"] <= 1
+    assert relu["energy_uj"]["unit_sops"] == relu["energy_uj"]["skip_zero"]  # real activations: no spikes to read
     stdout = capsys.readouterr().out.splitlines()
     assert stdout[2].startswith("| 1 |") and stdout[-1].startswith("ReLU network")
     assert (out / "snn_latency.md").read_text().startswith("| spikes per step |")

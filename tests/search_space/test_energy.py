@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from search_space.energy import count_energy, is_spikes
+from search_space.energy import count_energy, is_spikes, single_spike_entries
 from search_space.errors import UserInputError
 from search_space.genotypes import GENOTYPES
 from search_space.network import build_network
@@ -256,3 +256,32 @@ def test_a_relu_network_has_no_synaptic_operations() -> None:
     report = count_energy(relu, torch.randn(2, 3, 8, 8))
     assert report.sops_per_image == 0 and report.macs_per_image > 0
     assert all(not layer.spiking_input or layer.input_rate == 0 for layer in report.layers)
+
+
+def test_unit_spikes_as_sops_reads_graded_spikes_entry_by_entry() -> None:
+    """Entries of one spike (θ) accumulate, entries of several (2θ, -3θ) multiply, zeros cost nothing, each over
+    its exact fan-out; binary spikes and real-valued inputs cost what the other conventions give them."""
+    torch.manual_seed(4)
+    conv = nn.Conv2d(3, 5, 3, stride=2, padding=1, bias=False)
+    theta = 0.37
+    graded = torch.randint(-3, 4, (2, 3, 7, 7)).float() * theta
+    assert (graded.abs() == theta).any() and (graded.abs() > 1.5 * theta).any() and (graded == 0).any()
+    report = count_energy(conv, graded, unit_spikes_as_sops=True)
+    single = torch.where(graded.abs() == theta, graded, 0.0)
+    several = torch.where(graded.abs() > 1.5 * theta, graded, 0.0)
+    assert report.sops_per_image == brute_force_sops(conv, single) / 2
+    assert report.macs_per_image == brute_force_sops(conv, several) / 2
+    skip_zero = count_energy(conv, graded, skip_zero_macs=True)
+    assert report.sops_per_image + report.macs_per_image == skip_zero.macs_per_image
+    assert report.energy_per_image_uj < skip_zero.energy_per_image_uj
+    binary = (graded > 0).float() * theta
+    assert count_energy(conv, binary, unit_spikes_as_sops=True).sops_per_image == count_energy(conv, binary).sops_per_image
+    real = torch.rand(2, 3, 7, 7) * (torch.rand(2, 3, 7, 7) < 0.5)  # a ReLU's output: not whole multiples
+    assert single_spike_entries(real) is None
+    real_report = count_energy(conv, real, unit_spikes_as_sops=True)
+    assert real_report.sops_per_image == 0
+    assert real_report.macs_per_image == count_energy(conv, real, skip_zero_macs=True).macs_per_image
+    linear = nn.Linear(4, 3)
+    x = torch.tensor([[0.0, 0.5, -1.0, 1.5]])  # one spike of 0.5, two of several
+    linear_report = count_energy(linear, x, unit_spikes_as_sops=True)
+    assert linear_report.sops_per_image == 3 and linear_report.macs_per_image == 2 * 3
