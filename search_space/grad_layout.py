@@ -14,13 +14,13 @@ from torch import Tensor
 
 class _GradInInputLayout(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # noqa: D102 - see grad_in_input_layout
+    def forward(ctx, x: Tensor) -> Tensor:
         ctx.memory_format = (torch.channels_last if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
                              else torch.contiguous_format)
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # noqa: D102
+    def backward(ctx, grad: Tensor) -> Tensor:
         return grad.contiguous(memory_format=ctx.memory_format)
 
 

@@ -16,7 +16,8 @@ def test_identity_forward_and_gradient_in_the_input_layout(layout):
     x = torch.randn(3, 5, 7, 6).contiguous(memory_format=layout).requires_grad_()
     y = grad_in_input_layout(x)
     assert torch.equal(y, x)
-    big = torch.randn(3, 10, 7, 6).contiguous(memory_format=CL if layout is torch.contiguous_format else torch.contiguous_format)
+    other = CL if layout is torch.contiguous_format else torch.contiguous_format
+    big = torch.randn(3, 10, 7, 6).contiguous(memory_format=other)
     upstream = big[:, 2:7]  # a channel slice: strided in either layout, as the cell's concatenation hands back
     (y * upstream).sum().backward()
     assert torch.equal(x.grad, upstream)
@@ -33,7 +34,9 @@ def test_no_grad_or_constant_input_passes_through_untouched():
 
 def _bn_grad_layouts(network: nn.Module, x: torch.Tensor) -> list[bool]:
     seen = []
-    hooks = [module.register_full_backward_hook(lambda m, gin, gout: seen.append(gout[0].is_contiguous(memory_format=CL)))
+    def record(module, grad_input, grad_output):
+        seen.append(grad_output[0].is_contiguous(memory_format=CL))
+    hooks = [module.register_full_backward_hook(record)
              for module in network.modules() if isinstance(module, nn.BatchNorm2d)]
     logits, logits_aux = network(x)
     (logits.square().mean() + logits_aux.square().mean()).backward()
