@@ -54,7 +54,9 @@ def make_trainer(args, row, device):
     torch.manual_seed(0)
     network = build_network(args.genotype, neuron=NeuronFactory(args.neuron, timesteps=1), channels=args.channels,
                             layers=args.layers, num_classes=10, auxiliary=True, conv_backend=args.conv_backend)
-    return Retrainer(network, optimizer=functools.partial(torch.optim.SGD, lr=0.025, momentum=0.9, weight_decay=3e-4),
+    # fused on a GPU, as experiment=cifar10_qann_fast trains (and fp16 in a graph needs it)
+    sgd = functools.partial(torch.optim.SGD, lr=0.025, momentum=0.9, weight_decay=3e-4, fused=device.type == "cuda")
+    return Retrainer(network, optimizer=sgd,
                      scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=10),
                      epochs=10, auxiliary_weight=0.4, drop_path_prob=0.2, grad_clip=5.0, precision=precision,
                      ctx=DistributedContext(device=device), log_every_n_steps=10,

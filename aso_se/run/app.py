@@ -349,9 +349,10 @@ class Run:
             raise UserInputError("model= chooses train.py's network; search.py's supernet is sized by "
                                  "search.supernet.channels and search.supernet.layers")
         trainer = self.cfg.trainer
-        if trainer.precision not in ("fp32", "bf16"):
-            raise UserInputError(f"trainer.precision={trainer.precision} is not supported; "
-                                 f"use fp32 or bf16")
+        allowed = ("fp32", "bf16", "fp16") if self.entry_point == "train" else ("fp32", "bf16")
+        if trainer.precision not in allowed:
+            raise UserInputError(f"trainer.precision={trainer.precision} is not supported by {self.entry_point}.py; "
+                                 f"use {' or '.join(allowed)}")
         self._checkpoint_every_s = _checkpoint_interval_s(trainer.get("checkpoint_every_min"))
         every = trainer.get("checkpoint_every_n_epochs", 1)
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:

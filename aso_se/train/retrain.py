@@ -3,8 +3,8 @@
 The recipe of quark0/darts ``train.py``: SGD with a cosine learning-rate schedule (both from
 ``conf/optim``), cutout (a data-set option), an auxiliary head whose loss is added with a weight,
 drop-path whose probability grows linearly from 0 to its final value over the epochs, and the
-gradient norm clipped. The loop runs on one process or under DDP, in fp32 or bf16 autocast;
-on one GPU its steps can be captured in a CUDA graph and replayed (``cuda_graph``).
+gradient norm clipped. The loop runs on one process or under DDP, in fp32, bf16 or fp16 autocast (fp16 with
+dynamic loss scaling); its steps can be captured in CUDA graphs and replayed (``cuda_graph``).
 
 The loop keeps its running sums on the device and reads them on the host (one sync) every
 ``log_every_n_steps`` steps and at the end of an epoch, which is also where a NaN/Inf loss is
@@ -42,6 +42,20 @@ log = logging.getLogger(__name__)
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 LogCallback = Callable[[dict[str, float], int], None]  # (running train loss/acc/lr, global step)
+
+
+def zero_momentum_buffers(optimizer: torch.optim.Optimizer) -> None:
+    """Momentum buffers of zeros before the first step. A fused SGD whose first step is skipped (an fp16 overflow)
+    would keep the buffers it allocated uninitialized; zeros give the same first step (0 · momentum + grad)."""
+    if not isinstance(optimizer, torch.optim.SGD):
+        return
+    for group in optimizer.param_groups:
+        if group["momentum"] == 0:
+            continue
+        if group["dampening"] != 0:  # its first step is buf = grad, which zeros would not reproduce
+            raise UserInputError("trainer.precision=fp16 needs SGD without dampening; set optim.optimizer.dampening=0")
+        for param in group["params"]:
+            optimizer.state[param].setdefault("momentum_buffer", torch.zeros_like(param))
 
 
 class Retrainer:
@@ -93,7 +107,15 @@ class Retrainer:
         self.auxiliary_weight = auxiliary_weight
         self.drop_path_prob = drop_path_prob
         self.grad_clip = grad_clip
-        self.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        # fp16: dynamic loss scaling. Its inf check and scale update run on the device, and a fused optimizer skips
+        # the step itself on an overflow, so the whole step stays capturable.
+        self.scaler = torch.amp.GradScaler(ctx.device.type) if precision == "fp16" else None
+        if self.scaler is not None:
+            zero_momentum_buffers(self.optimizer)
+        if self.scaler is not None and cuda_graph and not getattr(self.optimizer, "_step_supports_amp_scaling", False):
+            raise UserInputError("trainer.precision=fp16 with cuda_graph=true needs a fused optimizer (its step "
+                                 "skips an overflow on the device): set optim.optimizer.fused=true, or use bf16")
         # cuda_graph: each epoch's steps are captured once and replayed (aso_se/graphed_step.py).
         split = {} if self.flat_grads is None else {"reduce": self.flat_grads.sum_over_ranks,
                                                         "finish": self._clip_and_step}
@@ -237,7 +259,7 @@ class Retrainer:
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.flat_grads.zero_()
-        loss.backward()
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
         if self.flat_grads is None:
             self._clip_and_step()
         correct = (logits.detach().argmax(dim=1) == labels).sum()
@@ -252,8 +274,14 @@ class Retrainer:
     def _clip_and_step(self) -> None:
         if self.flat_grads is not None:  # the ranks' summed gradients, averaged as DDP does
             self.flat_grads.average_()
+        if self.scaler is None:
+            nn.utils.clip_grad_norm_(self.network.parameters(), self.grad_clip)
+            self.optimizer.step()
+            return
+        self.scaler.unscale_(self.optimizer)  # clip the true gradients; an overflow step is skipped below
         nn.utils.clip_grad_norm_(self.network.parameters(), self.grad_clip)
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
 
     @torch.no_grad()
     def evaluate(self, loader: Any) -> dict[str, Any]:
@@ -333,6 +361,7 @@ class Retrainer:
             "running": ([*self._epoch_sums.tolist(), self._epoch_images]
                         if self.step_in_epoch and self._epoch_sums is not None else None),
             "conv_paths": dict(self.conv_paths),
+            "loss_scaler": None if self.scaler is None else self.scaler.state_dict(),  # fp16's current scale
             "rng": capture_rng_state(),
         }
 
@@ -347,4 +376,6 @@ class Retrainer:
         self.train_images, self.train_seconds = state["throughput"]
         self._carried_running = state.get("running")  # older checkpoints have none
         self.conv_paths = collections.Counter(state.get("conv_paths", {}))  # older checkpoints have none
+        if self.scaler is not None and state.get("loss_scaler"):  # a run saved in another precision has none
+            self.scaler.load_state_dict(state["loss_scaler"])
         restore_rng_state(state["rng"])

@@ -1,4 +1,4 @@
-"""trainer.precision=bf16: both entry points run their forward passes under bf16 autocast."""
+"""trainer.precision: bf16 autocast in both entry points; fp16 (with loss scaling) in train.py, refused by search.py."""
 import json
 from pathlib import Path
 
@@ -15,3 +15,13 @@ def test_bf16_autocast_runs(entry_point: str, run_app: RunApp, tmp_path: Path) -
     assert code == 0, stderr
     if entry_point == "train":
         assert json.loads((tmp_path / "run" / "metrics.json").read_text())["precision"] == "bf16"
+
+
+def test_fp16_trains_and_the_search_refuses_it_in_one_line(run_app: RunApp, tmp_path: Path) -> None:
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "trainer.precision=fp16", "hydra.run.dir=run")
+    assert code == 0, stderr
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["precision"] == "fp16" and metrics["test_acc"] >= 0
+    code, stderr = run_app("search", *SMOKE, "trainer.precision=fp16", "hydra.run.dir=search")
+    assert code == 2
+    assert "trainer.precision=fp16 is not supported by search.py; use fp32 or bf16" in stderr

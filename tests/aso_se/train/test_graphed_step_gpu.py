@@ -82,11 +82,11 @@ def spiking_network(auxiliary):
                          num_classes=10, in_channels=1, image_size=16, auxiliary=auxiliary).cuda()
 
 
-def retrainer(network, cuda_graph, drop_path_prob=0.0, optimizer=SGD):
+def retrainer(network, cuda_graph, drop_path_prob=0.0, optimizer=SGD, precision="fp32"):
     return Retrainer(
         network, optimizer=optimizer,
         scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=2), epochs=2,
-        auxiliary_weight=0.4, drop_path_prob=drop_path_prob, grad_clip=5.0, precision="fp32",
+        auxiliary_weight=0.4, drop_path_prob=drop_path_prob, grad_clip=5.0, precision=precision,
         ctx=DistributedContext(torch.device("cuda")), log_every_n_steps=100, cuda_graph=cuda_graph)
 
 
@@ -213,3 +213,29 @@ def test_retrain_with_a_fused_sgd_captures_once_and_matches_eager(deterministic_
     for (name, eager_param), graphed_param in zip(network.named_parameters(), twin.parameters()):
         error = ((graphed_param - eager_param).norm() / eager_param.norm().clamp_min(1e-12)).item()
         assert error < 1e-3, (name, error)
+
+
+def test_fp16_with_loss_scaling_captures_once_and_matches_eager(deterministic_fp32):
+    """fp16 autocast with a GradScaler in the graphs: the inf check, the skipped step and the scale update run on
+    the device; losses, the final scale and the weights follow an eager run's (fp16 tolerances). The first steps
+    start at the scaler's 65,536 and may overflow, which both runs must skip alike."""
+    fused = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=3e-4, fused=True)
+    network = spiking_network(auxiliary=True)
+    for conv in (m for m in network.modules() if isinstance(m, SparseConv2d)):
+        conv.backend = "torch"
+    twin = copy.deepcopy(network)
+    train = random_batches([16] * 6 + [5], (1, 16, 16), 10, seed=2)
+    test = random_batches([16] * 2, (1, 16, 16), 10, seed=3)
+    eager = retrainer(network, False, optimizer=fused, precision="fp16")
+    graphed = retrainer(twin, True, optimizer=fused, precision="fp16")
+    fit(eager, train, test)
+    fit(graphed, train, test)
+    assert graphed.graphed_step.captures == 1
+    assert graphed.scaler.get_scale() == eager.scaler.get_scale()
+    for record_eager, record_graphed in zip(eager.history, graphed.history):
+        for key in ("train_loss", "test_loss"):
+            assert record_graphed[key] == pytest.approx(record_eager[key], rel=2e-2, abs=1e-4), key
+    for (name, eager_param), graphed_param in zip(network.named_parameters(), twin.parameters()):
+        assert torch.isfinite(graphed_param).all(), name
+        error = ((graphed_param - eager_param).norm() / eager_param.norm().clamp_min(1e-12)).item()
+        assert error < 2e-2, (name, error)
