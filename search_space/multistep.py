@@ -26,7 +26,8 @@ def drop_path(x: torch.Tensor, drop_prob: float | torch.Tensor, timesteps: int) 
     keep_prob = 1.0 - drop_prob
     samples = x.unflatten(0, (timesteps, -1))
     mask = samples.new_empty(1, samples.shape[1], *([1] * (x.dim() - 1))).bernoulli_(keep_prob)
-    return (samples / keep_prob * mask).flatten(0, 1)
+    # the 1/keep scale folded into the per-sample mask: one pass over the activations each way, not two
+    return (samples * (mask / keep_prob)).flatten(0, 1)
 
 
 class Stem(nn.Sequential):
