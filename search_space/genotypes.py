@@ -211,6 +211,7 @@ POOR_POOL_SKIP = Genotype(
     reduce_concat=[2, 3, 4, 5],
 )
 
+
 def spike_native(genotype: Genotype) -> Genotype:
     """The same cell with DARTS's separable and dilated convs replaced by their spike-native versions
     (``spike_sep_conv_*``, ``spike_dil_conv_*``: a neuron before every conv, the 1x1 ones included)."""
@@ -224,6 +225,7 @@ def spike_native(genotype: Genotype) -> Genotype:
 
     def edges(cell: tuple[Edge, ...]) -> list[Edge]:
         return [(native(op), index) for op, index in cell]
+
     return Genotype(normal=edges(genotype.normal), normal_concat=genotype.normal_concat,
                     reduce=edges(genotype.reduce), reduce_concat=genotype.reduce_concat)
 
