@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
+from aso_se.run.app import CHECKPOINT, RESUME_KEYS, is_launcher_override
 from search_space.errors import UserInputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,6 +105,14 @@ class Sweep:
     def run_dirs(self) -> list[Path]:
         return [self.stage_dir / name for name in self.names]
 
+    def resume_command(self, launcher: Sequence[str], run_dirs: Sequence[Path]) -> list[str]:
+        """The multirun that continues ``run_dirs`` from their checkpoints (``resume=``, each in its own dir); of
+        the sweep's overrides it keeps those a resume takes (the machine's data, the SNN evaluation, the launcher)."""
+        kept = [o for o in self.overrides if o.split("=", 1)[0].lstrip("+") in RESUME_KEYS or is_launcher_override(o)]
+        return ["python", self.script, "-m", *launcher, *kept,
+                f"resume={','.join(quoted(run_dir) for run_dir in run_dirs)}",
+                f"hydra.sweep.dir={quoted(self.stage_dir)}", "hydra.sweep.subdir='${aso_se.stem:${resume}}'"]
+
     def command(self, launcher: Sequence[str] = (), values: Sequence[str] | None = None) -> list[str]:
         """The multirun's command line (``values``: a part of the sweep, e.g. the unfinished jobs)."""
         return ["python", self.script, "-m", *launcher, *self.overrides,
@@ -125,8 +134,10 @@ def finished(run_dir: Path, script: str) -> bool:
 def run_sweeps(sweeps: Sequence[Sweep], launcher: str, resume: bool, log_dir: Path) -> list[Path]:
     """Runs each sweep as ``python <script> -m ...`` on ``launcher``, one after another; the run dirs of all.
 
-    With ``resume`` a job whose run dir holds its finished file (DONE_FILE) is left out of the sweep and an
-    unfinished one is deleted and run again (a multirun cannot skip jobs); a sweep with nothing left is not run.
+    With ``resume`` a job whose run dir holds its finished file (DONE_FILE) is left out of the sweep; an
+    unfinished one that saved a checkpoint goes on from it (a second multirun, ``resume=`` its dirs), and one
+    that saved none is deleted and run again (a multirun cannot skip jobs); a sweep with nothing left is not run.
+    So a benchmark whose runs outlast one allocation continues with ``--resume`` in the next.
     """
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for sweep in sweeps:
@@ -134,19 +145,27 @@ def run_sweeps(sweeps: Sequence[Sweep], launcher: str, resume: bool, log_dir: Pa
                 if not (resume and finished(run_dir, sweep.script))]
         if not todo:
             continue
-        for _, run_dir in todo:
-            if run_dir.exists():  # only with --resume: an unfinished run, redone from scratch
+        carried = [run_dir for _, run_dir in todo if resume and (run_dir / CHECKPOINT).is_file()]
+        fresh = [(value, run_dir) for value, run_dir in todo if run_dir not in carried]
+        for _, run_dir in fresh:
+            if run_dir.exists():  # only with --resume: an unfinished run without a checkpoint, redone from scratch
                 shutil.rmtree(run_dir)
-        command = sweep.command(LAUNCHERS[launcher], [value for value, _ in todo])
-        log = log_dir / f"{sweep.label}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        print(f"$ {' '.join(map(shell_word, command))}", flush=True)
-        with open(log, "wb") as out:
-            code = subprocess.run([sys.executable, *command[1:]], cwd=REPO, env=env, stdout=out,
-                                  stderr=subprocess.STDOUT).returncode
-        failed = [run_dir for _, run_dir in todo if not finished(run_dir, sweep.script)]
-        if code != 0 or failed:
-            raise BenchmarkError(_failure(code, failed, log))
+        multiruns = []  # (log label, command, its run dirs)
+        if fresh:
+            multiruns.append((sweep.label, sweep.command(LAUNCHERS[launcher], [value for value, _ in fresh]),
+                              [run_dir for _, run_dir in fresh]))
+        if carried:
+            multiruns.append((f"{sweep.label}_resumed", sweep.resume_command(LAUNCHERS[launcher], carried), carried))
+        for label, command, run_dirs in multiruns:
+            log = log_dir / f"{label}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            print(f"$ {' '.join(map(shell_word, command))}", flush=True)
+            with open(log, "wb") as out:
+                code = subprocess.run([sys.executable, *command[1:]], cwd=REPO, env=env, stdout=out,
+                                      stderr=subprocess.STDOUT).returncode
+            failed = [run_dir for run_dir in run_dirs if not finished(run_dir, sweep.script)]
+            if code != 0 or failed:
+                raise BenchmarkError(_failure(code, failed, log))
     return [run_dir for sweep in sweeps for run_dir in sweep.run_dirs()]
 
 

@@ -76,6 +76,13 @@ EVALUATION_KEYS = ("snn_max_timesteps", "snn_eval_samples", "snn_eval_dtype", "s
 # Evaluation settings newer than some saved runs: their defaults, so that those runs resume (and re-evaluate).
 NEWER_EVALUATION_DEFAULTS = {"snn_spikes_per_step": 1}
 RESUME_KEYS = MACHINE_KEYS + EVALUATION_KEYS
+# Where a multirun's jobs run (``+sweep=local_gpus`` and its ``sweep.*`` keys): the launcher's, not the run's config,
+# so a resume takes them too (benchmarks continue unfinished runs through the same launcher).
+
+
+def is_launcher_override(override: str) -> bool:
+    key = override.split("=", 1)[0].lstrip("+")
+    return key == "sweep" or key.startswith("sweep.")
 # Knobs that shrink activation memory, named in the out-of-memory line per entry point.
 _MEMORY_KNOBS = {
     "search": ("batch_size, search.supernet.channels, search.supernet.layers, neuron.timesteps "
@@ -551,7 +558,8 @@ class Run:
             raise Interrupted(self._signum, self.run_dir, self.entry_point)
 
     def _load_resumed_state(self) -> None:
-        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
+        overrides = [o for o in HydraConfig.get().overrides.task
+                     if not o.startswith("resume=") and not is_launcher_override(o)]
         allowed = [o for o in overrides if o.split("=", 1)[0].lstrip("+") in RESUME_KEYS]
         extra = [o for o in overrides if o not in allowed]
         if extra:

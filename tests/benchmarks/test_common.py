@@ -51,3 +51,25 @@ def test_the_multiruns_own_keys_are_refused(override):
     with pytest.raises(UserInputError, match="--launcher"):
         bench.check_overrides([override])
     assert bench.check_overrides(["sweep.jobs_per_gpu=2"]) == ("sweep.jobs_per_gpu=2",)
+
+
+def test_resume_continues_an_unfinished_run_from_its_checkpoint_through_the_launcher(tmp_path, capsys):
+    """--resume: a run that saved a checkpoint but no result goes on from it (resume=, through the same launcher,
+    with the overrides a resume takes); a finished one is left alone."""
+    stage = tmp_path / "re train"
+    sweep = bench.Sweep(label="retrain", script="train.py", stage_dir=stage,
+                        overrides=("experiment=smoke", "logger=none", "epochs=1", "sweep.jobs_per_gpu=1"),
+                        key="genotype", values=("DARTS_V2", "POOR_POOL_SKIP"), names=("DARTS_V2", "POOR_POOL_SKIP"),
+                        subdir="${aso_se.stem:${genotype}}")
+    darts, poor = sweep.run_dirs()
+    assert bench.run_sweeps([sweep], "local_gpus", False, tmp_path / "logs") == [darts, poor]
+    capsys.readouterr()
+    finished_at = (poor / "metrics.json").stat().st_mtime_ns
+    (darts / "metrics.json").unlink()  # stopped after its last checkpoint, before its result
+    assert bench.run_sweeps([sweep], "local_gpus", True, tmp_path / "logs") == [darts, poor]
+    (command,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
+    assert "+sweep=local_gpus" in command and "sweep.jobs_per_gpu=1" in command and "experiment=smoke" not in command
+    assert f"resume='{darts}'" in command
+    assert (darts / "metrics.json").is_file() and (poor / "metrics.json").stat().st_mtime_ns == finished_at
+    assert "resumed from" in (darts / "train.log").read_text()
+    # a run without a checkpoint is redone from scratch: test_search_vs_random's resume test (slow)

@@ -147,6 +147,7 @@ def test_resume_reuses_finished_runs_and_reruns_an_unfinished_one(smoke, tmp_pat
     shutil.copytree(smoke[0], out)
     unfinished = out / "retrain" / "random_1_seed0"
     (unfinished / "metrics.json").unlink()
+    shutil.rmtree(unfinished / "checkpoints")  # stopped before its first checkpoint: redone (test_common: resumed)
     kept = {path: path.stat().st_mtime_ns for path in out.glob("*/*/metrics.json") if path.parent != unfinished}
     search = out / "search" / "search_0" / "genotype.json"
     kept[search] = search.stat().st_mtime_ns
