@@ -190,52 +190,50 @@ def test_retrain_with_cuda_graph_and_a_capturable_adam():
     assert trainer.graphed_step.captures == 2 and losses[1] < losses[0], losses
 
 
-def test_retrain_with_a_fused_sgd_captures_once_and_matches_eager(deterministic_fp32):
-    """A fused SGD takes its learning rate from the device, so the whole run is one capture (the schedule and
-    the drop-path probability are filled in place); the losses and weights equal an eager run's."""
-    fused = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=3e-4, fused=True)
+FUSED_SGD = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=3e-4, fused=True)
+
+
+def fused_eager_and_graphed(precision):
+    """The same spiking network trained eagerly and in graphs with a fused SGD: (eager, graphed) trainers, fitted."""
     network = spiking_network(auxiliary=True)
     for conv in (m for m in network.modules() if isinstance(m, SparseConv2d)):
         conv.backend = "torch"
     twin = copy.deepcopy(network)
     train = random_batches([16] * 6 + [5], (1, 16, 16), 10, seed=2)
     test = random_batches([16] * 2, (1, 16, 16), 10, seed=3)
-    eager, graphed = retrainer(network, False, optimizer=fused), retrainer(twin, True, optimizer=fused)
+    eager = retrainer(network, False, optimizer=FUSED_SGD, precision=precision)
+    graphed = retrainer(twin, True, optimizer=FUSED_SGD, precision=precision)
     assert graphed.capture_once and not eager.capture_once
     fit(eager, train, test)
     fit(graphed, train, test)
+    return eager, graphed
+
+
+def assert_graphed_follows_eager(eager, graphed, rel, abs_loss):
+    for record_eager, record_graphed in zip(eager.history, graphed.history):
+        for key in ("train_loss", "test_loss"):
+            assert record_graphed[key] == pytest.approx(record_eager[key], rel=rel, abs=abs_loss), key
+    for (name, eager_param), graphed_param in zip(eager.network.named_parameters(), graphed.network.parameters()):
+        assert torch.isfinite(graphed_param).all(), name
+        error = ((graphed_param - eager_param).norm() / eager_param.norm().clamp_min(1e-12)).item()
+        assert error < rel, (name, error)
+
+
+def test_retrain_with_a_fused_sgd_captures_once_and_matches_eager(deterministic_fp32):
+    """A fused SGD takes its learning rate from the device, so the whole run is one capture (the schedule and
+    the drop-path probability are filled in place); the losses and weights equal an eager run's."""
+    eager, graphed = fused_eager_and_graphed("fp32")
     step = graphed.graphed_step
     assert (step.captures, step.replays, step.eager_steps) == (1, 3 + 6, 3 + 1 + 1)
     assert [float(lr) for lr in graphed.scheduler.get_last_lr()] == pytest.approx(eager.scheduler.get_last_lr())
-    for record_eager, record_graphed in zip(eager.history, graphed.history):
-        for key in ("train_loss", "test_loss"):
-            assert record_graphed[key] == pytest.approx(record_eager[key], rel=1e-3, abs=1e-6), key
-    for (name, eager_param), graphed_param in zip(network.named_parameters(), twin.parameters()):
-        error = ((graphed_param - eager_param).norm() / eager_param.norm().clamp_min(1e-12)).item()
-        assert error < 1e-3, (name, error)
+    assert_graphed_follows_eager(eager, graphed, rel=1e-3, abs_loss=1e-6)
 
 
 def test_fp16_with_loss_scaling_captures_once_and_matches_eager(deterministic_fp32):
     """fp16 autocast with a GradScaler in the graphs: the inf check, the skipped step and the scale update run on
     the device; losses, the final scale and the weights follow an eager run's (fp16 tolerances). The first steps
     start at the scaler's 65,536 and may overflow, which both runs must skip alike."""
-    fused = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=3e-4, fused=True)
-    network = spiking_network(auxiliary=True)
-    for conv in (m for m in network.modules() if isinstance(m, SparseConv2d)):
-        conv.backend = "torch"
-    twin = copy.deepcopy(network)
-    train = random_batches([16] * 6 + [5], (1, 16, 16), 10, seed=2)
-    test = random_batches([16] * 2, (1, 16, 16), 10, seed=3)
-    eager = retrainer(network, False, optimizer=fused, precision="fp16")
-    graphed = retrainer(twin, True, optimizer=fused, precision="fp16")
-    fit(eager, train, test)
-    fit(graphed, train, test)
+    eager, graphed = fused_eager_and_graphed("fp16")
     assert graphed.graphed_step.captures == 1
     assert graphed.scaler.get_scale() == eager.scaler.get_scale()
-    for record_eager, record_graphed in zip(eager.history, graphed.history):
-        for key in ("train_loss", "test_loss"):
-            assert record_graphed[key] == pytest.approx(record_eager[key], rel=2e-2, abs=1e-4), key
-    for (name, eager_param), graphed_param in zip(network.named_parameters(), twin.parameters()):
-        assert torch.isfinite(graphed_param).all(), name
-        error = ((graphed_param - eager_param).norm() / eager_param.norm().clamp_min(1e-12)).item()
-        assert error < 2e-2, (name, error)
+    assert_graphed_follows_eager(eager, graphed, rel=2e-2, abs_loss=1e-4)
