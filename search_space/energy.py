@@ -92,10 +92,10 @@ def single_spike_entries(x: Tensor) -> Tensor | None:
     nonzero = magnitudes[magnitudes != 0]
     if nonzero.numel() == 0:
         return None
-    multiples = nonzero / nonzero.min()
+    multiples = magnitudes / nonzero.min()  # zeros stay 0: whole multiples too
     if not torch.allclose(multiples, multiples.round(), rtol=0.0, atol=1e-3):
         return None
-    return (magnitudes != 0) & ((magnitudes / nonzero.min()).round() == 1)
+    return multiples.round() == 1
 
 
 def _reached(module: nn.Module, x: Tensor) -> float:

@@ -77,13 +77,9 @@ def test_the_scale_is_checkpointed_and_restored():
     assert all(torch.equal(a, b) for a, b in zip(weights(trainer), weights(resumed)))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuda_graph=true needs a CUDA device")
 def test_fp16_in_a_cuda_graph_needs_a_fused_optimizer():
-    if not torch.cuda.is_available():  # the check comes before any capture, but cuda_graph needs a CUDA device
-        with pytest.raises(UserInputError, match="needs a CUDA device"):
-            Retrainer(torch.nn.Linear(2, 2), optimizer=torch.optim.SGD, scheduler=lambda o: None, epochs=1,
-                      auxiliary_weight=0.0, drop_path_prob=0.0, grad_clip=1.0, precision="fp16",
-                      ctx=DistributedContext(torch.device("cpu")), log_every_n_steps=1, cuda_graph=True)
-        return
     plain = functools.partial(torch.optim.SGD, lr=0.1)
     with pytest.raises(UserInputError, match="fp16 with cuda_graph=true needs a fused optimizer"):
         Retrainer(torch.nn.Linear(2, 2), optimizer=plain, scheduler=lambda o: None, epochs=1, auxiliary_weight=0.0,
