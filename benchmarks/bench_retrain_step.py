@@ -16,6 +16,7 @@ import argparse
 import collections
 import datetime
 import functools
+import gc
 import re
 import statistics
 import time
@@ -123,7 +124,7 @@ def profile_row(trainer, row, device, steps=3):
     for label, us in sorted(by_class.items(), key=lambda item: -item[1]):
         print(f"| {label} | {us / 1e3:.2f} | {us / max(total, 1e-9):.0%} | {counts[label]} |")
     print("\ntop kernels:")
-    for name, us in sorted(top.items(), key=lambda item: -item[1])[:15]:
+    for name, us in sorted(top.items(), key=lambda item: -item[1])[:25]:
         print(f"  {us / 1e3:7.2f} ms  {name}")
 
 
@@ -193,14 +194,13 @@ def main() -> None:
         trainer, seconds, memory, loss = time_row(args, row, device)
         print(f"| {row[0]} | {row[1]} | {row[2]} | {seconds * 1e3:.1f} | {row[0] / seconds:,.0f} | {memory:.1f} | "
               f"{loss:.3f} |", flush=True)
-        if first is None:
-            first = (trainer, row)
+        first = first or row
         del trainer
+        gc.collect()  # a trainer's graph and its memory pool sit in reference cycles
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    if args.profile and first is not None:
-        trainer, row = first
-        profile_row(make_trainer(args, row, device), row, device)
+    if args.profile and first is not None:  # a fresh trainer: the rows' graph pools are freed by now
+        profile_row(make_trainer(args, first, device), first, device)
     if args.data:
         loader_rates(args, device)
 

@@ -12,9 +12,10 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from kernels.drop_path_sum import drop_path_sum
 from search_space.genotypes import Genotype
 from search_space.grad_layout import grad_in_input_layout
-from search_space.multistep import drop_path
+from search_space.multistep import drop_path_scale
 from search_space.neurons import NeuronFactoryFn
 from search_space.ops import OPS, FactorizedReduce, NeuronConvBN
 
@@ -97,15 +98,17 @@ class Cell(nn.Module):
         # Each state's gradient sums a slice of the concatenation's with its readers': keep it in the state's layout.
         states = [grad_in_input_layout(self.preprocess0(s0)), grad_in_input_layout(self.preprocess1(s1))]
         for node in range(len(self._ops) // 2):
-            node_sum = self._edge(2 * node, states, drop_prob) + self._edge(2 * node + 1, states, drop_prob)
-            states.append(grad_in_input_layout(node_sum))
+            (a, scale_a), (b, scale_b) = (self._edge(edge, states, drop_prob) for edge in (2 * node, 2 * node + 1))
+            states.append(grad_in_input_layout(drop_path_sum(a, b, scale_a, scale_b, self.timesteps)))
         return torch.cat([states[index] for index in self._concat], dim=1)
 
-    def _edge(self, edge: int, states: list[torch.Tensor], drop_prob: float | torch.Tensor) -> torch.Tensor:
+    def _edge(self, edge: int, states: list[torch.Tensor], drop_prob: float | torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The edge's op output and its drop-path scale per sample (None: not dropped)."""
         op = self._ops[edge]
         h = op(states[self._indices[edge]])
         # A tensor probability lives on the device (a CUDA graph replays it with each epoch's value): always drawn.
         drawn = isinstance(drop_prob, torch.Tensor) or drop_prob > 0.0
         if self.training and drawn and not isinstance(op, nn.Identity):
-            h = drop_path(h, drop_prob, self.timesteps)
-        return h
+            return h, drop_path_scale(h, drop_prob, self.timesteps)
+        return h, None

@@ -17,17 +17,15 @@ def mean_over_time(x: torch.Tensor, timesteps: int) -> torch.Tensor:
     return x.unflatten(0, (timesteps, -1)).mean(0)
 
 
-def drop_path(x: torch.Tensor, drop_prob: float | torch.Tensor, timesteps: int) -> torch.Tensor:
-    """DARTS's drop-path: drop a sample's path with probability ``drop_prob``, scale the rest by 1/keep.
+def drop_path_scale(x: torch.Tensor, drop_prob: float | torch.Tensor, timesteps: int) -> torch.Tensor:
+    """DARTS's drop-path as a per-sample scale of ``x`` ([T*B, ...]): 0 with probability ``drop_prob``, else 1/keep.
 
-    One draw per sample, shared by its T steps (with T = 1 exactly DARTS's ``utils.drop_path``,
-    which is in place; this one is not, so the input stays usable by autograd).
+    One fp32 draw per sample, shared by its T steps (with T = 1 DARTS's ``utils.drop_path``); the caller
+    applies it (kernels/drop_path_sum: a node's two edges scaled and summed in one pass).
     """
     keep_prob = 1.0 - drop_prob
-    samples = x.unflatten(0, (timesteps, -1))
-    mask = samples.new_empty(1, samples.shape[1], *([1] * (x.dim() - 1))).bernoulli_(keep_prob)
-    # the 1/keep scale folded into the per-sample mask: one pass over the activations each way, not two
-    return (samples * (mask / keep_prob)).flatten(0, 1)
+    mask = torch.empty(x.shape[0] // timesteps, dtype=torch.float32, device=x.device).bernoulli_(keep_prob)
+    return mask / keep_prob
 
 
 class Stem(nn.Sequential):

@@ -19,6 +19,11 @@ from kernels.partial_sums import partials_and_counter, store_partial_and_total
 
 BLOCK = 1024
 NUM_WARPS = 4
+# The backward's programs each count themselves on one atomic and store a partial of θ's gradient, which the
+# last program sums alone: 4x larger programs do a quarter of both (the full-size retrain's largest maps have
+# 38 M elements).
+BWD_BLOCK = 4096
+BWD_NUM_WARPS = 8
 _ALIGN = 16  # Triton specializes pointers on their alignment to this many bytes
 
 
@@ -65,8 +70,8 @@ _FWD_HANDLES: dict[Hashable, Handle] = {}
 _BWD_HANDLES: dict[Hashable, Handle] = {}
 
 
-def _num_programs(n: int) -> int:
-    return -(-n // BLOCK)
+def _num_programs(n: int, block: int = BLOCK) -> int:
+    return -(-n // block)
 
 
 def _device_index(x: Tensor) -> int | None:
@@ -98,7 +103,7 @@ def quantize_bwd(
     n = x.numel()
     if n == 0:
         return grad_x, torch.zeros_like(theta) if grad_theta else None
-    num_programs = _num_programs(n)
+    num_programs = _num_programs(n, BWD_BLOCK)
     device_index = _device_index(x)
     partials = counter = theta_grad = None
     if grad_theta:
@@ -111,7 +116,7 @@ def quantize_bwd(
         key = (x.dtype, grad.dtype, theta.dtype, n, neg_min, pos_max, grad_theta,
                *(None if p is None else p % _ALIGN for p in pointers))
     launch(_quantize_bwd_kernel, _BWD_HANDLES, key, device_index, num_programs, tensors, pointers,
-           (n, float(theta_scale), neg_min, pos_max, grad_theta, BLOCK), NUM_WARPS)
+           (n, float(theta_scale), neg_min, pos_max, grad_theta, BWD_BLOCK), BWD_NUM_WARPS)
     return grad_x, theta_grad
 
 
@@ -148,11 +153,11 @@ def native_spec_for(x: Tensor, theta: Tensor, neg_min: int, pos_max: int, theta_
     bwds = [_BWD_HANDLES.get(_usual_bwd_key(x, theta, neg_min, pos_max, grad_theta)) for grad_theta in (False, True)]
     if n == 0 or fwd is None or bwds == [None, None]:
         return None
-    num_programs = _num_programs(n)
+    num_programs, bwd_programs = _num_programs(n), _num_programs(n, BWD_BLOCK)
 
     def bwd_kernel(handle: Handle, grad_theta: bool) -> native_spec.NativeKernel:
-        arguments = (0,) * 7 + (n, float(theta_scale), neg_min, pos_max, grad_theta, BLOCK)
-        return native_spec.native_kernel(handle[3], num_programs, arguments, _BWD_ROLES)
+        arguments = (0,) * 7 + (n, float(theta_scale), neg_min, pos_max, grad_theta, BWD_BLOCK)
+        return native_spec.native_kernel(handle[3], bwd_programs, arguments, _BWD_ROLES)
 
     made: list[native_spec.NativeSpec] = []
 
@@ -167,7 +172,7 @@ def native_spec_for(x: Tensor, theta: Tensor, neg_min: int, pos_max: int, theta_
 
     try:
         forward = native_spec.native_kernel(fwd[3], num_programs, (0, 0, 0, n, neg_min, pos_max, BLOCK), _FWD_ROLES)
-        spec = native_spec.new_spec(x, theta, num_programs, forward, python_backward)
+        spec = native_spec.new_spec(x, theta, bwd_programs, forward, python_backward)
         if spec is None:  # still building
             return None
         made.append(spec)

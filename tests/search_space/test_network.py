@@ -9,10 +9,11 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
 
+from kernels.drop_path_sum import drop_path_sum
 from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts
 from search_space.errors import UserInputError
 from search_space.genotypes import GENOTYPES
-from search_space.multistep import Stem, drop_path
+from search_space.multistep import Stem, drop_path_scale
 from search_space.network import build_network
 from search_space.neurons import NEURON_KINDS, NeuronFactory, firing_rates
 
@@ -190,7 +191,9 @@ def test_stem_direct_encoding_equals_running_it_on_t_copies():
 def test_drop_path_drops_whole_samples_over_all_steps():
     torch.manual_seed(0)
     timesteps, batch = 3, 64
-    out = drop_path(torch.ones(timesteps * batch, 2, 2, 2), 0.25, timesteps).view(timesteps, batch, -1)
+    ones = torch.ones(timesteps * batch, 2, 2, 2)
+    scale = drop_path_scale(ones, 0.25, timesteps)
+    out = drop_path_sum(ones, torch.zeros_like(ones), scale, None, timesteps).view(timesteps, batch, -1)
     per_sample = out[0, :, 0]
     assert torch.equal(out, per_sample.view(1, batch, 1).expand_as(out))  # one draw per sample, all steps
     assert ((per_sample == 0) | torch.isclose(per_sample, torch.tensor(1 / 0.75))).all()
@@ -208,8 +211,10 @@ def test_drop_path_only_in_training_and_not_on_identity():
     states = [torch.randn(4, 4, 8, 8) for _ in range(2)]
     cell.train()
     identity_edge = next(i for i, op in enumerate(cell._ops) if isinstance(op, nn.Identity))
-    h = cell._edge(identity_edge, states, drop_prob=0.9)
-    assert h is states[cell._indices[identity_edge]]
+    h, scale = cell._edge(identity_edge, states, drop_prob=0.9)
+    assert h is states[cell._indices[identity_edge]] and scale is None
+    conv_edge = next(i for i, op in enumerate(cell._ops) if not isinstance(op, nn.Identity))
+    assert cell._edge(conv_edge, states, drop_prob=0.9)[1].shape == (4,)  # one scale per sample
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,129 @@
+"""The drop-path node sum's Triton kernels (under TRITON_INTERPRET=1 on CPU) against the torch reference:
+outputs and both terms' gradients, on random inputs of odd sizes, T = 1 and T > 1, every dtype, both layouts."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.drop_path_sum import drop_path_sum, drop_path_sum_reference
+from kernels.drop_path_sum import triton as kernels
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# One rounding of an fp32 sum on both sides; the interpreter rounds fp32 -> bf16 by truncation: 1 ulp apart.
+TOL = {torch.float32: (1e-6, 1e-6), torch.float16: (1e-3, 1e-3), torch.bfloat16: (2**-7, 1e-2)}
+SHAPES = [(1, 1, 1, 1), (3, 5, 7, 3), (6, 3, 9, 11), (4, 17, 13, 13)]  # the last spans two programs
+
+
+def terms(shape, dtype, channels_last, seed):
+    gen = torch.Generator().manual_seed(seed)
+    a, b = (torch.randn(shape, generator=gen).to(dtype) for _ in range(2))
+    if channels_last:
+        a, b = (t.contiguous(memory_format=torch.channels_last) for t in (a, b))
+    return a, b
+
+
+def scales(batch, which, seed):
+    """Per-sample drop-path scales (0 or 1/keep, both present) for the terms named in ``which``."""
+    gen = torch.Generator().manual_seed(seed)
+    made = []
+    for term in "ab":
+        scale = None
+        if term in which:
+            scale = (torch.rand(batch, generator=gen) < 0.6).float() / 0.6
+            scale[0] = 1 / 0.6
+        made.append(scale)
+    return made
+
+
+def run(backend, a, b, scale_a, scale_b, timesteps, grad):
+    a, b = a.clone().requires_grad_(), b.clone().requires_grad_()
+    if backend == "reference":
+        out = drop_path_sum_reference(a, b, scale_a, scale_b, timesteps)
+    else:
+        out = drop_path_sum(a, b, scale_a, scale_b, timesteps, backend=backend)
+    out.backward(grad)
+    return out.detach(), a.grad, b.grad
+
+
+@pytest.mark.parametrize("which", ["ab", "a", "b"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
+@pytest.mark.parametrize("timesteps", [1, 3])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_triton_equals_reference(shape, dtype, timesteps, channels_last, which):
+    shape = (shape[0] * timesteps, *shape[1:])
+    a, b = terms(shape, dtype, channels_last, seed=sum(shape))
+    scale_a, scale_b = scales(shape[0] // timesteps, which, seed=timesteps)
+    grad = torch.randn(shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    got = run("triton", a, b, scale_a, scale_b, timesteps, grad)
+    want = run("reference", a, b, scale_a, scale_b, timesteps, grad)
+    rtol, atol = TOL[dtype]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
+    assert got[0].stride() == a.stride() and got[1].stride() == a.stride()  # the terms' layout kept
+
+
+def test_torch_path_equals_reference_and_drops_whole_samples():
+    timesteps, batch = 2, 5
+    a, b = terms((timesteps * batch, 3, 4, 4), torch.float32, True, seed=0)
+    scale_a, scale_b = scales(batch, "ab", seed=1)
+    grad = torch.randn_like(a)
+    torch_path = run("torch", a, b, scale_a, scale_b, timesteps, grad)
+    for g, w in zip(torch_path, run("reference", a, b, scale_a, scale_b, timesteps, grad)):
+        torch.testing.assert_close(g, w)
+    dropped = (scale_a == 0).repeat(timesteps)
+    assert dropped.any() and torch.equal(torch_path[1][dropped], torch.zeros_like(torch_path[1][dropped]))
+
+
+def test_gradient_in_another_layout_is_read_in_the_terms_layout():
+    a, b = terms((4, 3, 5, 5), torch.float32, True, seed=3)
+    scale_a, scale_b = scales(4, "ab", seed=4)
+    grad = torch.randn(4, 3, 5, 5)  # contiguous, the terms channels_last
+    got = run("triton", a, b, scale_a, scale_b, 1, grad)
+    for g, w in zip(got, run("reference", a, b, scale_a, scale_b, 1, grad)):
+        torch.testing.assert_close(g, w)
+
+
+def test_unscaled_terms_are_a_plain_sum():
+    a, b = terms((2, 3, 4, 4), torch.float32, False, seed=5)
+    torch.testing.assert_close(drop_path_sum(a, b, None, None), a + b)
+
+
+def test_triton_refuses_terms_of_two_layouts_with_the_fix():
+    a, b = terms((2, 3, 4, 4), torch.float32, False, seed=6)
+    with pytest.raises(ValueError, match="one shape, dtype and dense layout.*backend='torch'"):
+        drop_path_sum(a, b.contiguous(memory_format=torch.channels_last), *scales(2, "ab", 0), backend="triton")
+    with pytest.raises(ValueError, match=r"scales of shape \[B\]"):
+        drop_path_sum(a, b, torch.ones(3), None, backend="triton")
+
+
+def test_two_programs_cover_the_shapes():
+    assert 4 * 17 * 13 * 13 > kernels.BLOCK
+
+
+
+COMPILE_FOR_HOPPER = """
+from triton import compile
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernels.drop_path_sum import triton as kernels
+pointers = {"fwd": ["*fp16", "*fp16", "*fp32", "*fp32", "*fp16"], "bwd": ["*fp16", "*fp32", "*fp32", "*fp16", "*fp16"]}
+for kind, fn in (("fwd", kernels._drop_path_sum_fwd_kernel), ("bwd", kernels._drop_path_sum_bwd_kernel)):
+    signature = dict(zip(fn.arg_names, pointers[kind] + ["i32"] * 3 + ["constexpr"] * 3))
+    for scaled in ((True, True), (True, False), (False, True)):
+        constexprs = {"SCALED_A": scaled[0], "SCALED_B": scaled[1], "BLOCK": kernels.BLOCK}
+        compile(ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+"""
+
+
+def test_kernels_compile_for_a_hopper_gpu():
+    """The interpreter runs Python, not Triton's compiler: compile every variant for sm_90 (no GPU needed, a
+    process without TRITON_INTERPRET), which refuses what the interpreter let through once (a constexpr branch
+    returning a scalar where the other returned a block)."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2], timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

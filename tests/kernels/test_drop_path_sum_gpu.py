@@ -1,0 +1,44 @@
+"""The drop-path node sum's kernels on a GPU: against the torch reference, and captured in a CUDA graph
+(``pytest -m gpu``)."""
+import pytest
+import torch
+
+from kernels.drop_path_sum import drop_path_sum
+from tests.kernels.test_drop_path_sum import DTYPES, TOL, run, scales, terms
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
+@pytest.mark.parametrize("timesteps", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cuda_equals_reference(dtype, timesteps, channels_last):
+    shape = (96 * timesteps, 36, 31, 33)
+    a, b = (t.cuda() for t in terms(shape, dtype, channels_last, seed=7))
+    scale_a, scale_b = (s.cuda() for s in scales(96, "ab", seed=8))
+    grad = torch.randn(shape, device="cuda").to(dtype)
+    got = run("auto", a, b, scale_a, scale_b, timesteps, grad)
+    want = run("reference", a, b, scale_a, scale_b, timesteps, grad)
+    rtol, atol = TOL[dtype]  # fp32: the GPU contracts a·s_a + b·s_b into an FMA (1 ulp from the reference)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
+
+
+def test_graph_replay_equals_eager():
+    a, b = (t.cuda() for t in terms((8, 16, 9, 9), torch.float16, True, seed=9))
+    scale_a, scale_b = (s.cuda() for s in scales(8, "ab", seed=10))
+    eager = drop_path_sum(a, b, scale_a, scale_b)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        drop_path_sum(a, b, scale_a, scale_b)  # the first launch compiles outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = drop_path_sum(a, b, scale_a, scale_b)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
