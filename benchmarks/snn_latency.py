@@ -9,7 +9,8 @@ SNN equals the QANN) and the energy per image at T = min(8, silence) and at sile
 search_space/energy.py's three conventions: dense MACs for any multi-bit input (graded spikes, a depthwise
 conv's output); MACs over its non-zero entries only (skip_zero_macs); and that with a graded input's
 one-spike entries as accumulates (unit_spikes_as_sops). ``--relu-run`` adds the ReLU network's accuracy and
-energy on all three. Writes <out>/snn_latency.json and .md.
+energy on all three. Writes <out>/snn_latency.json and .md, the accuracy against T as a picture
+(snn_latency.png) and as TensorBoard scalars (<out>/tb: ``snn_latency/accuracy_m<m>`` at step T).
 """
 from __future__ import annotations
 
@@ -113,6 +114,45 @@ def table(rows: list[dict[str, Any]], relu: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def accuracy_curve(row: dict[str, Any]) -> tuple[list[int], list[float]]:
+    """A row's T values and its accuracies there, in %."""
+    steps = sorted(int(t) for t in row["accuracy_at"])
+    return steps, [100 * row["accuracy_at"][str(t)] for t in steps]
+
+
+def write_tensorboard(out: Path, rows: list[dict[str, Any]], relu: dict[str, Any] | None) -> None:
+    """Accuracy against T per spikes-per-step m, beside the QANN's (and the ReLU network's) as flat lines."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(out / "tb")) as writer:
+        for row in rows:
+            for t, accuracy in zip(*accuracy_curve(row)):
+                writer.add_scalar(f"snn_latency/accuracy_m{row['spikes_per_step']}", accuracy, t)
+                writer.add_scalar("snn_latency/qann_accuracy", 100 * row["qann_accuracy"], t)
+                if relu is not None:
+                    writer.add_scalar("snn_latency/relu_accuracy", 100 * relu["test_acc"], t)
+
+
+def plot(path: Path, rows: list[dict[str, Any]], relu: dict[str, Any] | None, title: str) -> None:
+    """Accuracy (%) against T (log2), one line per spikes-per-step, the QANN and ReLU accuracies dashed."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(5, 3.4))
+    axes = figure.add_subplot()
+    for row in rows:
+        axes.plot(*accuracy_curve(row), marker="o", label=f"{row['spikes_per_step']} spike(s) per step")
+    axes.axhline(100 * rows[0]["qann_accuracy"], color="black", linestyle="--", linewidth=1, label="QANN")
+    if relu is not None:
+        axes.axhline(100 * relu["test_acc"], color="grey", linestyle=":", linewidth=1, label="ReLU ANN")
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("time steps T")
+    axes.set_ylabel("test accuracy (%)")
+    axes.set_title(title, fontsize=9)
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", type=Path, required=True, help="a train.py run dir of a neuron=st_bif_qann run")
@@ -145,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
               "torch": torch.__version__, "rows": rows, "relu": relu}
     (out / "snn_latency.json").write_text(json.dumps(report, indent=2))
     (out / "snn_latency.md").write_text(table(rows, relu) + "\n")
+    write_tensorboard(out, rows, relu)
+    plot(out / "snn_latency.png", rows, relu, f"{args.run.name}: SNN accuracy against time steps")
     print(table(rows, relu))
     return 0
 

@@ -49,6 +49,16 @@ def test_graded_spikes_reach_the_same_accuracy_in_fewer_steps(qann_run, relu_run
     stdout = capsys.readouterr().out.splitlines()
     assert stdout[2].startswith("| 1 |") and stdout[-1].startswith("ReLU network")
     assert (out / "snn_latency.md").read_text().startswith("| spikes per step |")
+    assert (out / "snn_latency.png").stat().st_size > 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tb"))
+    events.Reload()
+    curve = events.Scalars("snn_latency/accuracy_m1")
+    assert [e.step for e in curve] == sorted(int(t) for t in binary["accuracy_at"])
+    assert curve[-1].value == pytest.approx(100 * binary["snn_accuracy"])
+    assert {"snn_latency/accuracy_m15", "snn_latency/qann_accuracy", "snn_latency/relu_accuracy"} <= set(
+        events.Tags()["scalars"])
 
 
 def test_bad_input_is_refused(qann_run, relu_run, tmp_path, capsys):
