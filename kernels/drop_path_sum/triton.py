@@ -28,11 +28,16 @@ def _scaled(x, scale_ptr, sample, mask, SCALED: tl.constexpr):
 
 
 @triton.jit
+def _block(n, row_size, batch, BLOCK: tl.constexpr):
+    """This program's flat offsets, their mask, and each one's sample: (offset // elements per row) % B."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return offs, offs < n, (offs // row_size) % batch
+
+
+@triton.jit
 def _drop_path_sum_fwd_kernel(a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, out_ptr, n, row_size, batch,
                               SCALED_A: tl.constexpr, SCALED_B: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    sample = (offs // row_size) % batch
+    offs, mask, sample = _block(n, row_size, batch, BLOCK)
     a = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     total = _scaled(a, scale_a_ptr, sample, mask, SCALED_A) + _scaled(b, scale_b_ptr, sample, mask, SCALED_B)
@@ -42,9 +47,7 @@ def _drop_path_sum_fwd_kernel(a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, out_ptr, n
 @triton.jit
 def _drop_path_sum_bwd_kernel(g_ptr, scale_a_ptr, scale_b_ptr, grad_a_ptr, grad_b_ptr, n, row_size, batch,
                               SCALED_A: tl.constexpr, SCALED_B: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    sample = (offs // row_size) % batch
+    offs, mask, sample = _block(n, row_size, batch, BLOCK)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if SCALED_A:
         tl.store(grad_a_ptr + offs, _scaled(g, scale_a_ptr, sample, mask, True).to(grad_a_ptr.dtype.element_ty),
