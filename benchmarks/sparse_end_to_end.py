@@ -144,8 +144,13 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# What the benchmark sets for every run (a genotype= or seed= of the user's is taken as given).
+RESERVED_KEYS = ("resume", "cuda_graph", "model.network.conv_backend")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    overrides = (*(SMOKE if args.smoke else ()), *check_overrides(args.overrides))
+    overrides = (*(SMOKE if args.smoke else ()),
+                 *check_overrides(args.overrides, RESERVED_KEYS, "steps: --modes; convs: both arms run"))
     if not any(override.startswith("genotype=") for override in overrides):
         overrides = ("genotype=DARTS_V2", *overrides)
     compose_config("train", (*overrides, "model.network.conv_backend=auto"), args.launcher)  # refused first

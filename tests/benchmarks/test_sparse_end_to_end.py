@@ -50,3 +50,12 @@ def test_bad_input_is_one_line(tmp_path, capsys):
                                                "pass a new directory or --resume")
     with pytest.raises(SystemExit):
         bench.parse_args(["--out", str(tmp_path / "o"), "--modes", "fast"])
+    assert bench.main(["--out", str(tmp_path / "o"), "--smoke", "--modes", "eager", "cuda_graph=true"]) == 2
+    assert "sets cuda_graph, which the benchmark sets for every run; drop it (steps: --modes" in capsys.readouterr().err
+
+
+def test_a_genotype_of_the_users_is_planned_for_every_arm(tmp_path):
+    overrides = bench.check_overrides(["genotype=DARTS_V2_SPIKE_NATIVE", "seed=3"], bench.RESERVED_KEYS)
+    sweeps = bench.plan_sweeps(tmp_path, overrides, ["eager", "graphed"])
+    assert all("genotype=DARTS_V2_SPIKE_NATIVE" in sweep.overrides and "seed=3" in sweep.overrides
+               for sweep in sweeps)
