@@ -8,6 +8,7 @@ device pipeline (``data.augment_on_device``), images/s each. ``--profile`` adds 
 class (convs, norms, quantizer, pools, elementwise, ...) of the first row's eager step.
 
     python benchmarks/bench_retrain_step.py --data /tmp/cifar10 --rows 96:fp32:nchw,96:fp32:cl,256:bf16:cl
+    python benchmarks/bench_retrain_step.py --rows 1024:fp16:cl:torch,1024:fp16:cl   # node sums: PyTorch's, ours
     python benchmarks/bench_retrain_step.py --tiny      # CPU smoke run of the script itself
 """
 from __future__ import annotations
@@ -51,10 +52,12 @@ def kernel_class(name: str) -> str:
 
 
 def make_trainer(args, row, device):
-    batch, precision, layout = row
+    batch, precision, layout, sum_backend = row
     torch.manual_seed(0)
     network = build_network(args.genotype, neuron=NeuronFactory(args.neuron, timesteps=1), channels=args.channels,
                             layers=args.layers, num_classes=10, auxiliary=True, conv_backend=args.conv_backend)
+    for cell in network.cells:
+        cell.drop_path_backend = sum_backend
     # fused on a GPU, as experiment=cifar10_qann_fast trains (and fp16 in a graph needs it)
     sgd = functools.partial(torch.optim.SGD, lr=0.025, momentum=0.9, weight_decay=3e-4, fused=device.type == "cuda")
     return Retrainer(network, optimizer=sgd,
@@ -119,7 +122,7 @@ def profile_row(trainer, row, device, steps=3):
         counts[label] += event.count // steps
         top[event.key[:90]] += gpu_us / steps
     total = sum(by_class.values())
-    print(f"\nGPU time per eager step by kernel class ({row[0]}:{row[1]}:{row[2]}), total {total / 1e3:.2f} ms")
+    print(f"\nGPU time per eager step by kernel class ({':'.join(map(str, row))}), total {total / 1e3:.2f} ms")
     print("| class | ms / step | share | kernels / step |\n|---|---:|---:|---:|")
     for label, us in sorted(by_class.items(), key=lambda item: -item[1]):
         print(f"| {label} | {us / 1e3:.2f} | {us / max(total, 1e-9):.0%} | {counts[label]} |")
@@ -158,7 +161,8 @@ def loader_rates(args, device):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="96:fp32:nchw,96:fp32:cl,256:fp32:cl,256:bf16:cl",
-                        help="batch:precision:layout, layout nchw or cl (channels_last)")
+                        help="batch:precision:layout[:sum], layout nchw or cl (channels_last); sum: the nodes' "
+                             "drop-path sums on auto (our kernel, the default) or torch (PyTorch's ops)")
     parser.add_argument("--genotype", default="DARTS_V2")
     parser.add_argument("--neuron", default="st_bif_qann")
     parser.add_argument("--layers", type=int, default=20)
@@ -178,21 +182,23 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.tiny:
-        args.layers, args.channels, args.rows = 3, 4, "4:fp32:nchw,4:fp32:cl"
+        args.layers, args.channels, args.rows = 3, 4, "4:fp32:nchw,4:fp32:cl:torch"
         args.warmup, args.steps, args.repeats, args.loader_batches = 1, 2, 1, 3
     torch.backends.cudnn.benchmark = True
-    rows = [(int(b), p, layout) for b, p, layout in (spec.split(":") for spec in args.rows.split(","))]
+    rows = [(int(b), p, layout, rest[0] if rest else "auto")
+            for b, p, layout, *rest in (spec.split(":") for spec in args.rows.split(","))]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"{datetime.date.today()} {name}, torch {torch.__version__}; {args.genotype} {args.layers}x{args.channels} "
           f"{args.neuron}, aux, drop-path, {'graph replay' if args.graph else 'eager'}, "
           f"conv_backend={args.conv_backend}{', torch.compile' if args.compile else ''}")
-    print("| batch | precision | layout | ms / step | images/s | peak GiB | loss |\n|---:|---|---|---:|---:|---:|---:|")
+    print("| batch | precision | layout | node sums | ms / step | images/s | peak GiB | loss |\n"
+          "|---:|---|---|---|---:|---:|---:|---:|")
     first = None
     for row in rows:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         trainer, seconds, memory, loss = time_row(args, row, device)
-        print(f"| {row[0]} | {row[1]} | {row[2]} | {seconds * 1e3:.1f} | {row[0] / seconds:,.0f} | {memory:.1f} | "
+        print(f"| {' | '.join(map(str, row))} | {seconds * 1e3:.1f} | {row[0] / seconds:,.0f} | {memory:.1f} | "
               f"{loss:.3f} |", flush=True)
         first = first or row
         del trainer

@@ -93,13 +93,15 @@ class Cell(nn.Module):
             OPS[name](layout.C, edge_stride(layout.reduction, index), True, neuron) for name, index in edges
         )
         self.multiplier = len(self._concat)
+        self.drop_path_backend = "auto"  # kernels/drop_path_sum's; "torch" for a benchmark's baseline row
 
     def forward(self, s0: torch.Tensor, s1: torch.Tensor, drop_prob: float | torch.Tensor) -> torch.Tensor:
         # Each state's gradient sums a slice of the concatenation's with its readers': keep it in the state's layout.
         states = [grad_in_input_layout(self.preprocess0(s0)), grad_in_input_layout(self.preprocess1(s1))]
         for node in range(len(self._ops) // 2):
             (a, scale_a), (b, scale_b) = (self._edge(edge, states, drop_prob) for edge in (2 * node, 2 * node + 1))
-            states.append(grad_in_input_layout(drop_path_sum(a, b, scale_a, scale_b, self.timesteps)))
+            node_sum = drop_path_sum(a, b, scale_a, scale_b, self.timesteps, backend=self.drop_path_backend)
+            states.append(grad_in_input_layout(node_sum))
         return torch.cat([states[index] for index in self._concat], dim=1)
 
     def _edge(self, edge: int, states: list[torch.Tensor], drop_prob: float | torch.Tensor

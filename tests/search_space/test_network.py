@@ -200,6 +200,27 @@ def test_drop_path_drops_whole_samples_over_all_steps():
     assert 0 < (per_sample == 0).sum() < batch
 
 
+@pytest.mark.parametrize("timesteps", [1, 2])
+def test_node_sums_on_the_triton_kernel_equal_pytorchs_ops(timesteps):
+    """A training step with drop-path through the cells' kernel (the interpreter) and through PyTorch's ops: the
+    same draws, outputs and gradients (the kernel rounds once in fp32; in fp32 that is PyTorch's result to 1e-6)."""
+    results = []
+    for backend in ("torch", "triton"):
+        torch.manual_seed(0)
+        net = tiny("DARTS_V2", "lif", timesteps).train()
+        net.drop_path_prob = 0.4
+        for cell in net.cells:
+            cell.drop_path_backend = backend
+        x = torch.randn(4, 3, 8, 8)
+        logits = net(x)[0]
+        logits.square().sum().backward()
+        results.append((logits.detach(), [p.grad for p in net.parameters()]))
+    (logits_torch, grads_torch), (logits_triton, grads_triton) = results
+    torch.testing.assert_close(logits_triton, logits_torch, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads_triton, grads_torch):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_drop_path_only_in_training_and_not_on_identity():
     net = tiny("DARTS_V1", "relu", 1, auxiliary=False)  # its normal cell has identity skips
     x = torch.randn(4, 3, 8, 8)
