@@ -1,9 +1,9 @@
 """Triton kernels of the quantizer (reference.py), one pass each way, and their launchers.
 
 Both treat x as a flat buffer (any dense layout: contiguous or channels_last) and give each program
-BLOCK elements. Forward: read x, write y. Backward: read x and grad, write grad_x and, when θ needs
-a gradient, θ's gradient: one fp32 partial per program, summed in the same launch in a fixed order
-(kernels/partial_sums.py: deterministic).
+BLOCK (forward) or BWD_BLOCK (backward) elements. Forward: read x, write y. Backward: read x and grad,
+write grad_x and, when θ needs a gradient, θ's gradient: one fp32 partial per program, summed in the
+same launch in a fixed order (kernels/partial_sums.py: deterministic).
 Launches after the first for a key skip `JITFunction.run` (kernels/launch.py).
 """
 from typing import Hashable
