@@ -135,7 +135,7 @@ def build_network(
     auxiliary: bool = False,
     timesteps: int | None = None,
     image_size: int = 32,
-    conv_backend: str = "auto",
+    conv_backend: str = "torch",
 ) -> RetrainNetwork:
     """The retrain network of ``genotype`` (a Genotype, a bundled name or a genotype JSON path).
 
@@ -143,8 +143,8 @@ def build_network(
     ``conf/neuron/<kind>.yaml`` instantiates). ``timesteps`` defaults to the factory's; a value that
     contradicts the factory's is an error. ``image_size`` (the input's height = width) sizes the
     auxiliary head's pooling and must be a multiple of 4 (two reductions through DARTS's FactorizedReduce).
-    ``conv_backend`` is every spike-reading conv's backend: "auto" (the sparse-conv dispatcher
-    decides per call) or "torch" (cuDNN only, e.g. to measure what the dispatcher buys).
+    ``conv_backend`` is every spike-reading conv's backend: "torch" (cuDNN only, the default: the sparse kernels
+    did not pay end to end, RESULTS.md) or "auto" (the sparse-conv dispatcher decides per call).
     """
     if not isinstance(genotype, Genotype):
         genotype = load_genotype(genotype)
