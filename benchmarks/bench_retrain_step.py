@@ -27,6 +27,8 @@ import torch
 from aso_se.data import CIFARData
 from aso_se.parallel.distributed import DistributedContext
 from aso_se.train.retrain import Retrainer
+from benchmarks.bench_quantizer import use_bwd_config
+from kernels.quantizer import triton as quantizer_triton
 from search_space.network import build_network
 from search_space.neurons import NeuronFactory
 
@@ -179,7 +181,11 @@ def main() -> None:
     parser.add_argument("--loader-batch", type=int, default=256)
     parser.add_argument("--loader-batches", type=int, default=60)
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: 3 cells x 4 channels, 2 steps")
+    parser.add_argument("--quantizer-bwd", metavar="BLOCK:WARPS",
+                        help="the quantizer backward's launch configuration in every row (bench_quantizer.py)")
     args = parser.parse_args()
+    if args.quantizer_bwd:
+        use_bwd_config(*map(int, args.quantizer_bwd.split(":")))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.tiny:
         args.layers, args.channels, args.rows = 3, 4, "4:fp32:nchw,4:fp32:cl:torch"
@@ -190,7 +196,8 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"{datetime.date.today()} {name}, torch {torch.__version__}; {args.genotype} {args.layers}x{args.channels} "
           f"{args.neuron}, aux, drop-path, {'graph replay' if args.graph else 'eager'}, "
-          f"conv_backend={args.conv_backend}{', torch.compile' if args.compile else ''}")
+          f"conv_backend={args.conv_backend}{', torch.compile' if args.compile else ''}, quantizer backward "
+          f"{quantizer_triton.BWD_BLOCK}:{quantizer_triton.BWD_NUM_WARPS}")
     print("| batch | precision | layout | node sums | ms / step | images/s | peak GiB | loss |\n"
           "|---:|---|---|---|---:|---:|---:|---:|")
     first = None

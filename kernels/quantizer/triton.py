@@ -58,12 +58,12 @@ def _quantize_bwd_kernel(x_ptr, grad_ptr, grad_x_ptr, theta_ptr, partials_ptr, c
     grad = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     v = _scaled(x, theta)
     inside = (v >= NEG_MIN - 0.5) & (v < POS_MAX + 0.5)
-    tl.store(grad_x_ptr + offs, tl.where(inside, grad, 0.0).to(grad_x_ptr.dtype.element_ty), mask=mask)
-    if GRAD_THETA:
+    if GRAD_THETA:  # before grad_x's store: the count's fence then waits for one partial, not the block's stores
         level = tl.minimum(tl.maximum(tl.floor(v + 0.5), NEG_MIN), POS_MAX)
         contribution = grad * tl.where(inside, level - v, level)
         partial = tl.sum(tl.where(mask, contribution, 0.0), axis=0) * theta_scale
         store_partial_and_total(partials_ptr, counter_ptr, grad_theta_ptr, partial)
+    tl.store(grad_x_ptr + offs, tl.where(inside, grad, 0.0).to(grad_x_ptr.dtype.element_ty), mask=mask)
 
 
 _FWD_HANDLES: dict[Hashable, Handle] = {}

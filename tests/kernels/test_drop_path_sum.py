@@ -1,15 +1,11 @@
 """The drop-path node sum's Triton kernels (under TRITON_INTERPRET=1 on CPU) against the torch reference:
 outputs and both terms' gradients, on random inputs of odd sizes, T = 1 and T > 1, every dtype, both layouts."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from kernels.drop_path_sum import drop_path_sum, drop_path_sum_reference
 from kernels.drop_path_sum import triton as kernels
+from tests.kernels.helpers import compile_for_hopper
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # One rounding of an fp32 sum on both sides; the interpreter rounds fp32 -> bf16 by truncation: 1 ulp apart.
@@ -123,7 +119,4 @@ def test_kernels_compile_for_a_hopper_gpu():
     """The interpreter runs Python, not Triton's compiler: compile every variant for sm_90 (no GPU needed, a
     process without TRITON_INTERPRET), which refuses what the interpreter let through once (a constexpr branch
     returning a scalar where the other returned a block)."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[2], timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    compile_for_hopper(COMPILE_FOR_HOPPER)

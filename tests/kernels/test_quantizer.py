@@ -4,6 +4,7 @@ import torch
 
 from kernels.quantizer import quantize
 from kernels.quantizer.reference import quantize_reference
+from tests.kernels.helpers import compile_for_hopper
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # The interpreter rounds fp32 -> bf16 by truncation, the GPU to nearest: 1 bf16 ulp apart.
@@ -99,3 +100,28 @@ def test_bad_backend_and_dtype():
         quantize(x, torch.tensor(1.0), 0, 7, backend="cuda")
     with pytest.raises(ValueError, match="float16/bfloat16/float32"):
         quantize(x.double(), torch.tensor(1.0), 0, 7, backend="triton")
+
+
+COMPILE_FOR_HOPPER = """
+from triton import compile
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernels.quantizer import triton as kernels
+target = GPUTarget("cuda", 90, 32)
+fwd = kernels._quantize_fwd_kernel
+signature = dict(zip(fwd.arg_names, ["*fp16", "*fp16", "*fp32", "i32"] + ["constexpr"] * 3))
+constexprs = {"NEG_MIN": -8, "POS_MAX": 7, "BLOCK": kernels.BLOCK}
+compile(ASTSource(fwd, signature, constexprs=constexprs), target=target)
+bwd = kernels._quantize_bwd_kernel
+pointers = ["*fp16", "*fp16", "*fp16", "*fp32", "*fp32", "*i32", "*fp32", "i32", "fp32"]
+signature = dict(zip(bwd.arg_names, pointers + ["constexpr"] * 4))
+for grad_theta in (True, False):
+    constexprs = {"NEG_MIN": -8, "POS_MAX": 7, "GRAD_THETA": grad_theta, "BLOCK": kernels.BWD_BLOCK}
+    compile(ASTSource(bwd, signature, constexprs=constexprs), target=target)
+"""
+
+
+def test_kernels_compile_for_a_hopper_gpu():
+    """The interpreter runs Python, not Triton's compiler: compile both kernels (and the backward with and without
+    θ's gradient) for sm_90 in a process without TRITON_INTERPRET, as a GPU would."""
+    compile_for_hopper(COMPILE_FOR_HOPPER)
