@@ -4,9 +4,9 @@ The calls are those of DARTS_V2 20 x 36 (aux head) as the ST-BIF QANN, at --batc
 shapes, found by a forward at batch 2 and scaled. GPU time per step (do_bench_cudagraph, no host time) of the
 forward, the backward with and without θ's gradient, beside the same bytes moved by PyTorch: a copy (read 1,
 write 1, as the forward) and an add (read 2, write 1, as the backward). --bwd-configs times the backward's
-launch configurations (BWD_BLOCK:BWD_NUM_WARPS), the first being the kernels' own.
+launch configurations (BWD_BLOCK:BWD_NUM_WARPS:BWD_PROGRAMS_PER_SM), the first being the kernels' own.
 
-    python benchmarks/bench_quantizer.py --bwd-configs 4096:8,4096:4,2048:4,8192:8
+    python benchmarks/bench_quantizer.py --bwd-configs 2048:4:16,4096:8:8,1024:4:16
 """
 from __future__ import annotations
 
@@ -47,8 +47,10 @@ def per_step_ms(shapes: collections.Counter, work, dtype: torch.dtype) -> float:
     return total
 
 
-def use_bwd_config(block: int, warps: int) -> None:
+def use_bwd_config(block: int, warps: int, programs_per_sm: int | None = None) -> None:
     qt.BWD_BLOCK, qt.BWD_NUM_WARPS = block, warps
+    if programs_per_sm is not None:
+        qt.BWD_PROGRAMS_PER_SM = programs_per_sm
     qt._BWD_HANDLES.clear()  # launch handles are kept per key, which does not name the block
 
 
@@ -56,8 +58,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
-    parser.add_argument("--bwd-configs", default=f"{qt.BWD_BLOCK}:{qt.BWD_NUM_WARPS}",
-                        help="BWD_BLOCK:BWD_NUM_WARPS,... (the first is the kernels' own)")
+    parser.add_argument("--bwd-configs", default=f"{qt.BWD_BLOCK}:{qt.BWD_NUM_WARPS}:{qt.BWD_PROGRAMS_PER_SM}",
+                        help="BWD_BLOCK:BWD_NUM_WARPS:BWD_PROGRAMS_PER_SM,... (the first is the kernels' own)")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     shapes = step_shapes(args.batch)
@@ -72,11 +74,10 @@ def main() -> None:
     print(f"| PyTorch copy (read 1, write 1) | {copy:.2f} ms | {2 * size * elements / copy / 1e9:.2f} TB/s |")
     print(f"| PyTorch add (read 2, write 1) | {add:.2f} ms | {3 * size * elements / add / 1e9:.2f} TB/s |")
     print(f"| forward | {fwd:.2f} ms | {2 * size * elements / fwd / 1e9:.2f} TB/s | {fwd / copy:.2f}x the copy |")
-    print("| backward BWD_BLOCK:warps | with θ's gradient | TB/s | / add | without θ's gradient | / add |\n"
+    print("| backward BWD_BLOCK:warps:programs per SM | with θ's gradient | TB/s | / add | without θ's gradient | / add |\n"
           "|---|---:|---:|---:|---:|---:|")
     for config in args.bwd_configs.split(","):
-        block, warps = map(int, config.split(":"))
-        use_bwd_config(block, warps)
+        use_bwd_config(*map(int, config.split(":")))
         with_theta = per_step_ms(shapes, lambda x, g, t: qt.quantize_bwd(g, x, t, -8, 7, True), dtype)
         without = per_step_ms(shapes, lambda x, g, t: qt.quantize_bwd(g, x, t, -8, 7, False), dtype)
         print(f"| {config} | {with_theta:.2f} ms | {3 * size * elements / with_theta / 1e9:.2f} | "

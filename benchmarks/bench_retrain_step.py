@@ -181,7 +181,7 @@ def main() -> None:
     parser.add_argument("--loader-batch", type=int, default=256)
     parser.add_argument("--loader-batches", type=int, default=60)
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: 3 cells x 4 channels, 2 steps")
-    parser.add_argument("--quantizer-bwd", metavar="BLOCK:WARPS",
+    parser.add_argument("--quantizer-bwd", metavar="BLOCK:WARPS:PROGRAMS_PER_SM",
                         help="the quantizer backward's launch configuration in every row (bench_quantizer.py)")
     args = parser.parse_args()
     if args.quantizer_bwd:
@@ -197,7 +197,7 @@ def main() -> None:
     print(f"{datetime.date.today()} {name}, torch {torch.__version__}; {args.genotype} {args.layers}x{args.channels} "
           f"{args.neuron}, aux, drop-path, {'graph replay' if args.graph else 'eager'}, "
           f"conv_backend={args.conv_backend}{', torch.compile' if args.compile else ''}, quantizer backward "
-          f"{quantizer_triton.BWD_BLOCK}:{quantizer_triton.BWD_NUM_WARPS}")
+          f"{quantizer_triton.BWD_BLOCK}:{quantizer_triton.BWD_NUM_WARPS}:{quantizer_triton.BWD_PROGRAMS_PER_SM}")
     print("| batch | precision | layout | node sums | ms / step | images/s | peak GiB | loss |\n"
           "|---:|---|---|---|---:|---:|---:|---:|")
     first = None

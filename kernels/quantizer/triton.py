@@ -1,11 +1,14 @@
 """Triton kernels of the quantizer (reference.py), one pass each way, and their launchers.
 
-Both treat x as a flat buffer (any dense layout: contiguous or channels_last) and give each program
-BLOCK (forward) or BWD_BLOCK (backward) elements. Forward: read x, write y. Backward: read x and grad,
-write grad_x and, when θ needs a gradient, θ's gradient: one fp32 partial per program, summed in the
-same launch in a fixed order (kernels/partial_sums.py: deterministic).
+Both treat x as a flat buffer (any dense layout: contiguous or channels_last). Forward: one program per BLOCK
+elements, read x, write y. Backward: read x and grad, write grad_x and, when θ needs a gradient, θ's gradient:
+a fixed grid of programs (BWD_PROGRAMS_PER_SM per multiprocessor) each walks blocks of BWD_BLOCK elements
+BWD_BLOCK x programs apart and keeps one fp32 partial, and the partials are summed in the same launch in a fixed
+order (kernels/partial_sums.py: deterministic for a given GPU). One partial per block instead costs ~45% over
+the same backward without θ's gradient: each program then waits on the count's fence (bench_quantizer.py).
 Launches after the first for a key skip `JITFunction.run` (kernels/launch.py).
 """
+import functools
 from typing import Hashable
 
 import torch
@@ -19,11 +22,10 @@ from kernels.partial_sums import partials_and_counter, store_partial_and_total
 
 BLOCK = 1024
 NUM_WARPS = 4
-# The backward's programs each count themselves on one atomic and store a partial of θ's gradient, which the
-# last program sums alone: 4x larger programs do a quarter of both (the full-size retrain's largest maps have
-# 38 M elements).
-BWD_BLOCK = 4096
-BWD_NUM_WARPS = 8
+BWD_BLOCK = 2048
+BWD_NUM_WARPS = 4
+BWD_PROGRAMS_PER_SM = 16  # 64 warps: a full multiprocessor
+CPU_BWD_PROGRAMS = 2  # under the interpreter: few, so that tests' shapes walk several blocks per program
 _ALIGN = 16  # Triton specializes pointers on their alignment to this many bytes
 
 
@@ -51,19 +53,24 @@ def _quantize_fwd_kernel(x_ptr, y_ptr, theta_ptr, n, NEG_MIN: tl.constexpr, POS_
 def _quantize_bwd_kernel(x_ptr, grad_ptr, grad_x_ptr, theta_ptr, partials_ptr, counter_ptr, grad_theta_ptr, n,
                          theta_scale, NEG_MIN: tl.constexpr, POS_MAX: tl.constexpr, GRAD_THETA: tl.constexpr,
                          BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
     theta = tl.load(theta_ptr).to(tl.float32)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    grad = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    v = _scaled(x, theta)
-    inside = (v >= NEG_MIN - 0.5) & (v < POS_MAX + 0.5)
-    if GRAD_THETA:  # before grad_x's store: the count's fence then waits for one partial, not the block's stores
-        level = tl.minimum(tl.maximum(tl.floor(v + 0.5), NEG_MIN), POS_MAX)
-        contribution = grad * tl.where(inside, level - v, level)
-        partial = tl.sum(tl.where(mask, contribution, 0.0), axis=0) * theta_scale
-        store_partial_and_total(partials_ptr, counter_ptr, grad_theta_ptr, partial)
-    tl.store(grad_x_ptr + offs, tl.where(inside, grad, 0.0).to(grad_x_ptr.dtype.element_ty), mask=mask)
+    stride = tl.num_programs(0).to(tl.int64) * BLOCK
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    acc = tl.zeros([BLOCK], tl.float32)
+    while start < n:  # not range(): the interpreter cannot range over num_programs
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        grad = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        v = _scaled(x, theta)
+        inside = (v >= NEG_MIN - 0.5) & (v < POS_MAX + 0.5)
+        tl.store(grad_x_ptr + offs, tl.where(inside, grad, 0.0).to(grad_x_ptr.dtype.element_ty), mask=mask)
+        if GRAD_THETA:
+            level = tl.minimum(tl.maximum(tl.floor(v + 0.5), NEG_MIN), POS_MAX)
+            acc += tl.where(mask, grad * tl.where(inside, level - v, level), 0.0)
+        start += stride
+    if GRAD_THETA:
+        store_partial_and_total(partials_ptr, counter_ptr, grad_theta_ptr, tl.sum(acc, axis=0) * theta_scale)
 
 
 _FWD_HANDLES: dict[Hashable, Handle] = {}
@@ -76,6 +83,17 @@ def _num_programs(n: int, block: int = BLOCK) -> int:
 
 def _device_index(x: Tensor) -> int | None:
     return x.get_device() if x.is_cuda else None
+
+
+@functools.cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _bwd_programs(n: int, device_index: int | None) -> int:
+    """The backward's grid: BWD_PROGRAMS_PER_SM per multiprocessor (CPU_BWD_PROGRAMS on CPU), fewer if n is small."""
+    cap = CPU_BWD_PROGRAMS if device_index is None else BWD_PROGRAMS_PER_SM * _multiprocessors(device_index)
+    return min(_num_programs(n, BWD_BLOCK), cap)
 
 
 def quantize_fwd(x: Tensor, theta: Tensor, neg_min: int, pos_max: int) -> Tensor:
@@ -103,8 +121,8 @@ def quantize_bwd(
     n = x.numel()
     if n == 0:
         return grad_x, torch.zeros_like(theta) if grad_theta else None
-    num_programs = _num_programs(n, BWD_BLOCK)
     device_index = _device_index(x)
+    num_programs = _bwd_programs(n, device_index)
     partials = counter = theta_grad = None
     if grad_theta:
         partials, counter = partials_and_counter(x.device, device_index, num_programs)
@@ -153,7 +171,7 @@ def native_spec_for(x: Tensor, theta: Tensor, neg_min: int, pos_max: int, theta_
     bwds = [_BWD_HANDLES.get(_usual_bwd_key(x, theta, neg_min, pos_max, grad_theta)) for grad_theta in (False, True)]
     if n == 0 or fwd is None or bwds == [None, None]:
         return None
-    num_programs, bwd_programs = _num_programs(n), _num_programs(n, BWD_BLOCK)
+    num_programs, bwd_programs = _num_programs(n), _bwd_programs(n, _device_index(x))
 
     def bwd_kernel(handle: Handle, grad_theta: bool) -> native_spec.NativeKernel:
         arguments = (0,) * 7 + (n, float(theta_scale), neg_min, pos_max, grad_theta, BWD_BLOCK)

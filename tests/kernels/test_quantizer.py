@@ -10,7 +10,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # The interpreter rounds fp32 -> bf16 by truncation, the GPU to nearest: 1 bf16 ulp apart.
 RTOL = {torch.float32: 0.0, torch.float16: 0.0, torch.bfloat16: 2**-7}
 BOUNDS = [(0, 7), (-4, 3), (0, 1)]  # unsigned 8 levels, signed 8 levels, 2 levels
-# odd sizes, one element, a partial forward block, and two backward programs (one partial) summing θ's gradient
+# odd sizes, one element, a partial forward block, and three backward blocks (on the CPU two programs: one walks two)
 SHAPES = [(1,), (7, 13), (3, 5, 7, 2), (2, 3, 5, 7), (1031,), (3, 1367)]
 
 
