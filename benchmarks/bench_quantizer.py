@@ -74,8 +74,8 @@ def main() -> None:
     print(f"| PyTorch copy (read 1, write 1) | {copy:.2f} ms | {2 * size * elements / copy / 1e9:.2f} TB/s |")
     print(f"| PyTorch add (read 2, write 1) | {add:.2f} ms | {3 * size * elements / add / 1e9:.2f} TB/s |")
     print(f"| forward | {fwd:.2f} ms | {2 * size * elements / fwd / 1e9:.2f} TB/s | {fwd / copy:.2f}x the copy |")
-    print("| backward BWD_BLOCK:warps:programs per SM | with θ's gradient | TB/s | / add | without θ's gradient | / add |\n"
-          "|---|---:|---:|---:|---:|---:|")
+    print("| backward BWD_BLOCK:warps:programs per SM | with θ's gradient | TB/s | / add | without θ's gradient "
+          "| / add |\n|---|---:|---:|---:|---:|---:|")
     for config in args.bwd_configs.split(","):
         use_bwd_config(*map(int, config.split(":")))
         with_theta = per_step_ms(shapes, lambda x, g, t: qt.quantize_bwd(g, x, t, -8, 7, True), dtype)

@@ -53,6 +53,12 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
+def quantizer_bwd_config() -> str:
+    """BLOCK:WARPS[:PROGRAMS_PER_SM] of the quantizer backward imported (older code, run for an A/B, has no grid)."""
+    per_sm = getattr(quantizer_triton, "BWD_PROGRAMS_PER_SM", None)
+    return f"{quantizer_triton.BWD_BLOCK}:{quantizer_triton.BWD_NUM_WARPS}" + (f":{per_sm}" if per_sm else "")
+
+
 def make_trainer(args, row, device):
     batch, precision, layout, sum_backend = row
     torch.manual_seed(0)
@@ -197,7 +203,7 @@ def main() -> None:
     print(f"{datetime.date.today()} {name}, torch {torch.__version__}; {args.genotype} {args.layers}x{args.channels} "
           f"{args.neuron}, aux, drop-path, {'graph replay' if args.graph else 'eager'}, "
           f"conv_backend={args.conv_backend}{', torch.compile' if args.compile else ''}, quantizer backward "
-          f"{quantizer_triton.BWD_BLOCK}:{quantizer_triton.BWD_NUM_WARPS}:{quantizer_triton.BWD_PROGRAMS_PER_SM}")
+          f"{quantizer_bwd_config()}")
     print("| batch | precision | layout | node sums | ms / step | images/s | peak GiB | loss |\n"
           "|---:|---|---|---|---:|---:|---:|---:|")
     first = None

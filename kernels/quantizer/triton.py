@@ -4,8 +4,8 @@ Both treat x as a flat buffer (any dense layout: contiguous or channels_last). F
 elements, read x, write y. Backward: read x and grad, write grad_x and, when θ needs a gradient, θ's gradient:
 a fixed grid of programs (BWD_PROGRAMS_PER_SM per multiprocessor) each walks blocks of BWD_BLOCK elements
 BWD_BLOCK x programs apart and keeps one fp32 partial, and the partials are summed in the same launch in a fixed
-order (kernels/partial_sums.py: deterministic for a given GPU). One partial per block instead costs ~45% over
-the same backward without θ's gradient: each program then waits on the count's fence (bench_quantizer.py).
+order (kernels/partial_sums.py: deterministic for a given GPU). One partial per block instead made every program
+wait on the count's fence, which cost more than the rest of the backward's work over its bytes (RESULTS.md).
 Launches after the first for a key skip `JITFunction.run` (kernels/launch.py).
 """
 import functools
@@ -24,7 +24,7 @@ BLOCK = 1024
 NUM_WARPS = 4
 BWD_BLOCK = 2048
 BWD_NUM_WARPS = 4
-BWD_PROGRAMS_PER_SM = 16  # 64 warps: a full multiprocessor
+BWD_PROGRAMS_PER_SM = 8  # 32 warps per multiprocessor: faster than 16 programs on an H100 (RESULTS.md)
 CPU_BWD_PROGRAMS = 2  # under the interpreter: few, so that tests' shapes walk several blocks per program
 _ALIGN = 16  # Triton specializes pointers on their alignment to this many bytes
 
