@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from kernels.drop_path_sum import drop_path_sum
+from kernels.drop_path_sum import NodeTerms, concat_node_sums, drop_path_sum, takes_sliced_gradients
 from search_space.genotypes import Genotype
 from search_space.grad_layout import grad_in_input_layout
 from search_space.multistep import drop_path_scale
@@ -88,6 +88,7 @@ class Cell(nn.Module):
         self.preprocess0, self.preprocess1 = cell_preprocessing(layout, neuron=neuron)
         edges, self._concat = genotype.cell(layout.reduction)
         self._indices = [index for _, index in edges]
+        self._read_by_edges = set(self._indices)
         # DARTS's attribute name, so that state_dict keys (cells.N._ops.M...) match its checkpoints.
         self._ops = nn.ModuleList(
             OPS[name](layout.C, edge_stride(layout.reduction, index), True, neuron) for name, index in edges
@@ -97,12 +98,20 @@ class Cell(nn.Module):
 
     def forward(self, s0: torch.Tensor, s1: torch.Tensor, drop_prob: float | torch.Tensor) -> torch.Tensor:
         # Each state's gradient sums a slice of the concatenation's with its readers': keep it in the state's layout.
-        states = [grad_in_input_layout(self.preprocess0(s0)), grad_in_input_layout(self.preprocess1(s1))]
+        # A node that only the concatenation reads, if the kernels sum it, is summed straight into the concatenation
+        # (concat_node_sums: no node tensor, and its gradient slice is read where it lies).
+        backend = self.drop_path_backend
+        states: list[torch.Tensor | NodeTerms] = [grad_in_input_layout(self.preprocess0(s0)),
+                                                 grad_in_input_layout(self.preprocess1(s1))]
         for node in range(len(self._ops) // 2):
             (a, scale_a), (b, scale_b) = (self._edge(edge, states, drop_prob) for edge in (2 * node, 2 * node + 1))
-            node_sum = drop_path_sum(a, b, scale_a, scale_b, self.timesteps, backend=self.drop_path_backend)
-            states.append(grad_in_input_layout(node_sum))
-        return torch.cat([states[index] for index in self._concat], dim=1)
+            if len(states) not in self._read_by_edges and takes_sliced_gradients(
+                    a, b, scale_a, scale_b, self.timesteps, backend=backend):
+                states.append((a, b, scale_a, scale_b))
+            else:
+                states.append(grad_in_input_layout(
+                    drop_path_sum(a, b, scale_a, scale_b, self.timesteps, backend=backend)))
+        return concat_node_sums([states[index] for index in self._concat], self.timesteps, backend=backend)
 
     def _edge(self, edge: int, states: list[torch.Tensor], drop_prob: float | torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor | None]:

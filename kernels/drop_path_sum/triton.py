@@ -3,7 +3,9 @@
 Both terms share one dense layout whose first dim is outermost (contiguous or channels_last), so one flat
 offset addresses each of them and its sample is (offset // elements per row) % B, rows being [T*B].
 Forward: read a and b, write a·s_a + b·s_b (fp32 inside). Backward: read the gradient g once, write g·s_a
-and g·s_b (only for a scaled term: an unscaled term's gradient is g itself).
+and g·s_b (only for a scaled term: an unscaled term's gradient is g itself). The sum (forward) and g (backward)
+may also be a slice of a larger tensor along the dim after the rows' runs (a node's channels in its cell's
+concatenation): runs of `run` elements `run_stride` apart (`slice_runs`), written or read in place.
 """
 from __future__ import annotations
 
@@ -35,20 +37,30 @@ def _block(n, row_size, batch, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _drop_path_sum_fwd_kernel(a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, out_ptr, n, row_size, batch,
-                              SCALED_A: tl.constexpr, SCALED_B: tl.constexpr, BLOCK: tl.constexpr):
+def _in_slice(offs, run, run_stride, SLICED: tl.constexpr):
+    """The offsets of a slice's elements (runs of `run`, `run_stride` apart) for the terms' flat offsets."""
+    if SLICED:
+        offs = (offs // run) * run_stride + offs % run
+    return offs
+
+
+@triton.jit
+def _drop_path_sum_fwd_kernel(a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, out_ptr, n, row_size, batch, run, run_stride,
+                              SCALED_A: tl.constexpr, SCALED_B: tl.constexpr, SLICED: tl.constexpr,
+                              BLOCK: tl.constexpr):
     offs, mask, sample = _block(n, row_size, batch, BLOCK)
     a = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     total = _scaled(a, scale_a_ptr, sample, mask, SCALED_A) + _scaled(b, scale_b_ptr, sample, mask, SCALED_B)
-    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + _in_slice(offs, run, run_stride, SLICED), total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _drop_path_sum_bwd_kernel(g_ptr, scale_a_ptr, scale_b_ptr, grad_a_ptr, grad_b_ptr, n, row_size, batch,
-                              SCALED_A: tl.constexpr, SCALED_B: tl.constexpr, BLOCK: tl.constexpr):
+def _drop_path_sum_bwd_kernel(g_ptr, scale_a_ptr, scale_b_ptr, grad_a_ptr, grad_b_ptr, n, row_size, batch, run,
+                              run_stride, SCALED_A: tl.constexpr, SCALED_B: tl.constexpr, SLICED: tl.constexpr,
+                              BLOCK: tl.constexpr):
     offs, mask, sample = _block(n, row_size, batch, BLOCK)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + _in_slice(offs, run, run_stride, SLICED), mask=mask, other=0.0).to(tl.float32)
     if SCALED_A:
         tl.store(grad_a_ptr + offs, _scaled(g, scale_a_ptr, sample, mask, True).to(grad_a_ptr.dtype.element_ty),
                  mask=mask)
@@ -61,34 +73,68 @@ _FWD_HANDLES: dict[tuple, Handle] = {}
 _BWD_HANDLES: dict[tuple, Handle] = {}
 
 
-def _launch(kernel, handles: dict, tensors: tuple[Tensor, ...], n: int, row_size: int, batch: int,
-            scaled: tuple[bool, bool]) -> None:
+def _launch(kernel, handles: dict, tensors: tuple[Tensor, ...], batch: int, scales: tuple[Tensor | None, ...],
+            runs: tuple[int, int] | None) -> None:
+    """Both kernels' launch: tensors[0] has the terms' shape; `runs`: the sliced tensor's (run, run stride)."""
+    n = tensors[0].numel()
+    run, run_stride = runs or (n, n)
+    sizes = (n, n // tensors[0].shape[0], batch, run, run_stride)
+    flags = (scales[0] is not None, scales[1] is not None, runs is not None)
     device = tensors[0].device
     pointers = tuple(t.data_ptr() for t in tensors)
-    key = (tuple(t.dtype for t in tensors), n, row_size, batch, scaled, tuple(p % _ALIGN for p in pointers))
-    launch(kernel, handles, key, device.index if device.type == "cuda" else None, -(-n // BLOCK), tensors, pointers,
-           (n, row_size, batch, *scaled, BLOCK), NUM_WARPS)
+    key = (tuple(t.dtype for t in tensors), sizes, flags, tuple(p % _ALIGN for p in pointers))
+    launch(kernel, handles, key, device.index if device.type == "cuda" else None, -(-n // BLOCK), tensors,
+           pointers, (*sizes, *flags, BLOCK), NUM_WARPS)
 
 
-def drop_path_sum_fwd(a: Tensor, b: Tensor, scale_a: Tensor | None, scale_b: Tensor | None, batch: int) -> Tensor:
-    """a·s_a + b·s_b with a's strides (a and b: one dense layout, first dim outermost; scales: [batch] or None)."""
-    out = torch.empty_like(a)
-    n = a.numel()
-    if n:
-        _launch(_drop_path_sum_fwd_kernel, _FWD_HANDLES, (a, b, _or(scale_a, a), _or(scale_b, a), out), n,
-                n // a.shape[0], batch, (scale_a is not None, scale_b is not None))
+def drop_path_sum_fwd(a: Tensor, b: Tensor, scale_a: Tensor | None, scale_b: Tensor | None, batch: int,
+                      out: Tensor | None = None) -> Tensor:
+    """a·s_a + b·s_b (a and b: one dense layout, first dim outermost; scales: [batch] or None), written to `out` (a
+    tensor of a's strides or a slice of one, `slice_runs`), by default a new tensor of a's strides."""
+    out = torch.empty_like(a) if out is None else out
+    runs = None if out.stride() == a.stride() else slice_runs(out, a.stride())
+    if out.stride() != a.stride() and runs is None:
+        raise ValueError(f"drop_path_sum_fwd: an output of strides {out.stride()} for terms of {a.stride()}")
+    if a.numel():
+        _launch(_drop_path_sum_fwd_kernel, _FWD_HANDLES, (a, b, _or(scale_a, a), _or(scale_b, a), out), batch,
+                (scale_a, scale_b), runs)
     return out
 
 
-def drop_path_sum_bwd(g: Tensor, scale_a: Tensor | None, scale_b: Tensor | None, batch: int
-                      ) -> tuple[Tensor, Tensor]:
-    """(g·s_a, g·s_b), g itself for an unscaled term; g dense with its first dim outermost."""
-    grad_a = g if scale_a is None else torch.empty_like(g)
-    grad_b = g if scale_b is None else torch.empty_like(g)
-    n = g.numel()
-    if n and (scale_a is not None or scale_b is not None):
-        _launch(_drop_path_sum_bwd_kernel, _BWD_HANDLES, (g, _or(scale_a, g), _or(scale_b, g), grad_a, grad_b), n,
-                n // g.shape[0], batch, (scale_a is not None, scale_b is not None))
+def slice_runs(g: Tensor, strides: tuple[int, ...]) -> tuple[int, int] | None:
+    """(run, run stride) if g, of the terms' shape, is a slice of a larger tensor of the terms' layout along the dim
+    after the runs (channels for channels_last terms, the first for the others): its elements, in the terms' flat
+    order, are runs of `run` elements `run stride` apart. None for any other strides."""
+    shape, found = g.shape, g.stride()
+    if g.dim() == 4 and strides == (shape[1] * shape[2] * shape[3], 1, shape[3] * shape[1], shape[1]):
+        stride = found[3]  # channels_last terms: a run is a pixel's channels
+        if stride >= shape[1] and found == (shape[2] * shape[3] * stride, 1, shape[3] * stride, stride):
+            return shape[1], stride
+        return None
+    inner = g[0].numel()  # contiguous terms: a run is a row
+    if found[1:] == strides[1:] and found[0] >= inner and strides[0] == inner:
+        return inner, found[0]
+    return None
+
+
+def drop_path_sum_bwd(g: Tensor, scale_a: Tensor | None, scale_b: Tensor | None, batch: int,
+                      strides: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """(g·s_a, g·s_b) with the terms' `strides`; an unscaled term's gradient is g itself, or a copy of g in the
+    terms' strides. g has the terms' strides or is a slice (`slice_runs`) of a tensor in their layout."""
+    runs = None if g.stride() == strides else slice_runs(g, strides)
+    if g.stride() != strides and runs is None:
+        raise ValueError(f"drop_path_sum_bwd: a gradient of strides {g.stride()} for terms of {strides}; copy it first")
+
+    def term_gradient(scale: Tensor | None) -> Tensor:
+        if scale is None and runs is None:
+            return g
+        out = torch.empty_strided(g.shape, strides, dtype=g.dtype, device=g.device)
+        return out.copy_(g) if scale is None else out
+
+    grad_a, grad_b = term_gradient(scale_a), term_gradient(scale_b)
+    if g.numel() and (scale_a is not None or scale_b is not None):
+        _launch(_drop_path_sum_bwd_kernel, _BWD_HANDLES, (g, _or(scale_a, g), _or(scale_b, g), grad_a, grad_b), batch,
+                (scale_a, scale_b), runs)
     return grad_a, grad_b
 
 

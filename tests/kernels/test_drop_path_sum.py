@@ -3,7 +3,7 @@ outputs and both terms' gradients, on random inputs of odd sizes, T = 1 and T > 
 import pytest
 import torch
 
-from kernels.drop_path_sum import drop_path_sum, drop_path_sum_reference
+from kernels.drop_path_sum import concat_node_sums, drop_path_sum, drop_path_sum_reference
 from kernels.drop_path_sum import triton as kernels
 from tests.kernels.helpers import compile_for_hopper
 
@@ -83,6 +83,106 @@ def test_gradient_in_another_layout_is_read_in_the_terms_layout():
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.parametrize("which", ["ab", "a", "b"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
+@pytest.mark.parametrize("timesteps", [1, 3])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_gradient_sliced_from_a_concatenation_is_read_in_place(dtype, timesteps, channels_last, which):
+    """A node that only its cell's concatenation reads gets a channel slice of that gradient: the kernel reads it
+    where it lies (no copy), and both terms' gradients still come back in the terms' layout."""
+    shape = (2 * timesteps, 5, 3, 7)
+    a, b = terms(shape, dtype, channels_last, seed=7)
+    scale_a, scale_b = scales(2, which, seed=8)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    upstream = torch.randn(shape[0], 12, 3, 7, generator=torch.Generator().manual_seed(9)).to(dtype)
+    upstream = upstream.contiguous(memory_format=layout)  # the concatenation's gradient, in the network's layout
+    sliced = upstream[:, 3:8]
+    assert sliced.stride() != a.stride() and kernels.slice_runs(sliced, a.stride()) is not None
+
+    def concatenated(backend):
+        a_, b_ = a.clone().requires_grad_(), b.clone().requires_grad_()
+        if backend == "reference":
+            out = drop_path_sum_reference(a_, b_, scale_a, scale_b, timesteps)
+        else:
+            out = drop_path_sum(a_, b_, scale_a, scale_b, timesteps, backend=backend)
+        before, after = torch.zeros_like(upstream[:, :3]), torch.zeros_like(upstream[:, 8:])
+        torch.cat([before, out, after], dim=1).backward(upstream)
+        return a_.grad, b_.grad
+
+    got, want = concatenated("triton"), concatenated("reference")
+    rtol, atol = TOL[dtype]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
+        assert g.stride() == a.stride()
+
+
+def test_slice_runs_names_slices_only():
+    cl = torch.channels_last
+    terms_cl = torch.empty(4, 5, 3, 7).contiguous(memory_format=cl)
+    assert kernels.slice_runs(torch.empty(4, 12, 3, 7).contiguous(memory_format=cl)[:, 2:7], terms_cl.stride()) \
+        == (5, 12)
+    assert kernels.slice_runs(torch.empty(4, 12, 3, 7)[:, 2:7], terms_cl.stride()) is None  # NCHW slice, cl terms
+    assert kernels.slice_runs(torch.empty(4, 12, 3, 7)[:, 2:7], (105, 21, 7, 1)) == (105, 252)
+    assert kernels.slice_runs(torch.empty(4, 5, 3, 14)[..., ::2], (105, 21, 7, 1)) is None  # strided within a run
+
+
+def node_parts(dtype, timesteps, channels_last, seed):
+    """A cell's concatenation: a ready tensor and three nodes' terms (both scaled, only a, only b), odd widths."""
+    batch, gen = 2, torch.Generator().manual_seed(seed)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+
+    def tensor(channels):
+        return torch.randn(batch * timesteps, channels, 3, 5, generator=gen).to(dtype).contiguous(memory_format=layout)
+
+    scale_1, scale_2 = scales(batch, "ab", seed)
+    return [tensor(3), (tensor(5), tensor(5), scale_1, scale_2), (tensor(4), tensor(4), scale_2, None),
+            (tensor(2), tensor(2), None, scale_1)]
+
+
+def concatenated(parts, timesteps, backend, upstream):
+    """The concatenation and every input's gradient, through concat_node_sums or as torch.cat of reference sums."""
+    leaves = [part.clone().requires_grad_() if isinstance(part, torch.Tensor) else
+              (part[0].clone().requires_grad_(), part[1].clone().requires_grad_(), *part[2:]) for part in parts]
+    if backend == "reference":
+        out = torch.cat([leaf if isinstance(leaf, torch.Tensor) else drop_path_sum_reference(*leaf, timesteps)
+                         for leaf in leaves], dim=1)
+    else:
+        out = concat_node_sums(leaves, timesteps, backend=backend)
+    out.backward(upstream)
+    inputs = [t for leaf in leaves for t in ((leaf,) if isinstance(leaf, torch.Tensor) else leaf[:2])]
+    return out, inputs
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
+@pytest.mark.parametrize("timesteps", [1, 3])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_node_sums_written_into_the_concatenation_equal_torch_cat(dtype, timesteps, channels_last):
+    parts = node_parts(dtype, timesteps, channels_last, seed=11)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    upstream = torch.randn(2 * timesteps, 14, 3, 5, generator=torch.Generator().manual_seed(12)).to(dtype)
+    upstream = upstream.contiguous(memory_format=layout)
+    (out, inputs), (want_out, want_inputs) = (concatenated(parts, timesteps, backend, upstream)
+                                              for backend in ("triton", "reference"))
+    rtol, atol = TOL[dtype]
+    assert type(out.grad_fn).__name__ == "_ConcatNodeSumsBackward"  # summed in place, not torch.cat's fallback
+    torch.testing.assert_close(out, want_out, rtol=rtol, atol=atol)
+    assert out.is_contiguous(memory_format=layout)
+    for got, want in zip(inputs, want_inputs):
+        torch.testing.assert_close(got.grad, want.grad, rtol=rtol, atol=atol)
+    for term in inputs[1:]:  # the nodes' terms get their gradients in their own layout
+        assert term.grad.stride() == term.stride()
+
+
+def test_concat_node_sums_falls_back_to_torch_cat():
+    parts = node_parts(torch.float32, 1, True, seed=13)
+    upstream = torch.randn(2, 14, 3, 5)
+    want, _ = concatenated(parts, 1, "reference", upstream)
+    for backend, given in (("torch", parts), ("triton", [parts[0].contiguous(), *parts[1:]])):  # or two layouts
+        out, _ = concatenated(given, 1, backend, upstream)
+        assert type(out.grad_fn).__name__ == "CatBackward0"
+        torch.testing.assert_close(out, want)
+
+
 def test_unscaled_terms_are_a_plain_sum():
     a, b = terms((2, 3, 4, 4), torch.float32, False, seed=5)
     torch.testing.assert_close(drop_path_sum(a, b, None, None), a + b)
@@ -108,10 +208,12 @@ from triton.compiler import ASTSource
 from kernels.drop_path_sum import triton as kernels
 pointers = {"fwd": ["*fp16", "*fp16", "*fp32", "*fp32", "*fp16"], "bwd": ["*fp16", "*fp32", "*fp32", "*fp16", "*fp16"]}
 for kind, fn in (("fwd", kernels._drop_path_sum_fwd_kernel), ("bwd", kernels._drop_path_sum_bwd_kernel)):
-    signature = dict(zip(fn.arg_names, pointers[kind] + ["i32"] * 3 + ["constexpr"] * 3))
+    signature = dict(zip(fn.arg_names, pointers[kind] + ["i32"] * 5 + ["constexpr"] * 4))
+    assert len(signature) == len(fn.arg_names)
     for scaled in ((True, True), (True, False), (False, True)):
-        constexprs = {"SCALED_A": scaled[0], "SCALED_B": scaled[1], "BLOCK": kernels.BLOCK}
-        compile(ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+        for sliced in (False, True):
+            constexprs = {"SCALED_A": scaled[0], "SCALED_B": scaled[1], "SLICED": sliced, "BLOCK": kernels.BLOCK}
+            compile(ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
 """
 
 

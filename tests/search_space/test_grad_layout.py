@@ -45,12 +45,15 @@ def _bn_grad_layouts(network: nn.Module, x: torch.Tensor) -> list[bool]:
     return seen
 
 
+@pytest.mark.parametrize("sums", ["torch", "triton"])  # node sums: PyTorch's ops, or the kernels reading slices
 @pytest.mark.parametrize("kind", ["st_bif_qann", "relu"])
-def test_every_batch_norm_of_a_channels_last_network_gets_a_channels_last_gradient(kind):
+def test_every_batch_norm_of_a_channels_last_network_gets_a_channels_last_gradient(kind, sums):
     torch.manual_seed(0)
     network = build_network("DARTS_V2", neuron=NeuronFactory(kind, timesteps=1), channels=8, layers=5,
                             num_classes=10, auxiliary=True).to(memory_format=CL).train()
     network.drop_path_prob = 0.2
+    for cell in network.cells:
+        cell.drop_path_backend = sums
     x = torch.randn(4, 3, 32, 32).contiguous(memory_format=CL)
     layouts = _bn_grad_layouts(network, x)
     assert len(layouts) == sum(isinstance(m, nn.BatchNorm2d) for m in network.modules()) > 40

@@ -200,18 +200,21 @@ def test_drop_path_drops_whole_samples_over_all_steps():
     assert 0 < (per_sample == 0).sum() < batch
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
 @pytest.mark.parametrize("timesteps", [1, 2])
-def test_node_sums_on_the_triton_kernel_equal_pytorchs_ops(timesteps):
-    """A training step with drop-path through the cells' kernel (the interpreter) and through PyTorch's ops: the
-    same draws, outputs and gradients (the kernel rounds once in fp32; in fp32 that is PyTorch's result to 1e-6)."""
+def test_node_sums_on_the_triton_kernel_equal_pytorchs_ops(timesteps, channels_last):
+    """A training step with drop-path through the cells' kernel (the interpreter; nodes that only the concatenation
+    reads take their gradient slice in place) and through PyTorch's ops: the same draws, outputs and gradients (the
+    kernel rounds once in fp32; in fp32 that is PyTorch's result to 1e-6)."""
+    layout = torch.channels_last if channels_last else torch.contiguous_format
     results = []
     for backend in ("torch", "triton"):
         torch.manual_seed(0)
-        net = tiny("DARTS_V2", "lif", timesteps).train()
+        net = tiny("DARTS_V2", "lif", timesteps).to(memory_format=layout).train()
         net.drop_path_prob = 0.4
         for cell in net.cells:
             cell.drop_path_backend = backend
-        x = torch.randn(4, 3, 8, 8)
+        x = torch.randn(4, 3, 8, 8).contiguous(memory_format=layout)
         logits = net(x)[0]
         logits.square().sum().backward()
         results.append((logits.detach(), [p.grad for p in net.parameters()]))
