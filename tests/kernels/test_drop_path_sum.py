@@ -10,7 +10,7 @@ from tests.kernels.helpers import compile_for_hopper
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # One rounding of an fp32 sum on both sides; the interpreter rounds fp32 -> bf16 by truncation: 1 ulp apart.
 TOL = {torch.float32: (1e-6, 1e-6), torch.float16: (1e-3, 1e-3), torch.bfloat16: (2**-7, 1e-2)}
-SHAPES = [(1, 1, 1, 1), (3, 5, 7, 3), (6, 3, 9, 11), (4, 17, 13, 13)]  # the last spans two programs
+SHAPES = [(1, 1, 1, 1), (3, 5, 7, 3), (4, 17, 13, 13)]  # odd sizes; the last spans two programs
 
 
 def terms(shape, dtype, channels_last, seed):
@@ -209,10 +209,10 @@ pointers = {"fwd": ["*fp16", "*fp16", "*fp32", "*fp32", "*fp16"], "bwd": ["*fp16
 for kind, fn in (("fwd", kernels._drop_path_sum_fwd_kernel), ("bwd", kernels._drop_path_sum_bwd_kernel)):
     signature = dict(zip(fn.arg_names, pointers[kind] + ["i32"] * 5 + ["constexpr"] * 4))
     assert len(signature) == len(fn.arg_names)
-    for scaled in ((True, True), (True, False), (False, True)):
-        for sliced in (False, True):
-            constexprs = {"SCALED_A": scaled[0], "SCALED_B": scaled[1], "SLICED": sliced, "BLOCK": kernels.BLOCK}
-            compile(ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+    # every constexpr branch both ways (what a branch's types must agree with), not every combination
+    for scaled_a, scaled_b, sliced in ((True, True, False), (True, False, True), (False, True, True)):
+        constexprs = {"SCALED_A": scaled_a, "SCALED_B": scaled_b, "SLICED": sliced, "BLOCK": kernels.BLOCK}
+        compile(ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
 """
 
 
