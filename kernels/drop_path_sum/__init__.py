@@ -20,7 +20,7 @@ from torch import Tensor
 from kernels.backend import BACKENDS, use_triton
 
 from .reference import drop_path_sum_reference, scaled_per_sample
-from .triton import drop_path_sum_bwd, drop_path_sum_fwd, slice_runs
+from .triton import drop_path_sum_bwd, drop_path_sum_fwd
 
 __all__ = ["BACKENDS", "NodeTerms", "concat_node_sums", "drop_path_sum", "drop_path_sum_reference",
            "takes_sliced_gradients"]
@@ -49,15 +49,13 @@ class _DropPathSum(torch.autograd.Function):
         scale_a = None if scale_a is None else scale_a.detach().contiguous()
         scale_b = None if scale_b is None else scale_b.detach().contiguous()
         ctx.save_for_backward(scale_a, scale_b)
-        ctx.batch, ctx.shape, ctx.strides = batch, a.shape, a.stride()
+        ctx.batch, ctx.strides = batch, a.stride()
         return drop_path_sum_fwd(a, b, scale_a, scale_b, batch)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         scale_a, scale_b = ctx.saved_tensors
-        if grad.stride() != ctx.strides and slice_runs(grad, ctx.strides) is None:  # the kernel reads g in place
-            grad = torch.empty_strided(ctx.shape, ctx.strides, dtype=grad.dtype, device=grad.device).copy_(grad)
         grad_a, grad_b = drop_path_sum_bwd(grad, scale_a, scale_b, ctx.batch, ctx.strides)
         return grad_a, grad_b, None, None, None
 

@@ -120,10 +120,11 @@ def slice_runs(g: Tensor, strides: tuple[int, ...]) -> tuple[int, int] | None:
 def drop_path_sum_bwd(g: Tensor, scale_a: Tensor | None, scale_b: Tensor | None, batch: int,
                       strides: tuple[int, ...]) -> tuple[Tensor, Tensor]:
     """(g·s_a, g·s_b) with the terms' `strides`; an unscaled term's gradient is g itself, or a copy of g in the
-    terms' strides. g has the terms' strides or is a slice (`slice_runs`) of a tensor in their layout."""
+    terms' strides. g is read in place if it has the terms' strides or is a slice (`slice_runs`) of a tensor in
+    their layout; any other g is copied into their strides first."""
     runs = None if g.stride() == strides else slice_runs(g, strides)
     if g.stride() != strides and runs is None:
-        raise ValueError(f"drop_path_sum_bwd: a gradient of strides {g.stride()} for terms of {strides}; copy it first")
+        g = torch.empty_strided(g.shape, strides, dtype=g.dtype, device=g.device).copy_(g)
 
     def term_gradient(scale: Tensor | None) -> Tensor:
         if scale is None and runs is None:
