@@ -8,7 +8,7 @@ device pipeline (``data.augment_on_device``), images/s each. ``--profile`` adds 
 class (convs, norms, quantizer, pools, elementwise, ...) of the first row's eager step.
 
     python benchmarks/bench_retrain_step.py --data /tmp/cifar10 --rows 96:fp32:nchw,96:fp32:cl,256:bf16:cl
-    python benchmarks/bench_retrain_step.py --rows 1024:fp16:cl:torch,1024:fp16:cl   # node sums: PyTorch's, ours
+    python benchmarks/bench_retrain_step.py --rows 1024:fp16:cl:torch,1024:fp16:cl:cat,1024:fp16:cl   # node sums
     python benchmarks/bench_retrain_step.py --tiny      # CPU smoke run of the script itself
 """
 from __future__ import annotations
@@ -64,8 +64,9 @@ def make_trainer(args, row, device):
     torch.manual_seed(0)
     network = build_network(args.genotype, neuron=NeuronFactory(args.neuron, timesteps=1), channels=args.channels,
                             layers=args.layers, num_classes=10, auxiliary=True, conv_backend=args.conv_backend)
-    for cell in network.cells:
-        cell.drop_path_backend = sum_backend
+    for cell in network.cells:  # "cat": our kernel's node sums, then torch.cat (before sums into the concatenation)
+        cell.drop_path_backend = "auto" if sum_backend == "cat" else sum_backend
+        cell.sums_into_concat = sum_backend != "cat"
     # fused on a GPU, as experiment=cifar10_qann_fast trains (and fp16 in a graph needs it)
     sgd = functools.partial(torch.optim.SGD, lr=0.025, momentum=0.9, weight_decay=3e-4, fused=device.type == "cuda")
     return Retrainer(network, optimizer=sgd,
@@ -170,7 +171,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="96:fp32:nchw,96:fp32:cl,256:fp32:cl,256:bf16:cl",
                         help="batch:precision:layout[:sum], layout nchw or cl (channels_last); sum: the nodes' "
-                             "drop-path sums on auto (our kernel, the default) or torch (PyTorch's ops)")
+                             "drop-path sums on auto (our kernel, the default), cat (our kernel, nodes then torch.cat) "
+                             "or torch (PyTorch's ops)")
     parser.add_argument("--genotype", default="DARTS_V2")
     parser.add_argument("--neuron", default="st_bif_qann")
     parser.add_argument("--layers", type=int, default=20)
@@ -194,7 +196,7 @@ def main() -> None:
         use_bwd_config(*map(int, args.quantizer_bwd.split(":")))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.tiny:
-        args.layers, args.channels, args.rows = 3, 4, "4:fp32:nchw,4:fp32:cl:torch"
+        args.layers, args.channels, args.rows = 3, 4, "4:fp32:nchw,4:fp32:cl:torch,4:fp32:cl:cat"
         args.warmup, args.steps, args.repeats, args.loader_batches = 1, 2, 1, 3
     torch.backends.cudnn.benchmark = True
     rows = [(int(b), p, layout, rest[0] if rest else "auto")

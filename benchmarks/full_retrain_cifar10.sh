@@ -5,6 +5,7 @@
 # The global batch stays 1,024 on any number of GPUs (batch_size=1024/GPUs); overrides pick the arm:
 #   OUT=<dir> DATA=/tmp/cifar10 RUN=/tmp/run/fast0 STOP_S=400 bash benchmarks/full_retrain_cifar10.sh [overrides]
 #   CUDA_VISIBLE_DEVICES=2,3 RUN=/tmp/run/relu ... bash benchmarks/full_retrain_cifar10.sh neuron=relu
+#   CUDA_VISIBLE_DEVICES=0 RUN=/tmp/run/one ... bash benchmarks/full_retrain_cifar10.sh trainer.precision=fp16
 set -uo pipefail
 if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
   GPUS=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
@@ -14,13 +15,18 @@ fi
 name=$(basename "$RUN")
 piece=$(ls "$OUT" 2>/dev/null | grep -c "^${name}_" || true)
 log="$OUT/${name}_$piece.log"
+# One GPU runs train.py as a one-GPU user does (no torchrun, no DDP).
+if [ "$GPUS" = 1 ]; then
+  launch=(python3) ddp=()
+else
+  launch=(python3 -m torch.distributed.run --standalone --nproc_per_node="$GPUS") ddp=(trainer=ddp)
+fi
 if [ -f "$RUN/checkpoints/last.pt" ]; then
   args=(resume="$RUN")
 else
-  args=(trainer=ddp experiment=cifar10_qann_fast genotype=DARTS_V2 batch_size=$((1024 / GPUS)) data.root="$DATA"
+  args=("${ddp[@]}" experiment=cifar10_qann_fast genotype=DARTS_V2 batch_size=$((1024 / GPUS)) data.root="$DATA"
         hydra.run.dir="$RUN" "$@")
 fi
-timeout -s TERM --preserve-status "${STOP_S:-400}" python3 -m torch.distributed.run --standalone \
-  --nproc_per_node="$GPUS" train.py "${args[@]}" > "$log" 2>&1
+timeout -s TERM --preserve-status "${STOP_S:-400}" "${launch[@]}" train.py "${args[@]}" > "$log" 2>&1
 echo "$name exit $?"
 grep -E "retrain epoch|SNN|energy|error|SIGTERM|resume" "$log" | tail -n 12

@@ -95,6 +95,7 @@ class Cell(nn.Module):
         )
         self.multiplier = len(self._concat)
         self.drop_path_backend = "auto"  # kernels/drop_path_sum's; "torch" for a benchmark's baseline row
+        self.sums_into_concat = True  # False: node tensors and torch.cat (a benchmark's baseline row)
 
     def forward(self, s0: torch.Tensor, s1: torch.Tensor, drop_prob: float | torch.Tensor) -> torch.Tensor:
         # Each state's gradient sums a slice of the concatenation's with its readers': keep it in the state's layout.
@@ -105,7 +106,7 @@ class Cell(nn.Module):
                                                  grad_in_input_layout(self.preprocess1(s1))]
         for node in range(len(self._ops) // 2):
             (a, scale_a), (b, scale_b) = (self._edge(edge, states, drop_prob) for edge in (2 * node, 2 * node + 1))
-            if len(states) not in self._read_by_edges and takes_sliced_gradients(
+            if self.sums_into_concat and len(states) not in self._read_by_edges and takes_sliced_gradients(
                     a, b, scale_a, scale_b, self.timesteps, backend=backend):
                 states.append((a, b, scale_a, scale_b))
             else:

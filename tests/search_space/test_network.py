@@ -204,24 +204,26 @@ def test_drop_path_drops_whole_samples_over_all_steps():
 @pytest.mark.parametrize("timesteps", [1, 2])
 def test_node_sums_on_the_triton_kernel_equal_pytorchs_ops(timesteps, channels_last):
     """A training step with drop-path through the cells' kernel (the interpreter; nodes that only the concatenation
-    reads take their gradient slice in place) and through PyTorch's ops: the same draws, outputs and gradients (the
-    kernel rounds once in fp32; in fp32 that is PyTorch's result to 1e-6)."""
+    reads take their gradient slice in place, or, as a benchmark's baseline, are summed apart and concatenated)
+    and through PyTorch's ops: the same draws, outputs and gradients (the kernel rounds once in fp32; in fp32 that
+    is PyTorch's result to 1e-6)."""
     layout = torch.channels_last if channels_last else torch.contiguous_format
     results = []
-    for backend in ("torch", "triton"):
+    for backend, into_concat in (("torch", True), ("triton", True), ("triton", False)):
         torch.manual_seed(0)
         net = tiny("DARTS_V2", "lif", timesteps).to(memory_format=layout).train()
         net.drop_path_prob = 0.4
         for cell in net.cells:
-            cell.drop_path_backend = backend
+            cell.drop_path_backend, cell.sums_into_concat = backend, into_concat
         x = torch.randn(4, 3, 8, 8).contiguous(memory_format=layout)
         logits = net(x)[0]
         logits.square().sum().backward()
         results.append((logits.detach(), [p.grad for p in net.parameters()]))
-    (logits_torch, grads_torch), (logits_triton, grads_triton) = results
-    torch.testing.assert_close(logits_triton, logits_torch, rtol=1e-5, atol=1e-6)
-    for got, want in zip(grads_triton, grads_torch):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    (logits_torch, grads_torch), *kernel_runs = results
+    for logits_triton, grads_triton in kernel_runs:
+        torch.testing.assert_close(logits_triton, logits_torch, rtol=1e-5, atol=1e-6)
+        for got, want in zip(grads_triton, grads_torch):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_drop_path_only_in_training_and_not_on_identity():
