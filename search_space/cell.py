@@ -100,7 +100,8 @@ class Cell(nn.Module):
     def forward(self, s0: torch.Tensor, s1: torch.Tensor, drop_prob: float | torch.Tensor) -> torch.Tensor:
         # Each state's gradient sums a slice of the concatenation's with its readers': keep it in the state's layout.
         # A node that only the concatenation reads, if the kernels sum it, is summed straight into the concatenation
-        # (concat_node_sums: no node tensor, and its gradient slice is read where it lies).
+        # (concat_node_sums: no node tensor, and its gradient slice is read where it lies), dropped or not: so an
+        # eager step at drop_prob 0 and a graph that draws scales of 1 build the same autograd graph (equal bits).
         backend = self.drop_path_backend
         states: list[torch.Tensor | NodeTerms] = [grad_in_input_layout(self.preprocess0(s0)),
                                                  grad_in_input_layout(self.preprocess1(s1))]

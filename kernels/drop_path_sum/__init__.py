@@ -62,17 +62,17 @@ class _DropPathSum(torch.autograd.Function):
 
 def takes_sliced_gradients(a: Tensor, b: Tensor, scale_a: Tensor | None, scale_b: Tensor | None, timesteps: int = 1,
                            backend: str = "auto") -> bool:
-    """Whether ``drop_path_sum`` of these arguments runs the kernels, whose backward reads a gradient that is a
-    channel slice (e.g. of a cell's concatenation) in place and hands the terms theirs in the terms' layout."""
-    return (scale_a is not None or scale_b is not None) and use_triton(
-        backend, "drop_path_sum", a.device, _problem(a, b, (scale_a, scale_b), timesteps))
+    """Whether the kernels take these terms (scaled or not), whose backward reads a gradient that is a channel slice
+    (e.g. of a cell's concatenation) in place and hands the terms theirs in the terms' layout."""
+    return use_triton(backend, "drop_path_sum", a.device, _problem(a, b, (scale_a, scale_b), timesteps))
 
 
 def drop_path_sum(a: Tensor, b: Tensor, scale_a: Tensor | None, scale_b: Tensor | None, timesteps: int = 1,
                   backend: str = "auto") -> Tensor:
     """``a · scale_a[sample] + b · scale_b[sample]`` for time-first ``[T*B, ...]`` terms and [B] scales (None:
-    unscaled); the scales take no gradient (a drop-path mask)."""
-    if takes_sliced_gradients(a, b, scale_a, scale_b, timesteps, backend):
+    unscaled); the scales take no gradient (a drop-path mask). Unscaled terms: PyTorch's add (one pass already)."""
+    if (scale_a is not None or scale_b is not None) and takes_sliced_gradients(a, b, scale_a, scale_b, timesteps,
+                                                                               backend):
         return _DropPathSum.apply(a, b, scale_a, scale_b, a.shape[0] // timesteps)
     if scale_a is None and scale_b is None:
         return a + b

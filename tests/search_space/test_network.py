@@ -226,6 +226,24 @@ def test_node_sums_on_the_triton_kernel_equal_pytorchs_ops(timesteps, channels_l
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_no_drop_path_and_drawn_scales_of_one_give_equal_bits_on_the_kernel():
+    """A graph that captures a run once draws drop-path scales even at probability 0 (the probability is a device
+    tensor); the eager step at 0.0 draws none. Both must build the same sums into the concatenation, so that the
+    captured run equals the eager one bit for bit (spiking networks amplify any rounding difference)."""
+    results = []
+    for drop_prob in (0.0, torch.tensor(0.0)):
+        torch.manual_seed(0)
+        net = tiny("DARTS_V2", "lif", 2).to(memory_format=torch.channels_last).train()
+        net.drop_path_prob = drop_prob
+        for cell in net.cells:
+            cell.drop_path_backend = "triton"
+        logits = net(torch.randn(4, 3, 8, 8).contiguous(memory_format=torch.channels_last))[0]
+        logits.square().sum().backward()
+        results.append([logits.detach(), *(p.grad for p in net.parameters() if p.grad is not None)])
+    assert len(results[0]) == len(results[1]) > 20
+    assert all(torch.equal(got, want) for got, want in zip(*results))
+
+
 def test_drop_path_only_in_training_and_not_on_identity():
     net = tiny("DARTS_V1", "relu", 1, auxiliary=False)  # its normal cell has identity skips
     x = torch.randn(4, 3, 8, 8)

@@ -1,6 +1,8 @@
 """The QANN and the ST-BIF SNN converted from it compute the same function."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -240,4 +242,7 @@ def test_the_evaluation_does_not_depend_on_the_chunk_size(monkeypatch: pytest.Mo
     whole = evaluate_snn(network, batches, max_timesteps=256)
     monkeypatch.setattr(qann_module, "_IMAGE_STEPS_PER_CHUNK", 7)  # 1 image at T >= 4: every image alone
     chunked = evaluate_snn(network, batches, max_timesteps=256)
-    assert chunked == whole and whole.silent and len(whole.accuracy_at) > 3
+    # The logits' difference is float64 rounding (~1e-16): batches of other sizes may round it otherwise on CPU.
+    assert dataclasses.replace(chunked, logit_max_abs_diff=0.0) == dataclasses.replace(whole, logit_max_abs_diff=0.0)
+    assert chunked.logit_max_abs_diff == pytest.approx(whole.logit_max_abs_diff, abs=1e-12)
+    assert whole.silent and len(whole.accuracy_at) > 3
