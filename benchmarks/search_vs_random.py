@@ -13,6 +13,10 @@ DARTS's 20 x 36 network for 180 epochs, after cifar10_qann searches), e.g. one j
     python benchmarks/search_vs_random.py --out DIR --searches 3 --randoms 5 --launcher local_gpus data.root=<cifar10>
     python benchmarks/search_vs_random.py --out DIR --launcher slurm hydra.launcher.partition=<p> data.root=<cifar10>
     python benchmarks/search_vs_random.py --out DIR --smoke    # every code path in about a minute on a CPU
+
+``--resume`` continues a stopped benchmark in DIR. Its finished runs need only their small files (run config,
+genotype.json and search_summary.json, metrics.json): DIR without checkpoints/ and tb/ can be carried to another
+machine, where ``--resume`` runs only what is left (unfinished runs there start again).
 """
 from __future__ import annotations
 
@@ -203,19 +207,33 @@ def _state_entry(state: Mapping[str, torch.Tensor], suffix: str) -> torch.Tensor
     return state[matches[0]]
 
 
+# Beside a finished search's genotype.json: what the benchmark reads of it, written on the first read. A run dir
+# with its small files alone (no checkpoints/, e.g. carried to another machine or session) is then still read.
+SEARCH_SUMMARY = "search_summary.json"
+
+
 def collect_search(run_dir: Path, rules: SpaceRules) -> dict[str, Any]:
     """A finished search: its genotype, per-cycle genotypes, final α entropy and its minutes (wall and CPU, as the
-    run measured them), from genotype.json and checkpoints/last.pt."""
+    run measured them), from genotype.json and checkpoints/last.pt, or from SEARCH_SUMMARY once written."""
     genotype = Genotype.from_json(json.dumps(read_run_json(run_dir / "genotype.json")))
     if space_config(run_config(run_dir)) != rules.config:
         raise BenchmarkError(f"run {run_dir} searched another space than the random cells are drawn from "
                              f"({space_config(run_config(run_dir))} vs {rules.config}); its log is in {run_dir}")
+    summary_path = run_dir / SEARCH_SUMMARY
+    if summary_path.is_file():
+        found = read_run_json(summary_path)
+        if Genotype.from_json(json.dumps(found["genotype"])) != genotype:
+            raise BenchmarkError(f"{summary_path} names another genotype than {run_dir / 'genotype.json'}: delete "
+                                 f"{summary_path.name} to read the search's checkpoint again")
+        return {**found, "run_dir": str(run_dir)}
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt", kind="search")
     cycles = sorted((run_dir / "genotypes").glob("cycle_*.json"), key=lambda p: int(p.stem.split("_")[1]))
-    return {"seed": run_config(run_dir)["seed"], "run_dir": str(run_dir), "genotype": json.loads(genotype.to_json()),
-            "cycle_genotypes": [json.loads(path.read_text()) for path in cycles],
-            "alpha_entropy": alpha_entropy(state["engine"]["supernet"]),
-            "wall_minutes": state["wall_time_s"] / 60, "cpu_minutes": state["cpu_time_s"] / 60}
+    found = {"seed": run_config(run_dir)["seed"], "genotype": json.loads(genotype.to_json()),
+             "cycle_genotypes": [json.loads(path.read_text()) for path in cycles],
+             "alpha_entropy": alpha_entropy(state["engine"]["supernet"]),
+             "wall_minutes": state["wall_time_s"] / 60, "cpu_minutes": state["cpu_time_s"] / 60}
+    save_json(found, summary_path)
+    return {**found, "run_dir": str(run_dir)}
 
 
 def retrain_budget(plan: Plan, run_dirs: Sequence[Path]) -> dict[str, Any]:

@@ -101,6 +101,22 @@ def test_a_job_of_the_retrain_multirun_equals_a_direct_train_run(smoke, tmp_path
     assert [epoch["train_loss"] for epoch in swept["history"]] == [epoch["train_loss"] for epoch in alone["history"]]
 
 
+def test_a_search_run_dir_without_its_checkpoints_is_read_alike(smoke, tmp_path):
+    """What the benchmark read of a finished search is kept beside its genotype.json, so its small files alone (no
+    checkpoints/, as carried to another machine or session) give the same record; a mismatched one is refused."""
+    out, _ = smoke
+    summary = json.loads((out / "summary.json").read_text())
+    carried = tmp_path / "search_0"
+    shutil.copytree(out / "search" / "search_0", carried, ignore=shutil.ignore_patterns("checkpoints", "tb"))
+    rules = bench.search_space_rules(bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--smoke"])))
+    assert bench.collect_search(carried, rules) == {**summary["searches"][0], "run_dir": str(carried)}
+    stale = json.loads((carried / bench.SEARCH_SUMMARY).read_text())
+    stale["genotype"] = json.loads(GENOTYPES["DARTS_V2"].to_json())
+    (carried / bench.SEARCH_SUMMARY).write_text(json.dumps(stale))
+    with pytest.raises(bench.BenchmarkError, match="names another genotype"):
+        bench.collect_search(carried, rules)
+
+
 def test_smoke_entropy_matches_the_search_log(smoke):
     out, _ = smoke
     summary = json.loads((out / "summary.json").read_text())
