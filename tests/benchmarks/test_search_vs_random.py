@@ -257,18 +257,21 @@ def test_the_qann_experiment_is_every_runs_experiment(tmp_path):
 
 def test_the_full_budget_retrains_the_fast_experiment_and_flags_still_win(tmp_path):
     """--budget full composes its overrides (no run): the searches stay cifar10_qann, the retrains take
-    cifar10_qann_fast's own 20 x 36, 180 epochs at its global batch; an explicit --retrain-* flag overrides it."""
+    cifar10_qann_fast's own 20 x 36, 180 epochs at its global batch, in fp16; an explicit --retrain-* flag overrides
+    it."""
     plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--budget", "full", "data.root=/d"]))
     assert plan.budget == "full"
     assert plan.search_overrides == ("experiment=cifar10_qann", "data.root=/d")
-    assert plan.train_overrides == ("experiment=cifar10_qann_fast", "batch_size=1024", "data.root=/d")
+    assert plan.train_overrides == ("experiment=cifar10_qann_fast", "batch_size=1024", "trainer.precision=fp16",
+                                    "data.root=/d")
     bench.search_space_rules(plan)  # both entry points compose it
     train = bench.compose_config("train", (*plan.train_overrides, "genotype=PC_DARTS"))
     assert (train.epochs, train.model.network.layers, train.model.network.channels) == (180, 20, 36)
-    assert train.batch_size == 1024
+    assert (train.batch_size, train.trainer.precision) == (1024, "fp16")
     plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--budget", "full", "--retrain-epochs", "50",
                                              "--train-override", "batch_size=512"]))
-    assert plan.train_overrides == ("experiment=cifar10_qann_fast", "batch_size=1024", "epochs=50", "batch_size=512")
+    assert plan.train_overrides == ("experiment=cifar10_qann_fast", "batch_size=1024", "trainer.precision=fp16",
+                                    "epochs=50", "batch_size=512")
     proxy = bench.make_plan(bench.parse_args(["--out", str(tmp_path)]))
     assert proxy.budget == "proxy" and proxy.train_overrides[:4] == (
         "experiment=cifar10_snn", "epochs=30", "model.network.layers=8", "model.network.channels=16")
