@@ -209,6 +209,7 @@ def collect_retrain(run_dir: Path, source: str) -> dict[str, Any]:
     metrics = read_run_json(run_dir / "metrics.json")
     return {"test_acc": metrics["test_acc"], "best_test_acc": metrics.get("best_test_acc"),
             "params_m": metrics["params_m"], "firing_rate_mean": metrics.get("firing_rate_mean"),
+            "snn_test_acc": metrics.get("snn_test_acc"), "energy_per_image_uj": metrics.get("energy_per_image_uj"),
             "genotype": json.loads(metrics["genotype"]), "run_dir": str(run_dir), "source": source,
             "device": metrics.get("device"), "seed": run_config(run_dir)["seed"],
             "wall_minutes": metrics["wall_time_s"] / 60, "cpu_minutes": metrics["cpu_time_s"] / 60}

@@ -253,20 +253,28 @@ def retrain_budget(plan: Plan, run_dirs: Sequence[Path]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- statistics
 @dataclass(frozen=True)
 class ArmStats:
-    """Test accuracy of an arm's runs: count, mean, sample std (None below 2 runs); params and firing means."""
+    """Test accuracy of an arm's runs: count, mean, sample std (None below 2 runs); params and firing means; a QANN's
+    SNN accuracy and the energy per image, means (None where a run has none)."""
 
     n: int
     mean: float
     std: float | None
     params_m: float
     firing_rate: float | None
+    snn_acc: float | None = None
+    energy_uj: float | None = None
+
+
+def _mean_of_all(runs: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    values = [run.get(key) for run in runs]
+    return None if not values or None in values else statistics.fmean(values)
 
 
 def arm_stats(runs: Sequence[Mapping[str, Any]]) -> ArmStats:
     mean, std = mean_std([run["test_acc"] for run in runs])
-    rates = [run["firing_rate_mean"] for run in runs]
     return ArmStats(n=len(runs), mean=mean, std=std, params_m=statistics.fmean(run["params_m"] for run in runs),
-                    firing_rate=None if None in rates else statistics.fmean(rates))
+                    firing_rate=_mean_of_all(runs, "firing_rate_mean"), snn_acc=_mean_of_all(runs, "snn_test_acc"),
+                    energy_uj=_mean_of_all(runs, "energy_per_image_uj"))
 
 
 @dataclass(frozen=True)
@@ -293,12 +301,14 @@ def verdict(stats: Mapping[str, ArmStats]) -> Verdict:
 
 
 def table(stats: Mapping[str, ArmStats]) -> str:
-    """The markdown table: arm, n, test accuracy mean ± std, params, firing rate."""
-    rows = ["| arm | n | test acc (mean ± std) | params (M) | firing rate |", "|---|---:|---:|---:|---:|"]
+    """The markdown table: arm, n, test accuracy mean ± std, params, firing rate, SNN accuracy, energy per image."""
+    rows = ["| arm | n | test acc (mean ± std) | params (M) | firing rate | SNN acc | energy (µJ / image) |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
     for arm, s in stats.items():
         std = "n/a" if s.std is None else f"{s.std:.4f}"
-        firing = "n/a" if s.firing_rate is None else f"{s.firing_rate:.4f}"
-        rows.append(f"| {arm} | {s.n} | {s.mean:.4f} ± {std} | {s.params_m:.4f} | {firing} |")
+        firing, snn = ("n/a" if value is None else f"{value:.4f}" for value in (s.firing_rate, s.snn_acc))
+        energy = "n/a" if s.energy_uj is None else f"{s.energy_uj:,.0f}"
+        rows.append(f"| {arm} | {s.n} | {s.mean:.4f} ± {std} | {s.params_m:.4f} | {firing} | {snn} | {energy} |")
     return "\n".join(rows)
 
 

@@ -312,6 +312,10 @@ def test_arm_stats_means_and_missing_firing_rates():
     assert (stats.n, stats.mean, stats.params_m, stats.firing_rate) == (2, pytest.approx(0.7), 2.0, pytest.approx(0.2))
     assert stats.std == pytest.approx(math.sqrt(0.02))
     assert bench.arm_stats([{**runs[0], "firing_rate_mean": None}, runs[1]]).firing_rate is None
+    assert (stats.snn_acc, stats.energy_uj) == (None, None)  # runs without an SNN or an energy report
+    qann = [{**runs[0], "snn_test_acc": 0.5, "energy_per_image_uj": 100.0},
+            {**runs[1], "snn_test_acc": 0.7, "energy_per_image_uj": 300.0}]
+    assert (bench.arm_stats(qann).snn_acc, bench.arm_stats(qann).energy_uj) == (pytest.approx(0.6), 200.0)
 
 
 def stats_of(searched: float, random_mean: float, random_std: float | None, poor: float) -> dict[str, ArmStats]:
@@ -338,9 +342,10 @@ def test_verdict_is_undecided_without_a_random_spread():
 
 
 def test_table_rows():
-    text = bench.table({"random": ArmStats(5, 0.81234, 0.0123, 0.25, None), "poor": ArmStats(1, 0.5, None, 0.1, 0.3)})
-    assert text.splitlines()[2:] == ["| random | 5 | 0.8123 ± 0.0123 | 0.2500 | n/a |",
-                                     "| poor | 1 | 0.5000 ± n/a | 0.1000 | 0.3000 |"]
+    text = bench.table({"random": ArmStats(5, 0.81234, 0.0123, 0.25, None, 0.81, 71342.9),
+                        "poor": ArmStats(1, 0.5, None, 0.1, 0.3)})
+    assert text.splitlines()[2:] == ["| random | 5 | 0.8123 ± 0.0123 | 0.2500 | n/a | 0.8100 | 71,343 |",
+                                     "| poor | 1 | 0.5000 ± n/a | 0.1000 | 0.3000 | n/a | n/a |"]
 
 
 def test_alpha_entropy_by_hand():
