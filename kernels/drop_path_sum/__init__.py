@@ -33,7 +33,13 @@ def _dense(x: Tensor) -> bool:
     return x.is_contiguous() or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
 
 
+# The kernels sum in fp32: a float64 sum (e.g. an SNN evaluated in float64) stays on PyTorch's ops.
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def _problem(a: Tensor, b: Tensor, scales: tuple[Tensor | None, ...], timesteps: int) -> str | None:
+    if a.dtype not in DTYPES:
+        return f"the Triton drop-path sum takes fp32, fp16 or bf16 terms (it sums in fp32), not {a.dtype}"
     if not (a.is_floating_point() and a.dim() > 0 and a.dtype == b.dtype and a.shape == b.shape
             and a.stride() == b.stride() and a.device == b.device and _dense(a)):
         return "the Triton drop-path sum takes two float terms of one shape, dtype and dense layout"

@@ -193,6 +193,8 @@ def test_triton_refuses_terms_of_two_layouts_with_the_fix():
         drop_path_sum(a, b.contiguous(memory_format=torch.channels_last), *scales(2, "ab", 0), backend="triton")
     with pytest.raises(ValueError, match=r"scales of shape \[B\]"):
         drop_path_sum(a, b, torch.ones(3), None, backend="triton")
+    with pytest.raises(ValueError, match="fp32, fp16 or bf16 terms.*float64.*backend='torch'"):  # it sums in fp32
+        drop_path_sum(a.double(), b.double(), *scales(2, "ab", 0), backend="triton")
 
 
 def test_two_programs_cover_the_shapes():
