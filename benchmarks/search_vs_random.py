@@ -149,19 +149,21 @@ def arm_of(source: str) -> str:
 # ----------------------------------------------------------------------------- the search space
 @dataclass(frozen=True)
 class SpaceRules:
-    """What the search derives from: its primitives, cell shape and skip_connect cap."""
+    """What the search derives from: its primitives, cell shape and caps (skip_connect, parameter-free ops)."""
 
     primitives: tuple[str, ...]
     steps: int
     multiplier: int
     max_skip_connect: int | None
-    config: dict[str, Any]  # the raw search_space and evolution.max_skip_connect, to compare with each run's
+    config: dict[str, Any]  # the raw search_space and evolution's caps, to compare with each run's
+    max_parameter_free: int | None = None
 
 
 def space_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a search config that the random cells must share."""
-    return {"search_space": dict(cfg["search_space"]),
-            "max_skip_connect": cfg["search"]["evolution"]["max_skip_connect"]}
+    evolution = cfg["search"]["evolution"]
+    return {"search_space": dict(cfg["search_space"]), "max_skip_connect": evolution["max_skip_connect"],
+            "max_parameter_free": evolution.get("max_parameter_free")}  # absent in runs before the cap existed
 
 
 def search_space_rules(plan: Plan) -> SpaceRules:
@@ -175,13 +177,14 @@ def search_space_rules(plan: Plan) -> SpaceRules:
     config = space_config({"search_space": search_cfg, "search": {"evolution": evolution}})
     return SpaceRules(primitives=check_primitives(search_cfg["primitives"]), steps=int(search_cfg["steps"]),
                       multiplier=int(search_cfg["multiplier"]), max_skip_connect=evolution["max_skip_connect"],
-                      config=config)
+                      config=config, max_parameter_free=evolution["max_parameter_free"])
 
 
 def fixed_cells(plan: Plan, rules: SpaceRules) -> dict[str, dict[str, Genotype]]:
     """The cells known before any search: ``{arm: {source: genotype}}``."""
     randoms = {f"random_{seed}": random_genotype(rules.primitives, rules.steps, random.Random(seed),
-                                                 rules.max_skip_connect, multiplier=rules.multiplier)
+                                                 rules.max_skip_connect, multiplier=rules.multiplier,
+                                                 max_parameter_free=rules.max_parameter_free)
                for seed in plan.random_seeds}
     return {"random": randoms, "reference": {name: GENOTYPES[name] for name in REFERENCES},
             "poor": {POOR: GENOTYPES[POOR]}}
@@ -428,7 +431,8 @@ def run_benchmark(plan: Plan, resume: bool = False) -> dict[str, Any]:
         "budget": {**retrain_budget(plan, retrain_dirs), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
         "searches": searches,
         "search_space": {"primitives": list(rules.primitives), "steps": rules.steps,
-                         "multiplier": rules.multiplier, "max_skip_connect": rules.max_skip_connect},
+                         "multiplier": rules.multiplier, "max_skip_connect": rules.max_skip_connect,
+                         "max_parameter_free": rules.max_parameter_free},
         "minutes": minutes_per_arm(searches, arms),
         "stats": {arm: vars(s) for arm, s in stats.items()},
         "search_spread": search_spread(arms["searched"]),

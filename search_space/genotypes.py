@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from search_space.errors import UserInputError
-from search_space.ops import OPS
+from search_space.ops import OPS, PARAMETER_FREE_OPS
 
 Edge = tuple[str, int]
 
@@ -258,14 +258,15 @@ def _random_cell(candidates: Sequence[str], steps: int, rng: random.Random) -> t
 
 def random_genotype(
     primitives: Sequence[str], steps: int, rng: random.Random, max_skip_connect: int | None,
-    multiplier: int | None = None,
+    multiplier: int | None = None, max_parameter_free: int | None = None,
 ) -> Genotype:
     """A genotype drawn uniformly from the cells the search's derivation can produce.
 
     The derivation's rules hold: each node reads two distinct earlier states, never with ``none``,
-    and each cell has at most ``max_skip_connect`` skip_connect edges (None = no cap; cells over it
-    are redrawn, so the draw stays uniform over the allowed cells). The output concatenates the
-    last ``multiplier`` nodes (None = all ``steps``), as ``derive_genotype`` does.
+    and each cell has at most ``max_skip_connect`` skip_connect edges and ``max_parameter_free`` edges of
+    PARAMETER_FREE_OPS (None = no cap; cells over a cap are redrawn, so the draw stays uniform over the allowed
+    cells). The output concatenates the last ``multiplier`` nodes (None = all ``steps``), as ``derive_genotype``
+    does.
     """
     candidates = [name for name in primitives if name != _NONE_OP]
     multiplier = steps if multiplier is None else multiplier
@@ -274,16 +275,20 @@ def random_genotype(
                              "need steps >= 1 and 1 <= multiplier <= steps")
     if not candidates:
         raise UserInputError(f"random_genotype got the primitives {list(primitives)}: add an op other than 'none'")
-    if max_skip_connect is not None and max_skip_connect < 0:
-        raise UserInputError(f"random_genotype got max_skip_connect={max_skip_connect}: pass None or a count >= 0")
-    if max_skip_connect is not None and max_skip_connect < 2 * steps and set(candidates) == {_SKIP_OP}:
-        raise UserInputError(f"random_genotype: only skip_connect is available but at most {max_skip_connect} "
-                             f"of {2 * steps} edges may use it; add ops or raise max_skip_connect")
+    caps = [(name, cap, counted) for name, cap, counted in (("max_skip_connect", max_skip_connect, {_SKIP_OP}),
+                                                            ("max_parameter_free", max_parameter_free,
+                                                             PARAMETER_FREE_OPS)) if cap is not None]
+    for name, cap, counted in caps:
+        if cap < 0:
+            raise UserInputError(f"random_genotype got {name}={cap}: pass None or a count >= 0")
+        if cap < 2 * steps and set(candidates) <= counted:
+            raise UserInputError(f"random_genotype: only {', '.join(sorted(set(candidates)))} is available but at "
+                                 f"most {cap} of {2 * steps} edges may use it; add ops or raise {name}")
 
     def draw() -> tuple[Edge, ...]:
         while True:
             edges = _random_cell(candidates, steps, rng)
-            if max_skip_connect is None or sum(op == _SKIP_OP for op, _ in edges) <= max_skip_connect:
+            if all(sum(op in counted for op, _ in edges) <= cap for _, cap, counted in caps):
                 return edges
 
     concat = tuple(range(2 + steps - multiplier, 2 + steps))

@@ -279,6 +279,10 @@ register_op("spike_sep_conv_5x5")(lambda C, stride, affine, neuron: SpikingSepCo
 register_op("spike_dil_conv_3x3")(lambda C, stride, affine, neuron: SpikingDilConv(C, C, 3, stride, 2, 2, neuron=neuron, affine=affine))
 register_op("spike_dil_conv_5x5")(lambda C, stride, affine, neuron: SpikingDilConv(C, C, 5, stride, 4, 2, neuron=neuron, affine=affine))
 
+# The ops without weights on a normal cell's edge (stride 1): the pattern that short retrain proxies reward and
+# DARTS papers warn of (a derivation may cap them per cell: search.evolution.max_parameter_free).
+PARAMETER_FREE_OPS: frozenset[str] = frozenset({"max_pool_3x3", "avg_pool_3x3", "skip_connect"})
+
 # DARTS's search space, in DARTS's order (quark0/darts cnn/genotypes.py PRIMITIVES).
 DARTS_PRIMITIVES: tuple[str, ...] = (
     "none", "max_pool_3x3", "avg_pool_3x3", "skip_connect",

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from search_space.errors import UserInputError
 from search_space.genotypes import Edge, Genotype
+from search_space.ops import PARAMETER_FREE_OPS
 
 if TYPE_CHECKING:  # derivation itself needs only probabilities
     from aso_se.search.supernet import SearchNetwork
@@ -35,46 +37,62 @@ def _derive_cell(probs: list[list[float]], primitives: Sequence[str], steps: int
 
 
 def derive_cell(
-    probs: torch.Tensor, primitives: Sequence[str], steps: int, max_skip_connect: int | None
+    probs: torch.Tensor, primitives: Sequence[str], steps: int, max_skip_connect: int | None,
+    max_parameter_free: int | None = None,
 ) -> tuple[Edge, ...]:
     """The genotype edges ``(op, input)`` of one cell type from its ``[edges, ops]`` probabilities.
 
-    At most ``max_skip_connect`` skip_connect edges (None = no cap): while there are more, the
-    weakest chosen skip_connect is excluded and the cell derived again (P-DARTS's remedy for
-    the skip_connect collapse of DARTS).
+    At most ``max_skip_connect`` skip_connect edges and ``max_parameter_free`` edges of PARAMETER_FREE_OPS (None =
+    no cap): while a cap is exceeded, the weakest chosen op it counts is excluded on its edge and the cell derived
+    again (P-DARTS's remedy for the skip_connect collapse of DARTS, and the same for pools and skips together).
     """
     weights = probs.detach().double().cpu().tolist()
-    skip = primitives.index(SKIP_OP) if SKIP_OP in primitives else None
+    caps = [({primitives.index(SKIP_OP)} if SKIP_OP in primitives else set(), max_skip_connect),
+            ({op for op, name in enumerate(primitives) if name in PARAMETER_FREE_OPS}, max_parameter_free)]
+    caps = [(ops, cap) for ops, cap in caps if cap is not None]
+    _check_caps(primitives, steps, caps)
     while True:
         chosen = _derive_cell(weights, primitives, steps)
-        skips = [edge for edge, op in chosen if op == skip]
-        if max_skip_connect is None or len(skips) <= max_skip_connect:
+        over = [[(edge, op) for edge, op in chosen if op in ops] for ops, cap in caps]
+        over = next((counted for counted, (_, cap) in zip(over, caps) if len(counted) > cap), None)
+        if over is None:
             break
-        weakest = min(skips, key=lambda edge: weights[edge][skip])
-        weights[weakest][skip] = -math.inf
+        edge, op = min(over, key=lambda pair: weights[pair[0]][pair[1]])
+        weights[edge][op] = -math.inf
     inputs = [j for node in range(steps) for j in range(node + 2)]  # input state of every edge
     return tuple((primitives[op], inputs[edge]) for edge, op in chosen)
 
 
+def _check_caps(primitives: Sequence[str], steps: int, caps: list[tuple[set[int], int]]) -> None:
+    """A cap below the cell's 2·steps edges needs an op it does not count (else no cell satisfies it)."""
+    candidates = {op for op, name in enumerate(primitives) if name != NONE_OP}
+    for ops, cap in caps:
+        if cap < 0 or (cap < 2 * steps and candidates <= ops):
+            raise UserInputError(f"the derivation cannot keep at most {cap} of {2 * steps} edges on "
+                                 f"{sorted(primitives[op] for op in ops)}: add other ops to the primitives or "
+                                 "raise search.evolution's cap")
+
+
 def derive_genotype(
     normal_probs: torch.Tensor, reduce_probs: torch.Tensor, primitives: Sequence[str], *,
-    steps: int, multiplier: int, max_skip_connect: int | None,
+    steps: int, multiplier: int, max_skip_connect: int | None, max_parameter_free: int | None = None,
 ) -> Genotype:
     """DARTS's derivation for both cell types; the cell output concatenates the last ``multiplier`` nodes."""
     concat = tuple(range(2 + steps - multiplier, 2 + steps))
     return Genotype(
-        normal=derive_cell(normal_probs, primitives, steps, max_skip_connect),
+        normal=derive_cell(normal_probs, primitives, steps, max_skip_connect, max_parameter_free),
         normal_concat=concat,
-        reduce=derive_cell(reduce_probs, primitives, steps, max_skip_connect),
+        reduce=derive_cell(reduce_probs, primitives, steps, max_skip_connect, max_parameter_free),
         reduce_concat=concat,
     )
 
 
-def supernet_genotype(supernet: SearchNetwork, max_skip_connect: int | None) -> Genotype:
+def supernet_genotype(supernet: SearchNetwork, max_skip_connect: int | None,
+                      max_parameter_free: int | None = None) -> Genotype:
     """The genotype derived from ``supernet``'s current α (``derive_genotype``)."""
     probs = supernet.alpha_probabilities()
     space = supernet.search_space
     return derive_genotype(
         probs["normal"], probs["reduce"], space.primitives, steps=space.steps, multiplier=space.multiplier,
-        max_skip_connect=max_skip_connect,
+        max_skip_connect=max_skip_connect, max_parameter_free=max_parameter_free,
     )

@@ -380,7 +380,7 @@ class ASOSEEngine:
 
     def genotype(self) -> Genotype:
         """The genotype derived from the current α (top-2 inputs per node without none, skip cap)."""
-        return supernet_genotype(self.supernet, self.evolution.max_skip_connect)
+        return supernet_genotype(self.supernet, self.evolution.max_skip_connect, self.evolution.max_parameter_free)
 
     # ----------------------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:

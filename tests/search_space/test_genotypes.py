@@ -8,7 +8,7 @@ import pytest
 
 from search_space.errors import UserInputError
 from search_space.genotypes import GENOTYPES, POOR_POOL_SKIP, Genotype, load_genotype, random_genotype
-from search_space.ops import PRIMITIVE_SETS
+from search_space.ops import PARAMETER_FREE_OPS, PRIMITIVE_SETS
 
 DARTS_V2_JSON = {
     "normal": [["sep_conv_3x3", 0], ["sep_conv_3x3", 1], ["sep_conv_3x3", 0], ["sep_conv_3x3", 1],
@@ -180,6 +180,16 @@ def test_random_genotype_other_spaces_and_multiplier():
 def test_random_genotype_bad_input(primitives, steps, cap, multiplier, message):
     with pytest.raises(UserInputError, match=message):
         random_genotype(primitives, steps, random.Random(0), cap, multiplier=multiplier)
+
+
+def test_random_genotype_keeps_the_parameter_free_cap():
+    draws = [random_genotype(DARTS, 4, random.Random(seed), 2, max_parameter_free=2) for seed in range(100)]
+    counts = [sum(op in PARAMETER_FREE_OPS for op, _ in edges) for g in draws for edges in (g.normal, g.reduce)]
+    assert max(counts) == 2 and min(counts) == 0  # the cap binds (3 of 7 ops are free: ~3.4 edges of 8 uncapped)
+    with pytest.raises(UserInputError, match="avg_pool_3x3, max_pool_3x3 is available.*raise max_parameter_free"):
+        random_genotype(["none", "max_pool_3x3", "avg_pool_3x3"], 4, random.Random(0), 2, max_parameter_free=7)
+    with pytest.raises(UserInputError, match="max_parameter_free=-1"):
+        random_genotype(DARTS, 4, random.Random(0), 2, max_parameter_free=-1)
 
 
 def test_spike_native_keeps_the_wiring_and_swaps_the_weighted_ops():

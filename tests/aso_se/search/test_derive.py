@@ -1,14 +1,16 @@
-"""Genotype derivation: DARTS's rule, the skip_connect cap."""
+"""Genotype derivation: DARTS's rule, the skip_connect cap, the cap on parameter-free ops."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from aso_se.search.derive import derive_cell, derive_genotype
+from aso_se.search.evolution import EvolutionConfig
+from search_space.errors import UserInputError
 from search_space.genotypes import Genotype
 from search_space.network import build_network
 from search_space.neurons import NeuronFactory
-from search_space.ops import DARTS_PRIMITIVES
+from search_space.ops import DARTS_PRIMITIVES, OPS, PARAMETER_FREE_OPS
 
 
 def darts_parse(weights: list[list[float]], primitives: tuple[str, ...], steps: int) -> list[tuple[str, int]]:
@@ -51,6 +53,41 @@ def test_skip_connect_cap_replaces_the_weakest_skips() -> None:
     assert ops.count("skip_connect") == 2 and ops.count("sep_conv_3x3") == 6
     # the two kept skips are the strongest chosen ones: node 0's edges 0 and 1
     assert capped[:2] == (("skip_connect", 0), ("skip_connect", 1))
+
+
+def test_parameter_free_ops_are_the_ops_without_weights_on_a_normal_edge() -> None:
+    neuron = NeuronFactory("st_bif_qann", timesteps=1)
+    weightless = {name for name in OPS if name != "none" and not any(
+        isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)) or getattr(m, "affine", False)
+        for m in OPS[name](4, 1, True, neuron).modules())}
+    assert weightless == PARAMETER_FREE_OPS
+
+
+def test_parameter_free_cap_replaces_the_weakest_pools_and_skips() -> None:
+    """A cell of pools and skips (the short proxies' favourite): capped at 3, the 3 strongest stay and the other
+    edges take their best weighted op (the skip cap of 2 is met all along)."""
+    probs = torch.full((14, 8), 0.01)
+    strengths = torch.linspace(0.9, 0.5, 14)
+    for i, name in enumerate(("max_pool_3x3", "avg_pool_3x3", "skip_connect")):  # each edge's winner a free op
+        probs[i::3, DARTS_PRIMITIVES.index(name)] = strengths[i::3]
+    probs[:, DARTS_PRIMITIVES.index("dil_conv_3x3")] = 0.2
+    uncapped = derive_cell(probs, DARTS_PRIMITIVES, 4, max_skip_connect=None)
+    assert all(op in PARAMETER_FREE_OPS for op, _ in uncapped)
+    capped = derive_cell(probs, DARTS_PRIMITIVES, 4, max_skip_connect=2, max_parameter_free=3)
+    # the 3 strongest chosen (edges 0-2) stay; every other edge takes dil_conv_3x3, ties going to earlier inputs
+    assert capped == (*uncapped[:3], ("dil_conv_3x3", 1), ("dil_conv_3x3", 0), ("dil_conv_3x3", 1),
+                      ("dil_conv_3x3", 0), ("dil_conv_3x3", 1))
+    assert derive_cell(probs, DARTS_PRIMITIVES, 4, max_skip_connect=None, max_parameter_free=8) == uncapped
+
+
+def test_caps_that_no_cell_can_meet_are_refused_in_one_line() -> None:
+    probs = torch.softmax(torch.randn(14, 4), dim=-1)
+    free_only = ("none", "max_pool_3x3", "avg_pool_3x3", "skip_connect")
+    with pytest.raises(UserInputError, match="at most 3 of 8 edges.*add other ops"):
+        derive_cell(probs, free_only, 4, max_skip_connect=None, max_parameter_free=3)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(UserInputError, match="max_parameter_free.*fix search.evolution.max_parameter_free"):
+            EvolutionConfig(max_parameter_free=bad)
 
 
 def test_derived_genotype_builds_a_network() -> None:

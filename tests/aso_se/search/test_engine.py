@@ -11,6 +11,7 @@ from torch.optim.lr_scheduler import CosineAnnealingLR
 from aso_se.data import MNIST5kData
 from aso_se.errors import TrainingDiverged
 from aso_se.search.arch_params import SamplingConfig
+from aso_se.search.derive import supernet_genotype
 from aso_se.search.engine import ASOSEEngine
 from aso_se.search.evolution import EvolutionConfig
 from aso_se.search.schedule import SearchSchedule
@@ -18,10 +19,12 @@ from aso_se.search.supernet import SearchCell
 from search_space.errors import UserInputError
 from search_space.network import build_network
 from search_space.neurons import NeuronFactory, SpikingNeuron, firing_rates
+from search_space.ops import PARAMETER_FREE_OPS
 from tests.aso_se.helpers import SMALL_SPACE, darts_optimizers, make_engine, tiny_supernet
 
 SCHEDULE = SearchSchedule(cycles=2, warmup_epochs=1, search_epochs=1, restabilize_epochs=1)
-EVOLUTION = EvolutionConfig(grow_cells=1, width_factor=2, max_channels=8, prune_threshold=0.19, max_skip_connect=1)
+EVOLUTION = EvolutionConfig(grow_cells=1, width_factor=2, max_channels=8, prune_threshold=0.19, max_skip_connect=1,
+                            max_parameter_free=1)
 
 
 def loaders(samples: int = 32, batch: int = 8):
@@ -56,6 +59,9 @@ def test_two_cycle_search_on_digits_yields_a_trainable_genotype() -> None:
     assert epochs[-1]["lr"] < epochs[0]["lr"] and epochs[1]["arch_kl"] > 0
     assert all(op in SMALL_SPACE.primitives and op != "none" for op, _ in genotype.normal + genotype.reduce)
     assert sum(op == "skip_connect" for op, _ in genotype.normal) <= 1
+    # the engine derives under evolution's caps: the same α uncapped gives more pools and skips
+    assert all(sum(op in PARAMETER_FREE_OPS for op, _ in edges) <= 1 for edges in (genotype.normal, genotype.reduce))
+    assert sum(op in PARAMETER_FREE_OPS for op, _ in supernet_genotype(engine.supernet, None).normal) > 1
     network = build_network(genotype, neuron=NeuronFactory("st_bif", timesteps=2), channels=4, layers=3,
                             num_classes=10, in_channels=1, image_size=28)
     logits, _ = network(torch.randn(2, 1, 28, 28))
