@@ -6,6 +6,7 @@
 #   OUT=<dir> DATA=/tmp/cifar10 RUN=/tmp/run/fast0 STOP_S=400 bash benchmarks/full_retrain_cifar10.sh [overrides]
 #   CUDA_VISIBLE_DEVICES=2,3 RUN=/tmp/run/relu ... bash benchmarks/full_retrain_cifar10.sh neuron=relu
 #   CUDA_VISIBLE_DEVICES=0 RUN=/tmp/run/one ... bash benchmarks/full_retrain_cifar10.sh trainer.precision=fp16
+# GENOTYPE=<name or genotype.json> retrains another cell (default DARTS_V2), e.g. a searched-vs-random arm.
 set -uo pipefail
 if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
   GPUS=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
@@ -24,8 +25,8 @@ fi
 if [ -f "$RUN/checkpoints/last.pt" ]; then
   args=(resume="$RUN")
 else
-  args=("${ddp[@]}" experiment=cifar10_qann_fast genotype=DARTS_V2 batch_size=$((1024 / GPUS)) data.root="$DATA"
-        hydra.run.dir="$RUN" "$@")
+  args=("${ddp[@]}" experiment=cifar10_qann_fast genotype="${GENOTYPE:-DARTS_V2}" batch_size=$((1024 / GPUS))
+        data.root="$DATA" hydra.run.dir="$RUN" "$@")
 fi
 timeout -s TERM --preserve-status "${STOP_S:-400}" "${launch[@]}" train.py "${args[@]}" > "$log" 2>&1
 echo "$name exit $?"
