@@ -72,9 +72,10 @@ ELASTIC_MARKERS = Path("outputs") / ".torchelastic"
 # (``+data.root=<dir>``: the default config a resume composes, mnist5k's, has no root).
 MACHINE_KEYS = ("data.root", "data.num_workers")
 # ... and how train.py evaluates the exact SNN at the end: evaluation only, the training is unchanged.
-EVALUATION_KEYS = ("snn_max_timesteps", "snn_eval_samples", "snn_eval_dtype", "snn_spikes_per_step")
+EVALUATION_KEYS = ("snn_max_timesteps", "snn_first_timesteps", "snn_eval_samples", "snn_eval_dtype",
+                   "snn_spikes_per_step")
 # Evaluation settings newer than some saved runs: their defaults, so that those runs resume (and re-evaluate).
-NEWER_EVALUATION_DEFAULTS = {"snn_spikes_per_step": 1}
+NEWER_EVALUATION_DEFAULTS = {"snn_spikes_per_step": 1, "snn_first_timesteps": None}
 RESUME_KEYS = MACHINE_KEYS + EVALUATION_KEYS
 # Where a multirun's jobs run (``+sweep=local_gpus`` and its ``sweep.*`` keys): the launcher's, not the run's config,
 # so a resume takes them too (benchmarks continue unfinished runs through the same launcher).

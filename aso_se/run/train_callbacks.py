@@ -39,7 +39,7 @@ class TrainCallbacks:
         self.board = board
         self.trainer = trainer
         self.genotype = genotype
-        check_snn_settings(run.cfg.snn_eval_dtype, run.cfg.snn_spikes_per_step)
+        check_snn_settings(run.cfg.snn_eval_dtype, run.cfg.snn_spikes_per_step, run.cfg.snn_first_timesteps)
         if board is not None:
             board.genotype(genotype, trainer.global_step)
         if run.resumed and run.ctx.is_main:
@@ -103,7 +103,8 @@ class TrainCallbacks:
             metrics.update(snn_metrics(network, snn_test, device=ctx.device, max_timesteps=cfg.snn_max_timesteps,
                                        dtype=cfg.snn_eval_dtype, board=self.board, step=step,
                                        before_batch=self._stop_all_ranks_together, sharded=ctx.distributed,
-                                       spikes_per_step=cfg.snn_spikes_per_step))
+                                       spikes_per_step=cfg.snn_spikes_per_step,
+                                       first_timesteps=cfg.snn_first_timesteps))
             run.raise_if_stopped()
         if not ctx.is_main:
             return

@@ -79,6 +79,21 @@ def test_snn_summed_logits_equal_the_qann_logits_in_fp64(genotype: Genotype) -> 
     assert network(x)[0].std() > 1e-3  # logits that differ, so equal predictions mean something
 
 
+def test_a_first_run_at_a_larger_t_gives_the_same_evaluation_in_fewer_steps() -> None:
+    """snn_first_timesteps: the runs at T = 4, 16, ... below it are skipped; the last run, and so the result, is the
+    same (its prefixes give the accuracy after 1, 2, 4, ... steps as before)."""
+    network = qann_network(GENOTYPES["DARTS_V2"], seed=1).double()
+    batches = [(torch.randn(6, 2, 12, 12, dtype=torch.float64), torch.arange(6) % 5)]
+    default = evaluate_snn(network, batches, max_timesteps=256)
+    last_run = max(default.accuracy_at)
+    assert last_run >= 16  # the default ran T = 4 and 16 (and more) before
+    direct = evaluate_snn(network, batches, max_timesteps=256, first_timesteps=last_run)
+    assert direct == default
+    for bad in (0, 2.5, True):
+        with pytest.raises(UserInputError, match="first_timesteps=.*positive integer"):
+            evaluate_snn(network, batches, first_timesteps=bad)
+
+
 def test_the_default_sixteen_unsigned_levels_convert_exactly_in_fp64() -> None:
     network = qann_network(ALL_OPS, seed=4, level=16, sym=False).double()
     assert NeuronFactory("st_bif_qann", timesteps=1)().pos_max == 15  # the default the test stands for

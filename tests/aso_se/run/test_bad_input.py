@@ -77,6 +77,7 @@ def test_search_optimizer_given_to_train(run_app: RunApp) -> None:
 
 @pytest.mark.parametrize(("override", "fragments"), [
     ("snn_spikes_per_step=0", ["snn_spikes_per_step=0", "positive integer"]),
+    ("snn_first_timesteps=0", ["snn_first_timesteps=0", "null", "positive integer"]),
     pytest.param("snn_eval_dtype=float16", ["snn_eval_dtype='float16'", "float32", "float64"], marks=pytest.mark.slow),
 ])
 def test_bad_snn_setting_stops_the_retrain_before_it_trains(override: str, fragments: list[str], run_app: RunApp,

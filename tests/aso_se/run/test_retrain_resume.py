@@ -143,9 +143,9 @@ def test_sigterm_during_the_snn_evaluation_stops_it_and_resume_redoes_only_the_e
 
 
 def test_a_resume_may_change_the_snn_evaluation_knobs_alone(run_app: RunApp, tmp_path: Path) -> None:
-    """snn_max_timesteps, snn_eval_samples, snn_eval_dtype and snn_spikes_per_step only change the evaluation: a
-    finished QANN run resumed with them evaluates its SNN anew (no training) and rewrites metrics.json; other
-    settings are refused."""
+    """snn_max_timesteps, snn_first_timesteps, snn_eval_samples, snn_eval_dtype and snn_spikes_per_step only change
+    the evaluation: a finished QANN run resumed with them evaluates its SNN anew (no training) and rewrites
+    metrics.json; other settings are refused."""
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann",
                            "snn_max_timesteps=1", "hydra.run.dir=run")
     assert code == 0, stderr
@@ -163,8 +163,8 @@ def test_a_resume_may_change_the_snn_evaluation_knobs_alone(run_app: RunApp, tmp
 
     code, stderr = run_app("train", f"resume={run_dir}", "snn_eval_dtype=float64", "epochs=3")
     assert code != 0 and "drop the overrides epochs=3" in stderr
-    assert ("a resume takes only data.root, data.num_workers, snn_max_timesteps, snn_eval_samples, "
-            "snn_eval_dtype") in stderr
+    assert ("a resume takes only data.root, data.num_workers, snn_max_timesteps, snn_first_timesteps, "
+            "snn_eval_samples, snn_eval_dtype") in stderr
 
 
 @pytest.mark.slow  # CI keeps the knobs test above and the graded neuron's own tests
