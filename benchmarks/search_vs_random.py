@@ -17,7 +17,9 @@ machine, or on Slurm:
 
 ``--resume`` continues a stopped benchmark in DIR. Its finished runs need only their small files (run config,
 genotype.json and search_summary.json, metrics.json): DIR without checkpoints/ and tb/ can be carried to another
-machine, where ``--resume`` runs only what is left (unfinished runs there start again).
+machine, where ``--resume`` runs only what is left (unfinished runs there start again). ``--searches-only`` stops
+after the searches; a retrain run dir made by hand (e.g. on several GPUs with torchrun, the same config for every
+cell) in DIR/retrain/<cell>_seed<s> counts as finished once it holds its metrics.json.
 """
 from __future__ import annotations
 
@@ -404,8 +406,9 @@ def minutes_per_arm(searches: Sequence[Mapping[str, Any]],
     return minutes
 
 
-def run_benchmark(plan: Plan, resume: bool = False) -> dict[str, Any]:
-    """Runs the searches, then the retrains of every cell, and returns the summary (also written to plan.out)."""
+def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False) -> dict[str, Any] | None:
+    """Runs the searches, then the retrains of every cell, and returns the summary (also written to plan.out).
+    ``searches_only``: stops once every cell's genotype is in DIR/genotypes/ (None; --resume goes on later)."""
     rules = search_space_rules(plan)
     sources = []
     for cells in fixed_cells(plan, rules).values():
@@ -418,6 +421,8 @@ def run_benchmark(plan: Plan, resume: bool = False) -> dict[str, Any]:
     for name, found in zip(search.names, searches):  # the found cells beside the others: one retrain multirun
         save_json(found["genotype"], plan.out / "genotypes" / f"{name}.json")
     sources = [*search.names, *sources]
+    if searches_only:
+        return None
     retrain_dirs = run_sweeps(retrain_sweeps(plan, sources), plan.launcher, resume, plan.out / "logs")
     runs = [collect_retrain(run_dir, run_dir.name.rsplit("_seed", 1)[0]) for run_dir in sorted(retrain_dirs)]
     arms = {arm: [run for run in runs if arm_of(run["source"]) == arm] for arm in ARMS}
@@ -478,6 +483,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--searches", type=int, default=None, help="searches (seeds 0..S-1); default 3, smoke 2")
     parser.add_argument("--randoms", type=int, default=None, help="random cells (seeds 0..R-1); default 5, smoke 2")
     parser.add_argument("--retrain-seeds", type=int, default=1, help="retrains of every cell (seeds 0..N-1)")
+    parser.add_argument("--searches-only", action="store_true",
+                        help="stop once the searches ran and every cell is in DIR/genotypes/; --resume (without this "
+                             "flag) retrains them later, skipping retrain run dirs that hold their metrics.json")
     parser.add_argument("--retrain-epochs", type=int, default=None,
                         help="default: the budget's (proxy 30, full 180; smoke: experiment=smoke's)")
     parser.add_argument("--retrain-layers", type=int, default=None,
@@ -515,7 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if plan.out.exists() and any(plan.out.iterdir()) and not args.resume:
             raise UserInputError(f"--out {plan.out} is not empty; pass a new directory (runs are never overwritten) "
                                  "or --resume to continue the benchmark there")
-        summary = run_benchmark(plan, args.resume)
+        summary = run_benchmark(plan, args.resume, args.searches_only)
     except (UserInputError, BenchmarkError) as error:
         print(f"search_vs_random: {error}", file=sys.stderr)
         return 2 if isinstance(error, UserInputError) else 1
@@ -523,6 +531,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"search_vs_random: interrupted; the logs are in {args.out / 'logs'}; continue with --resume",
               file=sys.stderr)
         return 130
+    if summary is None:
+        print(f"searches done; the cells: {plan.out / 'genotypes'}; retrain them with --resume")
+        return 0
     stats = {arm: ArmStats(**values) for arm, values in summary["stats"].items()}
     print(f"summary: {plan.out / 'summary.json'}, {plan.out / 'summary.md'}, {plan.out / 'summary.png'}")
     print("\n".join(summary["verdict"]["lines"]))

@@ -117,6 +117,20 @@ def test_a_search_run_dir_without_its_checkpoints_is_read_alike(smoke, tmp_path)
         bench.collect_search(carried, rules)
 
 
+def test_searches_only_stops_before_the_retrains_on_a_carried_dir(smoke, tmp_path, capsys):
+    """--searches-only: the searches (here finished, carried without checkpoints) and every cell's genotype file, no
+    retrain; a later --resume goes on from there."""
+    out = tmp_path / "carried"
+    shutil.copytree(smoke[0], out, ignore=shutil.ignore_patterns("checkpoints", "tb", "retrain", "summary.*"))
+    shutil.rmtree(out / "genotypes")
+    assert bench.main(["--out", str(out), "--smoke", "--searches", "1", "--resume", "--searches-only"]) == 0
+    assert "searches done" in capsys.readouterr().out and not (out / "retrain").exists()
+    assert sorted(path.stem for path in (out / "genotypes").glob("*.json")) == sorted(
+        ["search_0", "random_0", "random_1", "DARTS_V2", "PC_DARTS", "POOR_POOL_SKIP"])
+    assert (out / "genotypes" / "search_0.json").read_text() == (out / "search" / "search_0" / "genotype.json"
+                                                                  ).read_text()
+
+
 def test_smoke_entropy_matches_the_search_log(smoke):
     out, _ = smoke
     summary = json.loads((out / "summary.json").read_text())
