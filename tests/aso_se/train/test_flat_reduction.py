@@ -1,10 +1,12 @@
 """Several ranks with graphs reduce the gradients between two replays (FlatGradients); on two CPU
-processes (gloo) that split step, run eagerly, trains as DDP does: same losses, same weights."""
+processes (gloo) that split step, run eagerly, trains as DDP does: same losses, same weights, in fp32 and in fp16
+with loss scaling (the full-budget arms' precision on 2 GPUs)."""
 from __future__ import annotations
 
 import functools
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -16,7 +18,7 @@ from search_space.neurons import NeuronFactory
 from tests.aso_se.train.ddp_runs import assert_trains_as_ddp
 
 
-def _train(rank: int, world_size: int, init_file: str, out_dir: str, channels_last: bool) -> None:
+def _train(rank: int, world_size: int, init_file: str, out_dir: str, channels_last: bool, precision: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
@@ -26,7 +28,7 @@ def _train(rank: int, world_size: int, init_file: str, out_dir: str, channels_la
                                     layers=3, num_classes=10, auxiliary=True, image_size=16)
             trainer = Retrainer(network, optimizer=functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
                                 scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=2),
-                                epochs=2, auxiliary_weight=0.4, drop_path_prob=0.0, grad_clip=0.5, precision="fp32",
+                                epochs=2, auxiliary_weight=0.4, drop_path_prob=0.0, grad_clip=0.5, precision=precision,
                                 ctx=DistributedContext(torch.device("cpu"), rank=rank, world_size=world_size),
                                 log_every_n_steps=10, channels_last=channels_last, grad_reduction=reduction)
             assert (trainer.flat_grads is not None) == (reduction == "after_backward")
@@ -44,9 +46,11 @@ def _train(rank: int, world_size: int, init_file: str, out_dir: str, channels_la
         dist.destroy_process_group()
 
 
-def test_flat_reduction_trains_as_ddp(tmp_path: Path) -> None:
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_flat_reduction_trains_as_ddp(tmp_path: Path, precision: str) -> None:
     channels_last = True  # the flat buffer's views take the weights' NHWC strides (NCHW is the plain case)
-    mp.spawn(_train, args=(2, str(tmp_path / "rendezvous"), str(tmp_path), channels_last), nprocs=2, join=True)
+    mp.spawn(_train, args=(2, str(tmp_path / "rendezvous"), str(tmp_path), channels_last, precision), nprocs=2,
+             join=True)
     runs = {reduction: [torch.load(tmp_path / f"{reduction}{rank}.pt", weights_only=True) for rank in range(2)]
             for reduction in ("ddp", "after_backward")}
     assert_trains_as_ddp(runs["ddp"], runs["after_backward"], rtol=1e-5, atol=1e-6)
