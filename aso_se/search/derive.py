@@ -53,11 +53,11 @@ def derive_cell(
     _check_caps(primitives, steps, caps)
     while True:
         chosen = _derive_cell(weights, primitives, steps)
-        over = [[(edge, op) for edge, op in chosen if op in ops] for ops, cap in caps]
-        over = next((counted for counted, (_, cap) in zip(over, caps) if len(counted) > cap), None)
-        if over is None:
+        counted = next((pairs for pairs, cap in (([p for p in chosen if p[1] in ops], cap) for ops, cap in caps)
+                        if len(pairs) > cap), None)  # the chosen (edge, op) pairs of the first cap exceeded
+        if counted is None:
             break
-        edge, op = min(over, key=lambda pair: weights[pair[0]][pair[1]])
+        edge, op = min(counted, key=lambda pair: weights[pair[0]][pair[1]])
         weights[edge][op] = -math.inf
     inputs = [j for node in range(steps) for j in range(node + 2)]  # input state of every edge
     return tuple((primitives[op], inputs[edge]) for edge, op in chosen)
