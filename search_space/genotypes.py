@@ -256,6 +256,18 @@ def _random_cell(candidates: Sequence[str], steps: int, rng: random.Random) -> t
     return tuple(edges)
 
 
+def check_edge_caps(candidates: Iterable[str], steps: int, caps: Sequence[tuple[str, int, Iterable[str]]]) -> None:
+    """Per-cell caps ``(name, cap, ops it counts)`` that some cell of these ``candidates`` (ops other than none) can
+    meet: a cap >= 0, and below the cell's 2·steps edges only with an op it does not count."""
+    candidates = set(candidates)
+    for name, cap, counted in caps:
+        if cap < 0:
+            raise UserInputError(f"{name}={cap}: pass None or a count >= 0")
+        if cap < 2 * steps and candidates <= set(counted):
+            raise UserInputError(f"only {', '.join(sorted(candidates))} is available but at most {cap} of "
+                                 f"{2 * steps} edges may use it; add other ops or raise {name}")
+
+
 def random_genotype(
     primitives: Sequence[str], steps: int, rng: random.Random, max_skip_connect: int | None,
     multiplier: int | None = None, max_parameter_free: int | None = None,
@@ -278,12 +290,7 @@ def random_genotype(
     caps = [(name, cap, counted) for name, cap, counted in (("max_skip_connect", max_skip_connect, {_SKIP_OP}),
                                                             ("max_parameter_free", max_parameter_free,
                                                              PARAMETER_FREE_OPS)) if cap is not None]
-    for name, cap, counted in caps:
-        if cap < 0:
-            raise UserInputError(f"random_genotype got {name}={cap}: pass None or a count >= 0")
-        if cap < 2 * steps and set(candidates) <= counted:
-            raise UserInputError(f"random_genotype: only {', '.join(sorted(set(candidates)))} is available but at "
-                                 f"most {cap} of {2 * steps} edges may use it; add ops or raise {name}")
+    check_edge_caps(candidates, steps, caps)
 
     def draw() -> tuple[Edge, ...]:
         while True:

@@ -282,8 +282,9 @@ def evaluate_snn(qann: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, d
     skips the shorter runs with 64 (the same final run and accuracies, fewer steps in all).
     """
     for name, value in (("max_timesteps", max_timesteps), ("first_timesteps", first_timesteps)):
-        if (value is not None or name == "max_timesteps") and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if name == "first_timesteps" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UserInputError(f"{name}={value!r} must be a positive integer, e.g. 64")
     if dtype is not None:
         qann = copy.deepcopy(qann).to(dtype)

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from search_space.errors import UserInputError
-from search_space.genotypes import Edge, Genotype
+from search_space.genotypes import Edge, Genotype, check_edge_caps
 from search_space.ops import PARAMETER_FREE_OPS
 
 if TYPE_CHECKING:  # derivation itself needs only probabilities
@@ -47,14 +46,14 @@ def derive_cell(
     again (P-DARTS's remedy for the skip_connect collapse of DARTS, and the same for pools and skips together).
     """
     weights = probs.detach().double().cpu().tolist()
-    caps = [({primitives.index(SKIP_OP)} if SKIP_OP in primitives else set(), max_skip_connect),
-            ({op for op, name in enumerate(primitives) if name in PARAMETER_FREE_OPS}, max_parameter_free)]
-    caps = [(ops, cap) for ops, cap in caps if cap is not None]
-    _check_caps(primitives, steps, caps)
+    named = [(name, cap, ops) for name, cap, ops in (
+        ("search.evolution.max_skip_connect", max_skip_connect, {SKIP_OP}),
+        ("search.evolution.max_parameter_free", max_parameter_free, PARAMETER_FREE_OPS)) if cap is not None]
+    check_edge_caps((name for name in primitives if name != NONE_OP), steps, named)
+    caps = [({op for op, name in enumerate(primitives) if name in ops}, cap) for _, cap, ops in named]
     while True:
         chosen = _derive_cell(weights, primitives, steps)
-        counted = next((pairs for pairs, cap in (([p for p in chosen if p[1] in ops], cap) for ops, cap in caps)
-                        if len(pairs) > cap), None)  # the chosen (edge, op) pairs of the first cap exceeded
+        counted = _first_exceeded(chosen, caps)
         if counted is None:
             break
         edge, op = min(counted, key=lambda pair: weights[pair[0]][pair[1]])
@@ -63,14 +62,13 @@ def derive_cell(
     return tuple((primitives[op], inputs[edge]) for edge, op in chosen)
 
 
-def _check_caps(primitives: Sequence[str], steps: int, caps: list[tuple[set[int], int]]) -> None:
-    """A cap below the cell's 2·steps edges needs an op it does not count (else no cell satisfies it)."""
-    candidates = {op for op, name in enumerate(primitives) if name != NONE_OP}
+def _first_exceeded(chosen: list[tuple[int, int]], caps: list[tuple[set[int], int]]) -> list[tuple[int, int]] | None:
+    """The chosen (edge, op) pairs that the first exceeded cap counts, or None when every cap holds."""
     for ops, cap in caps:
-        if cap < 0 or (cap < 2 * steps and candidates <= ops):
-            raise UserInputError(f"the derivation cannot keep at most {cap} of {2 * steps} edges on "
-                                 f"{sorted(primitives[op] for op in ops)}: add other ops to the primitives or "
-                                 "raise search.evolution's cap")
+        counted = [(edge, op) for edge, op in chosen if op in ops]
+        if len(counted) > cap:
+            return counted
+    return None
 
 
 def derive_genotype(
