@@ -107,8 +107,10 @@ class Sweep:
 
     def resume_command(self, launcher: Sequence[str], run_dirs: Sequence[Path]) -> list[str]:
         """The multirun that continues ``run_dirs`` from their checkpoints (``resume=``, each in its own dir); of
-        the sweep's overrides it keeps those a resume takes (the machine's data, the SNN evaluation, the launcher)."""
-        kept = [o for o in self.overrides if o.split("=", 1)[0].lstrip("+") in RESUME_KEYS or is_launcher_override(o)]
+        the sweep's overrides it keeps those a resume takes (the machine's data, the SNN evaluation, the launcher),
+        forced (``++data.root=``): the config a resume composes, mnist5k's, has no data.root to override."""
+        kept = [o if is_launcher_override(o) else "++" + o.lstrip("+") for o in self.overrides
+                if o.split("=", 1)[0].lstrip("+") in RESUME_KEYS or is_launcher_override(o)]
         return ["python", self.script, "-m", *launcher, *kept,
                 f"resume={','.join(quoted(run_dir) for run_dir in run_dirs)}",
                 f"hydra.sweep.dir={quoted(self.stage_dir)}", "hydra.sweep.subdir='${aso_se.stem:${resume}}'"]

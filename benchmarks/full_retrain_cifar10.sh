@@ -29,7 +29,7 @@ else
   launch=(python3 -m torch.distributed.run --standalone --nproc_per_node="$GPUS") ddp=(trainer=ddp)
 fi
 if [ -f "$RUN/checkpoints/last.pt" ]; then
-  args=(resume="$RUN")
+  args=(resume="$RUN" ++data.root="$DATA")  # a run dir copied from another machine reads this machine's data
 else
   args=("${ddp[@]}" experiment=cifar10_qann_fast genotype="${GENOTYPE:-DARTS_V2}" batch_size=$((1024 / GPUS))
         data.root="$DATA" hydra.run.dir="$RUN" "$@")

@@ -53,6 +53,21 @@ def test_the_multiruns_own_keys_are_refused(override):
     assert bench.check_overrides(["sweep.jobs_per_gpu=2"]) == ("sweep.jobs_per_gpu=2",)
 
 
+@pytest.mark.parametrize("script", ["search.py", "train.py"])
+def test_a_resume_command_forces_the_machines_data_root_which_the_default_config_lacks(tmp_path, script):
+    """A resume composes the entry point's default config (mnist5k: no data.root), so ``data.root=`` would be
+    refused by Hydra before the run's own config is read; the resume command forces it (``++``)."""
+    sweep = bench.Sweep(label="s", script=script, stage_dir=tmp_path, key="seed", values=("0",), names=("s0",),
+                        overrides=("experiment=cifar10_qann", "data.root=/data/c10", "+data.num_workers=3",
+                                   "sweep.jobs_per_gpu=2"), subdir="s${seed}")
+    command = sweep.resume_command(bench.LAUNCHERS["local_gpus"], [tmp_path / "s0"])
+    assert command[3:7] == ["+sweep=local_gpus", "++data.root=/data/c10", "++data.num_workers=3", "sweep.jobs_per_gpu=2"]
+    entry = script.removesuffix(".py")
+    assert bench.compose_config(entry, command[4:6]).data.root == "/data/c10"
+    with pytest.raises(UserInputError, match="data.root"):  # what the command passed before
+        bench.compose_config(entry, ["data.root=/data/c10"])
+
+
 def test_resume_continues_an_unfinished_run_from_its_checkpoint_through_the_launcher(tmp_path, capsys):
     """--resume: a run that saved a checkpoint but no result goes on from it (resume=, through the same launcher,
     with the overrides a resume takes); a finished one is left alone."""
