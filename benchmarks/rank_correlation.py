@@ -3,6 +3,7 @@
 Pairs the cells retrained in both (by genotype, not by name: the searched cells of two benchmarks differ, the
 random and reference ones recur) and correlates their mean test accuracies; prints one line and a table:
 
+    python benchmarks/search_vs_random.py --out PROXY --searches-from FULL --retrain-epochs 5 ...  # FULL's cells
     python benchmarks/rank_correlation.py --proxy PROXY/summary.json --full FULL/summary.json
 """
 from __future__ import annotations

@@ -19,7 +19,8 @@ machine, or on Slurm:
 genotype.json and search_summary.json, metrics.json): DIR without checkpoints/ and tb/ can be carried to another
 machine, where ``--resume`` runs only what is left (unfinished runs there start again). ``--searches-only`` stops
 after the searches; a retrain run dir made by hand (e.g. on several GPUs with torchrun, the same config for every
-cell) in DIR/retrain/<cell>_seed<s> counts as finished once it holds its metrics.json.
+cell) in DIR/retrain/<cell>_seed<s> counts as finished once it holds its metrics.json. ``--searches-from FULL``
+retrains the finished searches of the benchmark in FULL instead of searching: the same cells under another budget.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -89,6 +91,7 @@ class Plan:
     device: str | None
     launcher: str = "basic"
     budget: str = "proxy"  # its name, recorded in the summary ("smoke" under --smoke)
+    searches_from: Path | None = None  # another benchmark's DIR whose finished searches this one retrains
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -119,6 +122,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         device=args.device,
         launcher=args.launcher,
         budget="smoke" if args.smoke else args.budget,
+        searches_from=args.searches_from.resolve() if args.searches_from else None,
     )
 
 
@@ -243,6 +247,19 @@ def collect_search(run_dir: Path, rules: SpaceRules) -> dict[str, Any]:
     return {**found, "run_dir": str(run_dir)}
 
 
+def copy_searches(source: Path, run_dirs: Sequence[Path]) -> None:
+    """``--searches-from``: the finished searches of another benchmark (their small files) into this one's run dirs,
+    where the search multirun finds them finished; so both benchmarks retrain the same searched cells."""
+    for run_dir in run_dirs:
+        found = source / "search" / run_dir.name
+        if not (found / "genotype.json").is_file() or not (found / SEARCH_SUMMARY).is_file():
+            raise UserInputError(f"--searches-from {source}: {found} is not a finished search read by that "
+                                 f"benchmark (genotype.json and {SEARCH_SUMMARY}); finish it there with --resume, "
+                                 "or ask for fewer --searches")
+        if not run_dir.exists():
+            shutil.copytree(found, run_dir, ignore=shutil.ignore_patterns("checkpoints", "tb"))
+
+
 def retrain_budget(plan: Plan, run_dirs: Sequence[Path]) -> dict[str, Any]:
     """What every retrain got, read back from each run's composed config; they must be identical."""
     first = same_config(run_dirs, ignore=("genotype", "seed"))
@@ -250,7 +267,7 @@ def retrain_budget(plan: Plan, run_dirs: Sequence[Path]) -> dict[str, Any]:
             "train_overrides": list(plan.train_overrides),
             "search_seeds": list(plan.search_seeds), "random_seeds": list(plan.random_seeds),
             "retrain_seeds": list(plan.retrain_seeds), "device": plan.device or "auto (CUDA when present)",
-            "launcher": plan.launcher,
+            "launcher": plan.launcher, "searches_from": str(plan.searches_from) if plan.searches_from else None,
             "epochs": first["epochs"], "data": first["data"], "neuron": first["neuron"],
             "network": first["model"]["network"], "batch_size": first["batch_size"], "retrain_config": first}
 
@@ -416,7 +433,9 @@ def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False)
             save_json(json.loads(genotype.to_json()), plan.out / "genotypes" / f"{source}.json")
             sources.append(source)
     search = search_sweep(plan)
-    search_dirs = run_sweeps([search], plan.launcher, resume, plan.out / "logs")
+    if plan.searches_from is not None:
+        copy_searches(plan.searches_from, search.run_dirs())
+    search_dirs = run_sweeps([search], plan.launcher, resume or plan.searches_from is not None, plan.out / "logs")
     searches = [collect_search(run_dir, rules) for run_dir in search_dirs]
     for name, found in zip(search.names, searches):  # the found cells beside the others: one retrain multirun
         save_json(found["genotype"], plan.out / "genotypes" / f"{name}.json")
@@ -486,6 +505,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--searches-only", action="store_true",
                         help="stop once the searches ran and every cell is in DIR/genotypes/; --resume (without this "
                              "flag) retrains them later, skipping retrain run dirs that hold their metrics.json")
+    parser.add_argument("--searches-from", type=Path, default=None, metavar="DIR",
+                        help="retrain the finished searches of the benchmark in DIR instead of searching (the same "
+                             "seeds), e.g. a --budget full benchmark's cells at a proxy budget for rank_correlation.py")
     parser.add_argument("--retrain-epochs", type=int, default=None,
                         help="default: the budget's (proxy 30, full 180; smoke: experiment=smoke's)")
     parser.add_argument("--retrain-layers", type=int, default=None,

@@ -131,6 +131,25 @@ def test_searches_only_stops_before_the_retrains_on_a_carried_dir(smoke, tmp_pat
                                                                   ).read_text()
 
 
+def test_searches_from_another_benchmark_retrains_its_cells_without_searching(smoke, tmp_path, capsys):
+    """--searches-from DIR: that benchmark's finished searches are this one's (copied without checkpoints), so a
+    proxy-budget benchmark retrains the cells of a full-budget one (rank_correlation.py pairs them); a search that
+    DIR has not finished is refused before any run."""
+    source, _ = smoke
+    out = tmp_path / "proxy"
+    assert bench.main(["--out", str(out), "--smoke", "--searches", "1", "--searches-from", str(source),
+                       "--searches-only"]) == 0
+    assert not (out / "logs" / "search.log").exists()  # no search ran
+    assert not (out / "search" / "search_0" / "checkpoints").exists()
+    assert (out / "genotypes" / "search_0.json").read_text() == (source / "search" / "search_0" / "genotype.json"
+                                                                  ).read_text()
+    capsys.readouterr()
+    assert bench.main(["--out", str(tmp_path / "two"), "--smoke", "--searches", "2", "--searches-from",
+                       str(source)]) == 2
+    assert "search_1 is not a finished search" in capsys.readouterr().err
+    assert not (tmp_path / "two" / "retrain").exists()
+
+
 def test_smoke_entropy_matches_the_search_log(smoke):
     out, _ = smoke
     summary = json.loads((out / "summary.json").read_text())
