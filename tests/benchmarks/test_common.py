@@ -61,7 +61,8 @@ def test_a_resume_command_forces_the_machines_data_root_which_the_default_config
                         overrides=("experiment=cifar10_qann", "data.root=/data/c10", "+data.num_workers=3",
                                    "sweep.jobs_per_gpu=2"), subdir="s${seed}")
     command = sweep.resume_command(bench.LAUNCHERS["local_gpus"], [tmp_path / "s0"])
-    assert command[3:7] == ["+sweep=local_gpus", "++data.root=/data/c10", "++data.num_workers=3", "sweep.jobs_per_gpu=2"]
+    assert command[3:7] == ["+sweep=local_gpus", "++data.root=/data/c10", "++data.num_workers=3",
+                            "sweep.jobs_per_gpu=2"]
     entry = script.removesuffix(".py")
     assert bench.compose_config(entry, command[4:6]).data.root == "/data/c10"
     with pytest.raises(UserInputError, match="data.root"):  # what the command passed before
