@@ -146,6 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.images < 1:
             raise UserInputError(f"--images {args.images}: need at least 1")
+        if not (args.run / "checkpoints" / "last.pt").is_file():
+            raise UserInputError(f"--run {args.run}: no checkpoints/last.pt; pass a search run dir that kept its "
+                                 "checkpoint (the benchmark dirs in git keep none)")
         bad = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+") not in ("data.root", "data.num_workers")]
         if bad:
             raise UserInputError(f"overrides {bad}: only data.root and data.num_workers may change")

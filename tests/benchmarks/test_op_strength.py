@@ -75,3 +75,9 @@ def test_bad_input_is_refused_in_one_line(judged, capsys, args, message):
     assert op_strength.main(["--run", str(run), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_a_run_without_its_checkpoint_is_refused_in_one_line(tmp_path, capsys):
+    assert op_strength.main(["--run", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no checkpoints/last.pt; pass a search run dir that kept its checkpoint" in err and "\n" not in err
