@@ -65,38 +65,41 @@ def with_op(sample: ArchSample, edge: int, op: int) -> ArchSample:
 
 
 @torch.no_grad()
-def accuracy(supernet: SearchNetwork, samples: Sequence[ArchSample], batches: Sequence[tuple[torch.Tensor, ...]]
-             ) -> float:
-    """Test accuracy of the path ``samples``; batch norms on the batch's statistics, everything else in eval mode."""
+def correct(supernet: SearchNetwork, samples: Sequence[ArchSample], batches: Sequence[tuple[torch.Tensor, ...]]
+            ) -> torch.Tensor:
+    """Which test images the path ``samples`` classifies right (bool, on the CPU); batch norms on the batch's
+    statistics, everything else in eval mode."""
     supernet.eval()
     for module in supernet.modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
             module.train()
-    correct = total = 0
-    for x, y in batches:
-        correct += (supernet(x, samples, arch_grad=False).argmax(dim=1) == y).sum().item()
-        total += len(y)
-    return correct / total
+    return torch.cat([(supernet(x, samples, arch_grad=False).argmax(dim=1) == y).cpu() for x, y in batches])
 
 
 def strengths(supernet: SearchNetwork, batches: Sequence[tuple[torch.Tensor, ...]]) -> dict:
-    """Per cell type ``[edges, ops]`` accuracies of the base path with one edge changed, and the base's."""
+    """Per cell type ``[edges, ops]`` accuracies of the base path with one edge changed, the base's, and how many
+    images each changed path judges otherwise than the base (``discordant``: the paired difference's standard error
+    is about sqrt(discordant) / images, McNemar's)."""
     primitives = supernet.search_space.primitives
     none = primitives.index(NONE_OP) if NONE_OP in primitives else None
     base = supernet.argmax_sample()
-    result = {"base_accuracy": accuracy(supernet, base, batches), "accuracy": {}}
+    base_correct = correct(supernet, base, batches)
+    result = {"base_accuracy": base_correct.float().mean().item(), "accuracy": {}, "discordant": {}}
     for kind_index, kind in enumerate(CELL_TYPES):
         mask = supernet.arch[kind].op_mask.cpu()
-        table = []
+        accuracies, discordant = [], []
         for edge in range(mask.shape[0]):
-            row = []
+            accuracies.append([]), discordant.append([])
             for op in range(len(primitives)):
+                if not (mask[edge, op] or op == none):  # pruned for good (stale weights); a cut needs no weights
+                    accuracies[-1].append(None), discordant[-1].append(None)
+                    continue
                 samples = list(base)
                 samples[kind_index] = with_op(base[kind_index], edge, op)
-                # a pruned op is gone for good (its weights stale); cutting the edge needs no weights
-                row.append(accuracy(supernet, samples, batches) if mask[edge, op] or op == none else None)
-            table.append(row)
-        result["accuracy"][kind] = table
+                right = correct(supernet, samples, batches)
+                accuracies[-1].append(right.float().mean().item())
+                discordant[-1].append(int((right != base_correct).sum()))
+        result["accuracy"][kind], result["discordant"][kind] = accuracies, discordant
     return result
 
 
@@ -121,7 +124,8 @@ def parameter_free(genotype: Genotype) -> dict[str, int]:
 
 def report(result: dict, primitives: Sequence[str], alpha: dict[str, torch.Tensor]) -> str:
     lines = [f"base path (every edge its α-argmax op): test accuracy {result['base_accuracy']:.4f}", "",
-             "| cell | edge | α-argmax op (p) | strongest op (accuracy) | edge cut |", "|---|---:|---|---|---:|"]
+             "| cell | edge | α-argmax op (p) | strongest op (accuracy ± 2 SE of its gain) | edge cut |",
+             "|---|---:|---|---|---:|"]
     none = primitives.index(NONE_OP)
     for kind, table in result["accuracy"].items():
         for edge, row in enumerate(table):
@@ -129,8 +133,9 @@ def report(result: dict, primitives: Sequence[str], alpha: dict[str, torch.Tenso
             chosen = max((op for op in range(len(primitives)) if op != none), key=lambda op: float(probs[op]))
             best = max((op for op in range(len(primitives)) if op != none and row[op] is not None),
                        key=lambda op: row[op])
+            error = 2 * result["discordant"][kind][edge][best] ** 0.5 / result["images"]
             lines.append(f"| {kind} | {edge} | {primitives[chosen]} ({float(probs[chosen]):.2f}) | "
-                         f"{primitives[best]} ({row[best]:.4f}) | {row[none]:.4f} |")
+                         f"{primitives[best]} ({row[best]:.4f} ± {error:.4f}) | {row[none]:.4f} |")
     for name in ("alpha_genotype", "strength_genotype"):
         lines.append(f"{name}: parameter-free edges {result[name + '_parameter_free']}: {result[name]}")
     return "\n".join(lines)

@@ -39,10 +39,12 @@ def test_each_edge_given_its_alpha_argmax_op_is_the_base_path(judged):
     assert result["primitives"] == PRIMITIVES and result["images"] == 20
     for kind, table in result["accuracy"].items():
         assert len(table) == 5 and all(len(row) == len(PRIMITIVES) for row in table)  # 2 + 3 edges
-        for edge, row in enumerate(table):
+        for edge, (row, discordant) in enumerate(zip(table, result["discordant"][kind])):
             argmax = int(alpha[kind][edge].argmax())
-            assert row[argmax] == result["base_accuracy"]
-            assert all(0.0 <= acc <= 1.0 for acc in row if acc is not None)  # None: an op pruned for good
+            assert row[argmax] == result["base_accuracy"] and discordant[argmax] == 0
+            for acc, changed in zip(row, discordant):
+                if acc is not None:  # None: an op pruned for good
+                    assert 0.0 <= acc <= 1.0 and 20 >= changed >= round(abs(acc - result["base_accuracy"]) * 20)
     assert len({acc for table in result["accuracy"].values() for row in table for acc in row}) > 2
 
 
