@@ -89,16 +89,17 @@ def strengths(supernet: SearchNetwork, batches: Sequence[tuple[torch.Tensor, ...
         mask = supernet.arch[kind].op_mask.cpu()
         accuracies, discordant = [], []
         for edge in range(mask.shape[0]):
-            accuracies.append([]), discordant.append([])
+            edge_accuracies, edge_discordant = [], []
             for op in range(len(primitives)):
-                if not (mask[edge, op] or op == none):  # pruned for good (stale weights); a cut needs no weights
-                    accuracies[-1].append(None), discordant[-1].append(None)
-                    continue
-                samples = list(base)
-                samples[kind_index] = with_op(base[kind_index], edge, op)
-                right = correct(supernet, samples, batches)
-                accuracies[-1].append(right.float().mean().item())
-                discordant[-1].append(int((right != base_correct).sum()))
+                right = None  # an op pruned for good (stale weights) is not judged; a cut needs no weights
+                if mask[edge, op] or op == none:
+                    samples = list(base)
+                    samples[kind_index] = with_op(base[kind_index], edge, op)
+                    right = correct(supernet, samples, batches)
+                edge_accuracies.append(None if right is None else right.float().mean().item())
+                edge_discordant.append(None if right is None else int((right != base_correct).sum()))
+            accuracies.append(edge_accuracies)
+            discordant.append(edge_discordant)
         result["accuracy"][kind], result["discordant"][kind] = accuracies, discordant
     return result
 
