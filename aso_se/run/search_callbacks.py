@@ -4,8 +4,9 @@ The engine (``aso_se.search.engine.ASOSEEngine``) calls ``on_step`` after every 
 scalars, ``on_epoch_end`` once an epoch's state is final and ``on_cycle_end`` when a cycle's
 genotype is derived. Here they become a progress bar and an epoch log line, TensorBoard
 scalars and images, ``checkpoints/last.pt`` at every ``trainer.checkpoint_every_n_epochs``-th epoch's end
-(and mid-epoch when ``trainer.checkpoint_every_min`` has passed), and ``genotypes/cycle_<k>.json``. Only rank 0
-writes; every rank keeps the same bookkeeping.
+(and mid-epoch when ``trainer.checkpoint_every_min`` has passed), ``genotypes/cycle_<k>.json`` and the α it was
+derived from, ``alphas/cycle_<k>.json`` (another derivation rule needs no new search: ``benchmarks/derive_cell.py``).
+Only rank 0 writes; every rank keeps the same bookkeeping.
 """
 from __future__ import annotations
 
@@ -103,6 +104,7 @@ class SearchCallbacks:
         if self.run.ctx.is_main:
             save_json(_genotype_json(result.genotype),
                       self.run.run_dir / "genotypes" / f"cycle_{result.cycle}.json")
+            save_json(alpha_json(engine), self.run.run_dir / "alphas" / f"cycle_{result.cycle}.json")
         if self.board is not None:  # the cycle's final α, whatever alpha_figure_every_n_epochs skipped
             self.board.alphas(engine.alpha_probabilities(), engine.primitives, engine.progress["global_step"])
             self.board.genotype(result.genotype, engine.progress["global_step"])
@@ -135,6 +137,13 @@ def alpha_digest(supernet_state: dict[str, torch.Tensor]) -> str:
     """`tensor_digest` of the architecture weights α in a supernet's state dict."""
     return tensor_digest({name: value for name, value in supernet_state.items()
                           if name.startswith("arch.") and name.endswith(".alpha")})
+
+
+def alpha_json(engine: ASOSEEngine) -> dict[str, Any]:
+    """softmax(α) per cell type (``[edges][ops]``, pruned ops 0) with what a derivation needs beside it."""
+    space = engine.supernet.search_space
+    return {"primitives": list(engine.primitives), "steps": space.steps, "multiplier": space.multiplier,
+            **{kind: probs.tolist() for kind, probs in engine.alpha_probabilities().items()}}
 
 
 def _epoch_title(position: dict[str, Any]) -> str:
