@@ -76,6 +76,25 @@ def correct(supernet: SearchNetwork, samples: Sequence[ArchSample], batches: Seq
     return torch.cat([(supernet(x, samples, arch_grad=False).argmax(dim=1) == y).cpu() for x, y in batches])
 
 
+def check_against_cpu(supernet: SearchNetwork, reference: SearchNetwork, batch: tuple[torch.Tensor, ...],
+                      min_agreement: float = 0.9) -> float:
+    """The base path's predictions on ``batch`` by ``supernet`` (on its device) and by ``reference`` (the same
+    checkpoint on the CPU): their agreement, or a UserInputError below ``min_agreement``. On an H200 this analysis once
+    scored every path near 19% where the CPU gave the base path 67% (RESULTS.md, issue #44): no figure from a device
+    that disagrees with the CPU."""
+    x, y = batch
+    predictions = []
+    for net, device in ((supernet, x.device), (reference, torch.device("cpu"))):
+        right = correct(net, net.argmax_sample(), [(x.to(device), y.to(device))])
+        predictions.append(right)
+    agreement = (predictions[0] == predictions[1]).float().mean().item()
+    if agreement < min_agreement:
+        raise UserInputError(f"on {x.device} the base path judges {agreement:.0%} of {len(y)} images as the CPU does "
+                             f"(accuracy {predictions[0].float().mean():.1%} vs {predictions[1].float().mean():.1%}): "
+                             "a device fault, not a result; run with --device cpu")
+    return agreement
+
+
 def strengths(supernet: SearchNetwork, batches: Sequence[tuple[torch.Tensor, ...]]) -> dict:
     """Per cell type ``[edges, ops]`` accuracies of the base path with one edge changed, the base's, and how many
     images each changed path judges otherwise than the base (``discordant``: the paired difference's standard error
@@ -160,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserInputError(f"overrides {bad}: only data.root and data.num_workers may change")
         supernet, cfg, test = load_supernet(args.run, args.overrides, args.images, args.device)
         batches = [(x.to(args.device), y.to(args.device)) for x, y, *_ in test]
+        if torch.device(args.device).type != "cpu":  # the same checkpoint's base path on the CPU, first batch
+            check_against_cpu(supernet, load_supernet(args.run, args.overrides, args.images, "cpu")[0], batches[0])
         result = strengths(supernet, batches)
         space = supernet.search_space
         evolution = cfg.search.evolution

@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import op_strength
+from search_space.errors import UserInputError
 from search_space.genotypes import Genotype
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,3 +85,18 @@ def test_a_run_without_its_checkpoint_is_refused_in_one_line(tmp_path, capsys):
     assert op_strength.main(["--run", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "no checkpoints/last.pt; pass a search run dir that kept its checkpoint" in err and "\n" not in err
+
+
+def test_a_device_whose_base_path_disagrees_with_the_cpu_is_refused(judged):
+    """check_against_cpu: the same checkpoint twice agrees fully; a copy that computes something else (here its
+    classifier negated, standing in for a device fault) is refused with the fix named."""
+    run, _, _ = judged
+    supernet, _, test = op_strength.load_supernet(run, (), 20, "cpu")
+    batch = next(iter(test))[:2]
+    same = op_strength.load_supernet(run, (), 20, "cpu")[0]
+    assert op_strength.check_against_cpu(supernet, same, batch) == 1.0
+    with torch.no_grad():
+        same.classifier.weight.neg_()
+        same.classifier.bias.neg_()
+    with pytest.raises(UserInputError, match="a device fault, not a result; run with --device cpu"):
+        op_strength.check_against_cpu(supernet, same, batch, min_agreement=1.0)
