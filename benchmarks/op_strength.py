@@ -78,19 +78,17 @@ def correct(supernet: SearchNetwork, samples: Sequence[ArchSample], batches: Seq
 
 def check_against_cpu(supernet: SearchNetwork, reference: SearchNetwork, batch: tuple[torch.Tensor, ...],
                       min_agreement: float = 0.9) -> float:
-    """The base path's predictions on ``batch`` by ``supernet`` (on its device) and by ``reference`` (the same
-    checkpoint on the CPU): their agreement, or a UserInputError below ``min_agreement``. On an H200 this analysis once
-    scored every path near 19% where the CPU gave the base path 67% (RESULTS.md, issue #44): no figure from a device
-    that disagrees with the CPU."""
+    """The share of ``batch``'s images that the base path judges alike (right or wrong) in ``supernet`` (on its
+    device) and in ``reference`` (the same checkpoint on the CPU), or a UserInputError below ``min_agreement``. On an
+    H200 this analysis once scored every path near 19% where the CPU gave the base path 67% (RESULTS.md, issue #44):
+    no figure from a device that disagrees with the CPU."""
     x, y = batch
-    predictions = []
-    for net, device in ((supernet, x.device), (reference, torch.device("cpu"))):
-        right = correct(net, net.argmax_sample(), [(x.to(device), y.to(device))])
-        predictions.append(right)
-    agreement = (predictions[0] == predictions[1]).float().mean().item()
+    device_right, cpu_right = (correct(net, net.argmax_sample(), [(x.to(device), y.to(device))])
+                               for net, device in ((supernet, x.device), (reference, torch.device("cpu"))))
+    agreement = (device_right == cpu_right).float().mean().item()
     if agreement < min_agreement:
         raise UserInputError(f"on {x.device} the base path judges {agreement:.0%} of {len(y)} images as the CPU does "
-                             f"(accuracy {predictions[0].float().mean():.1%} vs {predictions[1].float().mean():.1%}): "
+                             f"(accuracy {device_right.float().mean():.1%} vs {cpu_right.float().mean():.1%}): "
                              "a device fault, not a result; run with --device cpu")
     return agreement
 
