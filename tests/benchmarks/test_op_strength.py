@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from benchmarks import op_strength
-from search_space.errors import UserInputError
 from search_space.genotypes import Genotype
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,16 +86,15 @@ def test_a_run_without_its_checkpoint_is_refused_in_one_line(tmp_path, capsys):
     assert "no checkpoints/last.pt; pass a search run dir that kept its checkpoint" in err and "\n" not in err
 
 
-def test_a_device_whose_base_path_disagrees_with_the_cpu_is_refused(judged):
-    """check_against_cpu: the same checkpoint twice agrees fully; a copy that computes something else (here its
-    classifier negated, standing in for a device fault) is refused with the fix named."""
-    run, _, _ = judged
-    supernet, _, test = op_strength.load_supernet(run, (), 20, "cpu")
-    batch = next(iter(test))[:2]
-    same = op_strength.load_supernet(run, (), 20, "cpu")[0]
-    assert op_strength.check_against_cpu(supernet, same, batch) == 1.0
-    with torch.no_grad():
-        same.classifier.weight.neg_()
-        same.classifier.bias.neg_()
-    with pytest.raises(UserInputError, match="a device fault, not a result; run with --device cpu"):
-        op_strength.check_against_cpu(supernet, same, batch, min_agreement=1.0)
+def test_batches_mix_the_classes_of_a_class_sorted_test_set():
+    """Batch norms run on the batch's statistics, so a batch of one class would judge every path wrongly."""
+    labels = torch.arange(10).repeat_interleave(40)  # sorted by class, as ImageFolder reads CIFAR-10
+    images = labels.float().view(-1, 1, 1, 1).expand(-1, 1, 2, 2).clone()
+    loader = [(images[i:i + 64], labels[i:i + 64]) for i in range(0, 400, 64)]
+    batches = op_strength.mixed_batches(loader, 50, seed=0, device="cpu")
+    assert [len(y) for _, y in batches] == [50] * 8
+    assert min(len(set(y.tolist())) for _, y in batches) >= 8
+    assert all(torch.equal(x[:, 0, 0, 0].long(), y) for x, y in batches)  # images stay with their labels
+    assert sorted(torch.cat([y for _, y in batches]).tolist()) == labels.tolist()
+    again = op_strength.mixed_batches(loader, 50, seed=0, device="cpu")
+    assert all(torch.equal(y, y2) for (_, y), (_, y2) in zip(batches, again))  # one fixed order
