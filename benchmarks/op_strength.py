@@ -6,8 +6,8 @@ best path (every edge its α-argmax op) is the base; each edge in turn takes eve
 and the test accuracy of that path is measured. An op's strength on its edge is that accuracy minus the accuracy
 with the edge cut; DARTS's rule on the strengths instead of α gives a second cell. Batch norms use the batch's
 statistics (their running ones were gathered on sampled mixtures of ops, not on one path), on batches that mix the
-classes (``mixed_batches``). Prints a per-edge table
-and both cells' parameter-free edges; writes DIR/op_strength.json:
+classes (``mixed_batches``). Prints a per-edge table and both cells' parameter-free edges; writes
+DIR/op_strength.json:
 
     python benchmarks/op_strength.py --run <search run dir> [--images 1000] [data.root=<cifar10>]
 """
@@ -79,8 +79,7 @@ def correct(supernet: SearchNetwork, samples: Sequence[ArchSample], batches: Seq
 
 def mixed_batches(loader, batch_size: int, seed: int, device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The loader's images in one fixed shuffled order, in batches of ``batch_size``. The test set comes sorted by
-    class, and batch norms on the batch's statistics then see one or two classes per batch: with all 10,000 CIFAR-10
-    test images every path scored ~19% (500 images, one mixed batch, gave 67%)."""
+    class, and batch norms on the statistics of a one-class batch misjudge every path (RESULTS.md, issue #44)."""
     images, labels = (torch.cat(parts) for parts in zip(*((x, y) for x, y, *_ in loader)))
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     return [(images[part].to(device), labels[part].to(device)) for part in torch.split(order, batch_size)]

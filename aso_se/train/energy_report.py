@@ -34,7 +34,7 @@ def energy_metrics(network: nn.Module, batches: Iterable[tuple[Tensor, Tensor]],
 
     With ``snn_timesteps`` (a QANN) the counts are those of its ST-BIF SNN run for that many steps
     (``spikes_per_step``: see convert_to_snn). The SNN holds every step of a layer at once, so the images go
-    ``chunk`` at a time: at the training batch (1,024 on one GPU) and ~55 steps an H200 ran out of memory.
+    ``chunk`` at a time: a one-GPU run's training batch at all its steps did not fit in an H200's memory.
     """
     model = convert_to_snn(network, snn_timesteps, spikes_per_step) if snn_timesteps else network
     was_training = model.training
