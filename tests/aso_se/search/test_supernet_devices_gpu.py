@@ -1,7 +1,7 @@
 """The supernet on a CUDA GPU computes what it computes on the CPU, in every mode an analysis runs it in.
 
 Why: op_strength.py once scored 19% on an H200 where the CPU gave 67% (issue #44); the cause was class-sorted batches,
-not the device (71 GPU tests passed on an H200), but the analyses rely on the device computing what the CPU does.
+not the device (these tests passed on an H200), but the analyses rely on the device computing what the CPU does.
 Run with `pytest -m gpu tests/aso_se/search/test_supernet_devices_gpu.py` on a machine with a GPU."""
 from __future__ import annotations
 
