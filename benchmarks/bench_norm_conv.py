@@ -12,6 +12,7 @@ forward+backward needs about 8), and the max difference of output and gradients 
 from the first row of its group.
 
     python benchmarks/bench_norm_conv.py [--batch 256 --timesteps 4]
+    python benchmarks/bench_norm_conv.py --convs-only --dtype fp16 --shapes 1024x36x32x32,1024x72x16x16,1024x144x8x8
     python benchmarks/bench_norm_conv.py --tiny     # CPU smoke run of the script itself
 """
 from __future__ import annotations
@@ -47,8 +48,9 @@ def batch_norm_variants(channels: int, device: torch.device) -> dict[str, Way]:
             "native, channels_last": plain, "cuDNN, channels_last": unit}
 
 
-def conv_variants(channels: int, kernel: int, device: torch.device) -> dict[str, Way]:
-    weight = torch.randn(channels, 1, kernel, kernel, device=device, requires_grad=True)
+def conv_variants(channels: int, kernel: int, device: torch.device, dtype: torch.dtype = torch.float32
+                  ) -> dict[str, Way]:
+    weight = torch.randn(channels, 1, kernel, kernel, device=device, dtype=dtype, requires_grad=True)
 
     def depthwise(x: torch.Tensor) -> torch.Tensor:
         return F.conv2d(x, weight if x.is_contiguous() else weight.to(memory_format=torch.channels_last),
@@ -183,26 +185,50 @@ def run_group(name: str, variants: dict, x: torch.Tensor, device: torch.device, 
     return rows
 
 
-def main() -> None:
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """"1024x36x32x32,1024x72x16x16" -> [(1024, 36, 32, 32), (1024, 72, 16, 16)]."""
+    shapes = [tuple(int(size) for size in item.split("x")) for item in text.split(",") if item]
+    if not shapes or any(len(shape) != 4 or min(shape) < 1 for shape in shapes):
+        raise SystemExit(f"bench_norm_conv: --shapes {text!r}: give N x C x H x W sizes, e.g. 1024x36x32x32")
+    return shapes
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=256, help="images per split")
     parser.add_argument("--timesteps", type=int, default=4, help="T: the tensors hold T*batch samples")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: batch 2, T = 1, 2 reps")
-    args = parser.parse_args()
+    parser.add_argument("--shapes", help="N x C x H x W tensors instead of the search step's, e.g. the retrain's: "
+                        "1024x36x32x32,1024x72x16x16,1024x144x8x8 (with --convs-only)")
+    parser.add_argument("--convs-only", action="store_true", help="only the depthwise convs, at every shape")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="the depthwise convs' dtype (--convs-only)")
+    args = parser.parse_args(argv)
+    if args.dtype != "fp32" and not args.convs_only:
+        raise SystemExit("bench_norm_conv: --dtype fp16/bf16 times the depthwise convs only; add --convs-only")
     if args.tiny:
         args.batch, args.timesteps, args.reps = 2, 1, 2
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     torch.manual_seed(0)
     n = args.batch * args.timesteps
-    shapes = [(n, 16, 32, 32), (n, 48, 32, 32), (n, 32, 16, 16), (n, 64, 8, 8)]
+    shapes = parse_shapes(args.shapes) if args.shapes else [(n, 16, 32, 32), (n, 48, 32, 32), (n, 32, 16, 16),
+                                                            (n, 64, 8, 8)]
+    dtype = DTYPES[args.dtype]
     print(f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'} | torch {torch.__version__} | "
-          f"cuDNN {torch.backends.cudnn.version()} | fp32, T*B = {n}")
+          f"cuDNN {torch.backends.cudnn.version()} | {args.dtype}, shapes {shapes}")
     print("| shape | way | fwd+bwd (ms) | × one copy | max diff from the group's first row |")
     print("|---|---|---:|---:|---:|")
     for shape in shapes:
-        x = torch.randn(shape, device=device) * 2 + 0.5
+        x = (torch.randn(shape, device=device) * 2 + 0.5).to(dtype)
         name = "x".join(map(str, shape))
+        if args.convs_only:  # e.g. the retrain's fp16 separable and dilated convs (5x5 ones: issue #44's arms)
+            for kernel in (3, 5):
+                for row in run_group(f"{name}", conv_variants(shape[1], kernel, device, dtype), x, device, args.reps):
+                    print(row, flush=True)
+            continue
         for row in run_group(f"BN {name}", batch_norm_variants(shape[1], device), x, device, args.reps):
             print(row, flush=True)
         groups = {}

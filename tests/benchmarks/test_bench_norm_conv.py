@@ -38,3 +38,17 @@ def test_every_way_gives_the_same_output_and_input_gradient(group):
     for got in results[1:]:
         for value, want in zip(got, results[0]):
             torch.testing.assert_close(value, want, rtol=tolerance, atol=tolerance)
+
+
+def test_convs_only_at_given_shapes_in_half_precision(capsys):
+    bench.main(["--tiny", "--convs-only", "--dtype", "bf16", "--shapes", "3x4x6x6,2x8x4x4"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 3x4x6x6") or
+            line.startswith("| 2x8x4x4")]
+    assert len(rows) == 8  # 2 shapes x 2 kernels x 2 layouts
+    assert all("depthwise" in row for row in rows)
+
+
+@pytest.mark.parametrize("args", [["--shapes", "3x4x6"], ["--shapes", "3x0x6x6"], ["--dtype", "fp16"]])
+def test_bad_flags_are_refused_in_one_line(args):
+    with pytest.raises(SystemExit, match="bench_norm_conv: "):
+        bench.main(["--tiny", *args] + (["--convs-only"] if "--shapes" in args else []))
