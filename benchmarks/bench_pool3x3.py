@@ -1,7 +1,7 @@
 """Benchmark: DARTS's 3x3 pools (stride 1 and 2) forward + backward on channels_last CUDA tensors, our Triton
-kernels (with other block shapes for the backward) against PyTorch's pools in both layouts.
+kernels (and other blocks of them) against PyTorch's pools in both layouts.
 
-    python benchmarks/bench_pool3x3.py [--shapes 96x72x32x32,256x144x16x16] [--dtype fp32|bf16]
+    python benchmarks/bench_pool3x3.py [--shapes 96x72x32x32,256x144x16x16] [--dtype fp32|bf16|fp16]
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import triton.testing
 from kernels.pool3x3 import pool3x3
 from kernels.pool3x3 import triton as pool_triton
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def fwd_bwd(fn, x, grad):
@@ -28,14 +28,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="96x72x32x32,96x144x16x16,256x72x32x32,256x144x16x16")
     parser.add_argument("--dtype", default="fp32", choices=DTYPES)
-    parser.add_argument("--variants", default="", help="extra backward blocks, e.g. 16:4,64:8 (pixels:warps)")
+    parser.add_argument("--variants", default="", help="other blocks, e.g. 1024:4,2048:8 (elements:warps)")
     args = parser.parse_args()
     dtype = DTYPES[args.dtype]
     print(f"{datetime.date.today()} {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; "
           "µs per forward+backward (do_bench median)")
     print("| shape | kind | stride | ours | torch NHWC | torch NCHW | " +
-          " | ".join(f"ours bwd {v}" for v in args.variants.split(",") if v) + " |")
-    original_blocks, original_warps = pool_triton._blocks, pool_triton.NUM_WARPS
+          " | ".join(f"ours {v}" for v in args.variants.split(",") if v) + " |")
+    original_block, original_warps = pool_triton.BLOCK, pool_triton.NUM_WARPS
     for spec in args.shapes.split(","):
         n, c, h, w = (int(v) for v in spec.split("x"))
         for kind in ("max", "avg"):
@@ -53,15 +53,12 @@ def main() -> None:
                 nchw = triton.testing.do_bench(lambda: fwd_bwd(torch_fn, xc, grad.contiguous()))
                 extra = []
                 for variant in filter(None, args.variants.split(",")):
-                    block_p, warps = (int(v) for v in variant.split(":"))
-                    block_c = max(16, 1 << (c - 1).bit_length())
-                    pool_triton._blocks = lambda channels, bp=block_p, bc=block_c: (bp, bc)
-                    pool_triton.NUM_WARPS = warps
+                    pool_triton.BLOCK, pool_triton.NUM_WARPS = (int(v) for v in variant.split(":"))
                     pool_triton._BWD_HANDLES.clear()
                     pool_triton._FWD_HANDLES.clear()
                     extra.append(triton.testing.do_bench(
                         lambda: fwd_bwd(functools.partial(pool3x3, kind=kind, stride=stride), x, grad)))
-                    pool_triton._blocks, pool_triton.NUM_WARPS = original_blocks, original_warps
+                    pool_triton.BLOCK, pool_triton.NUM_WARPS = original_block, original_warps
                     pool_triton._BWD_HANDLES.clear()
                     pool_triton._FWD_HANDLES.clear()
                 cells = " | ".join(f"{t * 1e3:.0f}" for t in extra)

@@ -14,6 +14,7 @@ from kernels.backend import BACKENDS, use_triton
 
 from .function import Pool3x3Function
 from .reference import pool3x3_reference
+from .triton import MAX_ELEMENTS
 
 __all__ = ["BACKENDS", "KINDS", "pool3x3", "pool3x3_reference"]
 
@@ -22,8 +23,9 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _use_triton(x: Tensor, backend: str) -> bool:
-    fits = x.dtype in _DTYPES and x.dim() == 4
-    problem = None if fits else f"the Triton pools take 4-d float16/bfloat16/float32 tensors, got {x.dim()}-d {x.dtype}"
+    fits = x.dtype in _DTYPES and x.dim() == 4 and x.numel() <= MAX_ELEMENTS
+    problem = None if fits else ("the Triton pools take 4-d float16/bfloat16/float32 tensors of at most 2**31 - 1 "
+                                 f"elements, got {x.dim()}-d {x.dtype} of {x.numel()}")
     # "auto": channels_last only; NCHW stays on PyTorch's pools, which are right there and need no layout change
     channels_last = x.is_contiguous(memory_format=torch.channels_last)
     return use_triton(backend, "pool3x3", x.device, problem, preferred=channels_last)

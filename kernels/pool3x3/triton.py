@@ -1,12 +1,11 @@
 """Triton kernels of DARTS's 3x3 pools (padding 1, stride 1 or 2) on channels_last tensors, and their launchers.
 
-Each program takes BLOCK_P pixels × all channels (NHWC: a pixel's channels are contiguous). Forward: per output
-pixel, the 9 taps in row-major order; the average divides by the window's pixels inside the image, the maximum
+Each program takes BLOCK consecutive elements of the NHWC output (forward) or input (backward). Forward: per output
+element, the 9 taps in row-major order; the average divides by the window's pixels inside the image, the maximum
 keeps the first largest tap (a NaN wins, as in PyTorch) and writes its tap index (int8) for the backward. Backward:
-per input pixel, a gather over the ≤ 9 outputs whose window holds it, in ascending output order (PyTorch's order),
+per input element, a gather over the ≤ 9 outputs whose window holds it, in ascending output order (PyTorch's order),
 so no atomics.
 """
-import functools
 
 import torch
 import triton
@@ -26,52 +25,49 @@ def _window_pixels(o, STRIDE: tl.constexpr, size):
 
 
 @triton.jit
-def _pool_fwd_kernel(x_ptr, y_ptr, idx_ptr, P, H, W, OH, OW, C, STRIDE: tl.constexpr, MAX: tl.constexpr,
-                     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-    c = tl.arange(0, BLOCK_C)
-    pmask, cmask = p < P, c < C
+def _pool_fwd_kernel(x_ptr, y_ptr, idx_ptr, E, H, W, OH, OW, C, STRIDE: tl.constexpr, MAX: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # output elements, NHWC order
+    mask = e < E
+    c = e % C
+    p = e // C
     ow = p % OW
     oh = (p // OW) % OH
     n = p // (OW * OH)
     h0, w0 = oh * STRIDE - 1, ow * STRIDE - 1
-    best = tl.full([BLOCK_P, BLOCK_C], float("-inf"), tl.float32)
-    first = tl.where(h0 < 0, 3, 0) + tl.where(w0 < 0, 1, 0)  # the window's first tap inside the image
-    idx = first[:, None] + tl.zeros([BLOCK_P, BLOCK_C], tl.int32)
-    acc = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    idx = tl.where(h0 < 0, 3, 0) + tl.where(w0 < 0, 1, 0)  # the window's first tap inside the image
+    acc = tl.zeros([BLOCK], tl.float32)
     for kh in tl.static_range(3):
         for kw in tl.static_range(3):
             ih, iw = h0 + kh, w0 + kw
-            inside = pmask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            m = inside[:, None] & cmask[None, :]
-            rows = ((n * H + ih) * W + iw).to(tl.int64) * C
-            v = tl.load(x_ptr + rows[:, None] + c[None, :], mask=m, other=0.0).to(tl.float32)
+            inside = mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            v = tl.load(x_ptr + ((n * H + ih) * W + iw).to(tl.int64) * C + c, mask=inside, other=0.0).to(tl.float32)
             if MAX:
-                take = m & ((v > best) | (v != v))
+                take = inside & ((v > best) | (v != v))
                 best = tl.where(take, v, best)
                 idx = tl.where(take, kh * 3 + kw, idx)
             else:
                 acc += v
-    out = p.to(tl.int64)[:, None] * C + c[None, :]
-    mask = pmask[:, None] & cmask[None, :]
     if MAX:
-        tl.store(y_ptr + out, best.to(y_ptr.dtype.element_ty), mask=mask)
-        tl.store(idx_ptr + out, idx.to(tl.int8), mask=mask)
+        tl.store(y_ptr + e, best.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(idx_ptr + e, idx.to(tl.int8), mask=mask)
     else:
         count = (_window_pixels(oh, STRIDE, H) * _window_pixels(ow, STRIDE, W)).to(tl.float32)
-        tl.store(y_ptr + out, (acc / count[:, None]).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + e, (acc / count).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _pool_bwd_kernel(g_ptr, idx_ptr, gx_ptr, Q, H, W, OH, OW, C, STRIDE: tl.constexpr, MAX: tl.constexpr,
-                     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    q = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-    c = tl.arange(0, BLOCK_C)
-    qmask, cmask = q < Q, c < C
+def _pool_bwd_kernel(g_ptr, idx_ptr, gx_ptr, E, H, W, OH, OW, C, STRIDE: tl.constexpr, MAX: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # input elements, NHWC order
+    mask = e < E
+    c = e % C
+    q = e // C
     w = q % W
     h = (q // W) % H
     n = q // (W * H)
-    acc = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    acc = tl.zeros([BLOCK], tl.float32)
     for dh in tl.static_range(3):
         kh = 2 - dh  # ascending output rows
         th = h + 1 - kh  # = oh * STRIDE where (h, w) is tap (kh, kw) of output (oh, ow)
@@ -81,27 +77,22 @@ def _pool_bwd_kernel(g_ptr, idx_ptr, gx_ptr, Q, H, W, OH, OW, C, STRIDE: tl.cons
             kw = 2 - dw
             tw = w + 1 - kw
             ow = tl.maximum(tw, 0) // STRIDE
-            ok = qmask & row_ok & (tw >= 0) & (tl.maximum(tw, 0) % STRIDE == 0) & (ow < OW)
-            m = ok[:, None] & cmask[None, :]
-            rows = ((n * OH + oh) * OW + ow).to(tl.int64) * C
-            g = tl.load(g_ptr + rows[:, None] + c[None, :], mask=m, other=0.0).to(tl.float32)
+            ok = mask & row_ok & (tw >= 0) & (tl.maximum(tw, 0) % STRIDE == 0) & (ow < OW)
+            at = ((n * OH + oh) * OW + ow).to(tl.int64) * C + c
+            g = tl.load(g_ptr + at, mask=ok, other=0.0).to(tl.float32)
             if MAX:
-                tap = tl.load(idx_ptr + rows[:, None] + c[None, :], mask=m, other=-1).to(tl.int32)
+                tap = tl.load(idx_ptr + at, mask=ok, other=-1).to(tl.int32)
                 acc += tl.where(tap == kh * 3 + kw, g, 0.0)
             else:
                 count = (_window_pixels(oh, STRIDE, H) * _window_pixels(ow, STRIDE, W)).to(tl.float32)
-                acc += g / count[:, None]
-    out = q.to(tl.int64)[:, None] * C + c[None, :]
-    tl.store(gx_ptr + out, acc.to(gx_ptr.dtype.element_ty), mask=qmask[:, None] & cmask[None, :])
+                acc += g / count
+    tl.store(gx_ptr + e, acc.to(gx_ptr.dtype.element_ty), mask=mask)
 
 
-@functools.lru_cache(maxsize=None)
-def _blocks(channels: int) -> tuple[int, int]:
-    """(pixels, channels) per program. Plain integer arithmetic and cached: triton.next_power_of_2 and
-    triton.cdiv are constexpr functions, whose wrappers cost host time on every launch."""
-    block_c = max(16, 1 << (channels - 1).bit_length())
-    # 32 pixels of 128 channels made the backward ~16x slower than 16 pixels (bench_pool3x3.py, RESULTS.md)
-    return (16 if block_c >= 128 else max(16, 4096 // block_c)), block_c
+# Elements per program and warps: tiles of pixels x all channels (padded to a power of two) were up to ~25x
+# slower at the retrain's shapes (bench_pool3x3.py, RESULTS.md).
+BLOCK, NUM_WARPS = 512, 4
+MAX_ELEMENTS = 2**31 - 1  # the kernels index elements in int32
 
 
 def output_size(size: int, stride: int) -> int:
@@ -114,17 +105,16 @@ _BWD_HANDLES: dict[tuple, Handle] = {}
 _ALIGN = 16  # Triton specializes pointers on their alignment to this many bytes
 
 
-def _launch(kernel, handles: dict, tensors: tuple, sizes: tuple, stride: int, maximum: bool, channels: int) -> None:
-    """kernel[grid](*tensors, *sizes, stride, maximum, BLOCK_P, BLOCK_C) on the tensors' device."""
-    block_p, block_c = _blocks(channels)
+def _launch(kernel, handles: dict, tensors: tuple, sizes: tuple, stride: int, maximum: bool) -> None:
+    """kernel[grid](*tensors, *sizes, stride, maximum, BLOCK) on the tensors' device."""
     device = tensors[0].device
     device_index = device.index if device.type == "cuda" else None
     pointers = (tensors[0].data_ptr(), tensors[1].data_ptr(), tensors[2].data_ptr())
     # The key fixes every specialization: the sizes' values, the pointers' alignment, the dtypes.
     key = (tensors[0].dtype, tensors[1].dtype, tensors[2].dtype, sizes, stride, maximum,
            pointers[0] % _ALIGN, pointers[1] % _ALIGN, pointers[2] % _ALIGN)
-    launch(kernel, handles, key, device_index, -(-sizes[0] // block_p), tensors, pointers,
-           (*sizes, stride, maximum, block_p, block_c), NUM_WARPS)
+    launch(kernel, handles, key, device_index, -(-sizes[0] // BLOCK), tensors, pointers,
+           (*sizes, stride, maximum, BLOCK), NUM_WARPS)
 
 
 def pool_fwd(x: Tensor, stride: int, maximum: bool) -> tuple[Tensor, Tensor | None]:
@@ -134,8 +124,8 @@ def pool_fwd(x: Tensor, stride: int, maximum: bool) -> tuple[Tensor, Tensor | No
     y = torch.empty((n, c, oh, ow), device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
     idx = torch.empty_like(y, dtype=torch.int8) if maximum else None
     if y.numel():
-        _launch(_pool_fwd_kernel, _FWD_HANDLES, (x, y, idx if maximum else y), (n * oh * ow, h, w, oh, ow, c),
-                stride, maximum, c)
+        _launch(_pool_fwd_kernel, _FWD_HANDLES, (x, y, idx if maximum else y), (y.numel(), h, w, oh, ow, c),
+                stride, maximum)
     return y, idx
 
 
@@ -146,5 +136,5 @@ def pool_bwd(grad: Tensor, idx: Tensor | None, size: tuple[int, int], stride: in
     grad_x = torch.empty((n, c, h, w), device=grad.device, dtype=grad.dtype, memory_format=torch.channels_last)
     if grad_x.numel():
         _launch(_pool_bwd_kernel, _BWD_HANDLES, (grad, grad if idx is None else idx, grad_x),
-                (n * h * w, h, w, oh, ow, c), stride, idx is not None, c)
+                (grad_x.numel(), h, w, oh, ow, c), stride, idx is not None)
     return grad_x

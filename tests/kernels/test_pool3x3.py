@@ -51,7 +51,7 @@ def test_max_pool_ties_send_the_gradient_to_the_first_largest_tap_as_pytorch(str
 @pytest.mark.parametrize("shape", [(4, 16, 12, 12), (2, 65, 5, 7)])
 def test_launches_of_several_programs_with_either_gradient_layout_equal_float64_cpu_pools(shape, kind, stride,
                                                                                           grad_format):
-    # SHAPES above each fit one program (BLOCK_P pixels); these take up to 3 programs a launch, with the upstream
+    # SHAPES above take one or a few programs (BLOCK elements each); these take up to 18 a launch, with the upstream
     # gradient in either layout (randn_like of a channels_last output is channels_last; torch.randn(shape) is NCHW).
     x = torch.randn(shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     want_x = x.clone().requires_grad_()
