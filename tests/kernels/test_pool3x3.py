@@ -83,3 +83,11 @@ def test_nchw_gradients_and_inputs_are_taken_and_auto_keeps_pytorchs_pools_on_cp
 def test_bad_arguments_name_the_problem(kwargs, message):
     with pytest.raises(ValueError, match=message):
         pool3x3(torch.randn(1, 2, 3, 3), **kwargs)
+
+
+def test_tensors_beyond_the_kernels_int32_element_index_are_refused_with_the_fix(monkeypatch):
+    import kernels.pool3x3 as pools
+    x = torch.randn(1, 4, 6, 6).to(memory_format=torch.channels_last)
+    monkeypatch.setattr(pools, "MAX_ELEMENTS", x.numel() - 1)  # stands for 2**31 - 1: x is one element over
+    with pytest.raises(ValueError, match="at most 2\\*\\*31 - 1 elements.*use backend='torch'"):
+        pool3x3(x, "max", 1, "triton")
