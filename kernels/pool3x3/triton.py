@@ -25,15 +25,18 @@ def _window_pixels(o, STRIDE: tl.constexpr, size):
 
 
 @triton.jit
+def _nhwc_index(e, H, W, C):
+    """(n, h, w, c) of flat element e of an NHWC tensor [N, H, W, C]."""
+    p = e // C
+    return p // (W * H), (p // W) % H, p % W, e % C
+
+
+@triton.jit
 def _pool_fwd_kernel(x_ptr, y_ptr, idx_ptr, E, H, W, OH, OW, C, STRIDE: tl.constexpr, MAX: tl.constexpr,
                      BLOCK: tl.constexpr):
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # output elements, NHWC order
     mask = e < E
-    c = e % C
-    p = e // C
-    ow = p % OW
-    oh = (p // OW) % OH
-    n = p // (OW * OH)
+    n, oh, ow, c = _nhwc_index(e, OH, OW, C)
     h0, w0 = oh * STRIDE - 1, ow * STRIDE - 1
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     idx = tl.where(h0 < 0, 3, 0) + tl.where(w0 < 0, 1, 0)  # the window's first tap inside the image
@@ -62,11 +65,7 @@ def _pool_bwd_kernel(g_ptr, idx_ptr, gx_ptr, E, H, W, OH, OW, C, STRIDE: tl.cons
                      BLOCK: tl.constexpr):
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # input elements, NHWC order
     mask = e < E
-    c = e % C
-    q = e // C
-    w = q % W
-    h = (q // W) % H
-    n = q // (W * H)
+    n, h, w, c = _nhwc_index(e, H, W, C)
     acc = tl.zeros([BLOCK], tl.float32)
     for dh in tl.static_range(3):
         kh = 2 - dh  # ascending output rows
