@@ -5,7 +5,8 @@ Two Hydra multiruns: S searches (``search.py -m seed=0,..`` in DIR/search/search
 references, POOR_POOL_SKIP as a floor; all in DIR/genotypes/) retrained by ``train.py -m genotype=<cells>`` under the
 same overrides, one multirun per retrain seed (DIR/retrain/<cell>_seed<s>). Each multirun's command is
 printed: rerun a cell or add one by hand with it. Writes DIR/summary.json, summary.md and summary.png
-(read from the run dirs); prints the table last. The CIFAR-10 protocol (search: experiment=cifar10_snn, or
+(read from the run dirs) with the verdict: searched mean >= random mean + 1 std, and >= DARTS_V2's; prints the table
+last. The CIFAR-10 protocol (search: experiment=cifar10_snn, or
 cifar10_qann with --experiment; retrain: the same experiment with epochs=30 model.network.layers=8
 model.network.channels=16: --budget proxy, the default; --budget full retrains experiment=cifar10_qann_fast,
 DARTS's 20 x 36 network for 180 epochs in fp16, after cifar10_qann searches), e.g. one job per GPU of this
@@ -303,22 +304,29 @@ def arm_stats(runs: Sequence[Mapping[str, Any]]) -> ArmStats:
 class Verdict:
     searched_beats_random: bool | None  # searched mean >= random mean + 1 random std; None: undecided
     poor_below_random: bool | None  # poor mean < random mean - 1 random std
+    searched_beats_darts_v2: bool | None = None  # searched mean >= DARTS_V2's mean; None: no DARTS_V2 run
     lines: tuple[str, ...] = field(default=())
 
 
-def verdict(stats: Mapping[str, ArmStats]) -> Verdict:
-    """The two questions, answered against the random arm's spread (undecided below 2 random runs)."""
+def verdict(stats: Mapping[str, ArmStats], darts_v2: float | None = None) -> Verdict:
+    """The issue's questions: against the random arm's spread (undecided below 2 random runs), and against
+    DARTS_V2's mean test accuracy ``darts_v2`` (undecided without it)."""
+    searched = stats["searched"].mean
+    beats_published = None if darts_v2 is None else searched >= darts_v2
+    published_line = ("searched >= DARTS_V2? undecided: no DARTS_V2 run" if darts_v2 is None else
+                      f"searched >= DARTS_V2? {'YES' if beats_published else 'NO'} ({searched:.4f} vs {darts_v2:.4f})")
     rand = stats["random"]
     if rand.std is None:
         note = f"undecided: the random arm has {rand.n} run(s), its std needs 2 or more"
-        return Verdict(None, None, (f"searched >= random + 1 std? {note}", f"poor < random - 1 std? {note}"))
-    beats = stats["searched"].mean >= rand.mean + rand.std
+        return Verdict(None, None, beats_published,
+                       (f"searched >= random + 1 std? {note}", f"poor < random - 1 std? {note}", published_line))
+    beats = searched >= rand.mean + rand.std
     below = stats["poor"].mean < rand.mean - rand.std
-    return Verdict(beats, below, (
-        f"searched >= random + 1 std? {'YES' if beats else 'NO'} "
-        f"({stats['searched'].mean:.4f} vs {rand.mean:.4f} + {rand.std:.4f})",
+    return Verdict(beats, below, beats_published, (
+        f"searched >= random + 1 std? {'YES' if beats else 'NO'} ({searched:.4f} vs {rand.mean:.4f} + {rand.std:.4f})",
         f"poor < random - 1 std? {'YES' if below else 'NO'} "
         f"({stats['poor'].mean:.4f} vs {rand.mean:.4f} - {rand.std:.4f})",
+        published_line,
     ))
 
 
@@ -446,7 +454,8 @@ def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False)
     runs = [collect_retrain(run_dir, run_dir.name.rsplit("_seed", 1)[0]) for run_dir in sorted(retrain_dirs)]
     arms = {arm: [run for run in runs if arm_of(run["source"]) == arm] for arm in ARMS}
     stats = {arm: arm_stats(runs) for arm, runs in arms.items()}
-    decision = verdict(stats)
+    darts_v2 = [run["test_acc"] for run in arms["reference"] if run["source"] == "DARTS_V2"]
+    decision = verdict(stats, statistics.fmean(darts_v2) if darts_v2 else None)
     by_source = dict(zip(search.names, searches))
     for run in arms["searched"]:
         run["alpha_entropy"] = by_source[run["source"]]["alpha_entropy"]["mean"]
@@ -461,7 +470,8 @@ def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False)
         "stats": {arm: vars(s) for arm, s in stats.items()},
         "search_spread": search_spread(arms["searched"]),
         "verdict": {"searched_beats_random": decision.searched_beats_random,
-                    "poor_below_random": decision.poor_below_random, "lines": list(decision.lines)},
+                    "poor_below_random": decision.poor_below_random,
+                    "searched_beats_darts_v2": decision.searched_beats_darts_v2, "lines": list(decision.lines)},
     }
     save_json(summary, plan.out / "summary.json")
     (plan.out / "summary.md").write_text(summary_markdown(summary, stats, decision))

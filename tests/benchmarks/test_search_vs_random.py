@@ -178,6 +178,8 @@ def test_smoke_budget_stats_and_outputs(smoke):
         assert summary["minutes"][arm]["retrain_wall"] > 0 and summary["minutes"][arm]["devices"] == ["cpu"]
     assert summary["minutes"]["searched"]["search_wall"] > 0
     assert summary["verdict"]["searched_beats_random"] in (True, False)
+    darts_v2 = next(run["test_acc"] for run in summary["reference"] if run["source"] == "DARTS_V2")
+    assert summary["verdict"]["searched_beats_darts_v2"] is (summary["stats"]["searched"]["mean"] >= darts_v2)
     assert summary["search_spread"]["cells"] == 1 and summary["search_spread"]["pairs"] == 0
     markdown = (out / "summary.md").read_text()
     assert "| searched | 1 |" in markdown and "| poor | 1 |" in markdown and "budget **smoke**" in markdown
@@ -187,7 +189,8 @@ def test_smoke_budget_stats_and_outputs(smoke):
     assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lines = stdout.strip().splitlines()
     assert lines[-1].startswith("| poor | 1 |") and lines[-6].startswith("| arm | n |")
-    assert lines[-8].startswith("searched >= random + 1 std?") and lines[-7].startswith("poor < random - 1 std?")
+    assert lines[-9].startswith("searched >= random + 1 std?") and lines[-8].startswith("poor < random - 1 std?")
+    assert lines[-7].startswith("searched >= DARTS_V2?")
 
 
 @pytest.mark.slow
@@ -371,10 +374,19 @@ def test_verdict_against_one_random_std(searched, poor, beats, below):
     assert decision.lines[1].startswith(f"poor < random - 1 std? {'YES' if below else 'NO'} ({poor:.4f}")
 
 
-def test_verdict_is_undecided_without_a_random_spread():
+def test_verdict_is_undecided_without_a_random_spread_or_a_darts_v2_run():
     decision = bench.verdict(stats_of(0.9, 0.8, None, 0.1))
     assert decision.searched_beats_random is None and decision.poor_below_random is None
-    assert all("undecided" in line for line in decision.lines)
+    assert decision.searched_beats_darts_v2 is None
+    assert all("undecided" in line for line in decision.lines) and len(decision.lines) == 3
+
+
+@pytest.mark.parametrize(("darts_v2", "beats"), [(0.875, True), (0.8751, False), (0.5, True)])
+@pytest.mark.parametrize("random_std", [0.125, None])
+def test_verdict_against_darts_v2_whatever_the_random_spread(darts_v2, beats, random_std):
+    decision = bench.verdict(stats_of(0.875, 0.75, random_std, 0.5), darts_v2)
+    assert decision.searched_beats_darts_v2 is beats
+    assert decision.lines[2] == f"searched >= DARTS_V2? {'YES' if beats else 'NO'} (0.8750 vs {darts_v2:.4f})"
 
 
 def test_table_rows():
