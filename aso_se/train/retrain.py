@@ -135,6 +135,7 @@ class Retrainer:
         self.train_images = 0
         self.conv_paths: collections.Counter[str] = collections.Counter()  # sparse-conv dispatcher paths, whole run
         self.epoch_conv_paths: dict[str, int] = {}  # those of the last epoch, for the callbacks
+        self._earlier_peak_gib: float | None = None  # GPU memory peak of the pieces before a resume
         self.train_seconds = 0.0
         self._epoch_sums: torch.Tensor | None = None  # the running epoch's summed loss and correct predictions
         self._epoch_images = 0
@@ -340,10 +341,15 @@ class Retrainer:
             "train_images_per_second": self.train_images / max(self.train_seconds, 1e-9),
             # calls per path of the sparse-conv dispatcher over the run (train and test; "sparse": the Triton kernels)
             "sparse_conv_paths": dict(self.conv_paths),
-            "peak_gpu_memory_gib": (torch.cuda.max_memory_allocated(self.ctx.device) / 2**30
-                                    if self.ctx.device.type == "cuda" else None),
+            "peak_gpu_memory_gib": self.peak_gpu_memory_gib(),
             "history": self.history,
         }
+
+    def peak_gpu_memory_gib(self) -> float | None:
+        """The largest peak of the run's pieces: a resumed piece that only evaluates allocates less than training."""
+        here = torch.cuda.max_memory_allocated(self.ctx.device) / 2**30 if self.ctx.device.type == "cuda" else None
+        peaks = [peak for peak in (here, self._earlier_peak_gib) if peak is not None]
+        return max(peaks) if peaks else None
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -361,6 +367,7 @@ class Retrainer:
             "running": ([*self._epoch_sums.tolist(), self._epoch_images]
                         if self.step_in_epoch and self._epoch_sums is not None else None),
             "conv_paths": dict(self.conv_paths),
+            "peak_gpu_memory_gib": self.peak_gpu_memory_gib(),
             "loss_scaler": None if self.scaler is None else self.scaler.state_dict(),  # fp16's current scale
             "rng": capture_rng_state(),
         }
@@ -376,6 +383,7 @@ class Retrainer:
         self.train_images, self.train_seconds = state["throughput"]
         self._carried_running = state.get("running")  # older checkpoints have none
         self.conv_paths = collections.Counter(state.get("conv_paths", {}))  # older checkpoints have none
+        self._earlier_peak_gib = state.get("peak_gpu_memory_gib")  # older checkpoints have none
         if self.scaler is not None and state.get("loss_scaler"):  # a run saved in another precision has none
             self.scaler.load_state_dict(state["loss_scaler"])
         restore_rng_state(state["rng"])
