@@ -41,18 +41,6 @@ def set_mode(supernet: torch.nn.Module, mode: str) -> None:
                 module.train()
 
 
-@pytest.fixture
-def no_tf32(monkeypatch):
-    """fp32 convs and matmuls without TF32, as on the CPU. The matmul switch goes through
-    set_float32_matmul_precision: monkeypatch cannot restore torch.backends.cuda.matmul.allow_tf32 on torch 2.11
-    (its teardown failed on an H200)."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(previous)
-
-
 @pytest.mark.parametrize("neuron,timesteps", [("st_bif_qann", 1), ("st_bif", 2)])
 @pytest.mark.parametrize("mode", ["train", "eval", "eval_batch_stats"])
 @pytest.mark.parametrize("path", ["argmax", "top2"])
