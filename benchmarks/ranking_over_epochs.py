@@ -1,0 +1,90 @@
+"""When does a retrain rank its cells as it ends? Kendall's τ-b, over the cells, between the test accuracy at epoch e
+(the mean of a window of epochs ending there, against epoch-to-epoch noise) and the accuracy at the last epoch:
+
+    python benchmarks/ranking_over_epochs.py --runs DIR/retrain/*_seed0 --epochs 10,30,60,90,120,150,170
+
+Each run dir is a train.py run; its curve is the `test/acc` scalar of its TensorBoard files (resumed pieces
+included), one value per epoch. A low τ early says a short budget would rank these cells differently.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: the packages live beside benchmarks/
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.rank_correlation import kendall_tau_b  # noqa: E402
+from search_space.errors import UserInputError  # noqa: E402
+
+TAG = "test/acc"
+
+
+def read_curve(run: Path) -> list[float]:
+    """The run's test accuracy per epoch, in order; a step logged by two pieces keeps the later piece's value."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    # pieces in the order they started: the file name holds its writer's start time (mtimes do not survive a clone)
+    files = sorted((run / "tb").glob("events.out.tfevents.*"), key=lambda f: int(f.name.split(".")[3]))
+    by_step: dict[int, float] = {}
+    for path in files:
+        events = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        events.Reload()
+        if TAG in events.Tags()["scalars"]:
+            by_step.update({event.step: event.value for event in events.Scalars(TAG)})
+    if not by_step:
+        raise UserInputError(f"{run}: no {TAG} scalars under {run / 'tb'}; pass run dirs of train.py retrains")
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def tau_at(curves: dict[str, list[float]], epoch: int, window: int) -> tuple[float | None, list[float]]:
+    """τ-b between the window's mean accuracy ending at `epoch` (1-based) and the last epoch's, and those means."""
+    means = [statistics.fmean(curve[max(0, epoch - window):epoch]) for curve in curves.values()]
+    return kendall_tau_b(means, [curve[-1] for curve in curves.values()]), means
+
+
+def report(curves: dict[str, list[float]], epochs: Sequence[int], window: int) -> str:
+    lines = [f"| epoch | τ-b vs epoch {len(next(iter(curves.values())))} | " + " | ".join(curves) + " |",
+             "|---:|---:|" + "---:|" * len(curves)]
+    for epoch in epochs:
+        tau, means = tau_at(curves, epoch, window)
+        shown = "undefined" if tau is None else f"{tau:.2f}"
+        lines.append(f"| {epoch} | {shown} | " + " | ".join(f"{100 * mean:.1f}" for mean in means) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=Path, nargs="+", required=True, help="train.py run dirs of one budget")
+    parser.add_argument("--epochs", required=True, help="comma-separated epochs (1-based), e.g. 10,30,90")
+    parser.add_argument("--window", type=int, default=5, help="epochs averaged, ending at each epoch (default 5)")
+    args = parser.parse_args(argv)
+    try:
+        if len(args.runs) < 2:
+            raise UserInputError(f"got {len(args.runs)} run dir; τ needs 2 or more cells")
+        try:
+            epochs = [int(text) for text in args.epochs.split(",")]
+        except ValueError:
+            raise UserInputError(f"--epochs {args.epochs!r}: pass comma-separated epochs, e.g. 10,30,90") from None
+        if args.window < 1:
+            raise UserInputError(f"--window {args.window}: pass 1 or more epochs")
+        curves = {run.name: read_curve(run) for run in args.runs}
+        lengths = sorted({len(curve) for curve in curves.values()})
+        if len(lengths) > 1:
+            raise UserInputError(f"the runs logged {lengths} epochs; pass runs of one budget, all finished")
+        bad = [epoch for epoch in epochs if not 1 <= epoch <= lengths[0]]
+        if bad:
+            raise UserInputError(f"--epochs {bad} lie outside the runs' epochs; pass epochs from 1 to their last")
+    except UserInputError as error:
+        print(f"ranking_over_epochs: {error}", file=sys.stderr)
+        return 2
+    print(report(curves, epochs, args.window))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""benchmarks/ranking_over_epochs.py: τ between each epoch's accuracy and the last epoch's, from TensorBoard files."""
+from pathlib import Path
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from benchmarks import ranking_over_epochs
+
+
+def write_piece(run: Path, start_time: int, values: dict[int, float]) -> None:
+    """One train.py piece's TensorBoard file of `test/acc` per step, named as if it started at `start_time`."""
+    piece = run / "tb" / f"piece_{start_time}"
+    with SummaryWriter(str(piece)) as writer:
+        for step, value in values.items():
+            writer.add_scalar("test/acc", value, step)
+            writer.add_scalar("train/loss", 1.0 - value, step)
+    (written,) = piece.glob("events.out.tfevents.*")
+    parts = written.name.split(".")
+    parts[3] = str(start_time)
+    written.rename(run / "tb" / ".".join(parts))
+    piece.rmdir()
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """Three cells of 6 epochs: the early leader ends last and the early last ends first (a crossing)."""
+    curves = {"fast": [0.5, 0.6, 0.7, 0.72, 0.73, 0.74], "middle": [0.4, 0.55, 0.66, 0.74, 0.76, 0.78],
+              "slow": [0.3, 0.5, 0.6, 0.75, 0.8, 0.82]}
+    paths = []
+    for name, curve in curves.items():
+        run = tmp_path / name
+        # two pieces, the second resumed at epoch 3 and logging it again with another value: the later one counts
+        write_piece(run, 1000, {10 * (e + 1): acc for e, acc in enumerate(curve[:3])} | {30: 0.0})
+        write_piece(run, 2000, {10 * (e + 1): acc for e, acc in enumerate(curve) if e >= 2})
+        paths.append(run)
+    return paths, curves
+
+
+def test_read_curve_keeps_the_later_piece_of_a_step_logged_twice(runs):
+    paths, curves = runs
+    assert ranking_over_epochs.read_curve(paths[0]) == pytest.approx(curves["fast"])
+
+
+def test_tau_turns_from_reversed_to_agreeing(runs, capsys):
+    paths, _ = runs
+    assert ranking_over_epochs.main(["--runs", *map(str, paths), "--epochs", "1,3,6", "--window", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| epoch | τ-b vs epoch 6 | fast | middle | slow |")
+    assert lines[2] == "| 1 | -1.00 | 50.0 | 40.0 | 30.0 |"
+    assert lines[3] == "| 3 | -1.00 | 70.0 | 66.0 | 60.0 |"
+    assert lines[4] == "| 6 | 1.00 | 74.0 | 78.0 | 82.0 |"
+
+
+def test_window_averages_the_epochs_ending_at_each(runs):
+    paths, _ = runs
+    curves = {path.name: ranking_over_epochs.read_curve(path) for path in paths}
+    tau, means = ranking_over_epochs.tau_at(curves, 4, window=2)
+    assert means == pytest.approx([0.71, 0.70, 0.675])
+    assert tau == pytest.approx(-1.0)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--epochs", "1,7"], "--epochs [7] lie outside the runs' epochs"),
+    (["--epochs", "1,x"], "pass comma-separated epochs"),
+    (["--epochs", "1", "--window", "0"], "--window 0: pass 1 or more epochs"),
+])
+def test_bad_arguments_exit_2_with_one_line(runs, capsys, args, message):
+    paths, _ = runs
+    assert ranking_over_epochs.main(["--runs", *map(str, paths), *args]) == 2
+    error = capsys.readouterr().err
+    assert message in error and error.count("\n") == 1
+
+
+def test_runs_without_curves_or_of_other_lengths_are_refused(runs, tmp_path, capsys):
+    paths, _ = runs
+    empty = tmp_path / "empty"
+    (empty / "tb").mkdir(parents=True)
+    assert ranking_over_epochs.main(["--runs", str(paths[0]), str(empty), "--epochs", "1"]) == 2
+    assert "no test/acc scalars" in capsys.readouterr().err
+    short = tmp_path / "short"
+    write_piece(short, 1000, {10: 0.1, 20: 0.2})
+    assert ranking_over_epochs.main(["--runs", str(paths[0]), str(short), "--epochs", "1"]) == 2
+    assert "logged [2, 6] epochs" in capsys.readouterr().err
