@@ -11,6 +11,7 @@ import statistics
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from aso_se.parallel.distributed import DistributedContext
 from aso_se.train.retrain import Retrainer
@@ -80,3 +81,45 @@ def test_gpu_training_loss_falls_as_on_the_cpu(tf32, monkeypatch):
         torch.set_float32_matmul_precision(previous)
     cpu, gpu = losses["cpu"], losses["cuda"]
     assert statistics.mean(gpu) < statistics.mean(cpu) + 2 * statistics.stdev(cpu), losses
+
+
+def network_step(network, images, labels, seed):
+    """One training-mode forward and backward at drop-path 0.5 (masks drawn from `seed`): loss and gradients."""
+    network.train()
+    network.drop_path_prob = 0.5
+    torch.manual_seed(seed)
+    logits, _ = network(images)
+    loss = F.cross_entropy(logits, labels)
+    network.zero_grad(set_to_none=True)
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in network.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
+def test_node_sum_kernels_in_a_network_equal_torch_ops(channels_last, no_tf32, monkeypatch):
+    """The cells' node sums and concatenations on the kernels (kernels/drop_path_sum, "auto" on CUDA) against
+    PyTorch's ops in the same network on the same GPU. At drop-path 0.5 the scales are 0 and 2, so every product
+    is exact and both paths compute the same sums: equal losses and gradients, masks and all."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    torch.manual_seed(0)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    network = build_network("DARTS_V2", neuron=NeuronFactory("st_bif", timesteps=2), channels=8, layers=3,
+                            num_classes=10, in_channels=1, image_size=16, auxiliary=False).cuda()
+    network = network.to(memory_format=layout)
+    twin = copy.deepcopy(network)
+    cells = [module for module in twin.modules() if hasattr(module, "drop_path_backend")]
+    assert cells
+    for cell in cells:
+        cell.drop_path_backend = "torch"
+    data = torch.Generator().manual_seed(4)
+    images = torch.randn(16, 1, 16, 16, generator=data).cuda().contiguous(memory_format=layout)
+    labels = torch.randint(0, 10, (16,), generator=data).cuda()
+    for seed in (0, 1):
+        (loss, grads), (want_loss, want_grads) = (network_step(net, images, labels, seed) for net in (network, twin))
+        assert loss.item() == pytest.approx(want_loss.item(), rel=1e-6, abs=0), seed
+        assert grads.keys() == want_grads.keys()
+        # gradients summed in another order: a threshold's (a sum over its neurons' terms) moves most
+        errors = {name: ((grad - want_grads[name]).norm() / want_grads[name].norm().clamp_min(1e-30)).item()
+                  for name, grad in grads.items()}
+        assert max(errors.values()) < 1e-4, sorted(errors.items(), key=lambda item: -item[1])[:3]
