@@ -94,8 +94,9 @@ class _Batches:
         return iter(self.batches)
 
 
-def epoch_losses(network: torch.nn.Module, seed: int, steps: int = 12) -> list[float]:
-    """Both epochs' training losses from `network`'s weights scaled by 1 + 1e-6 · N(0, 1) (drawn from `seed`)."""
+def epoch_losses(network: torch.nn.Module, seed: int, steps: int = 12, device: str = "cpu") -> list[float]:
+    """Both epochs' training losses on `device` from `network`'s weights scaled by 1 + 1e-6 · N(0, 1) (drawn from
+    `seed`); the drop-path masks are drawn from `seed` too."""
     network = copy.deepcopy(network)
     generator = torch.Generator().manual_seed(100 + seed)
     with torch.no_grad():
@@ -108,8 +109,8 @@ def epoch_losses(network: torch.nn.Module, seed: int, steps: int = 12) -> list[f
         network, optimizer=functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=3e-4),
         scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=2), epochs=2,
         auxiliary_weight=0.4, drop_path_prob=0.3, grad_clip=5.0, precision="fp32",
-        ctx=DistributedContext(torch.device("cpu")), log_every_n_steps=100)
-    trainer.fit(_Batches([batch] * steps), _Batches([batch]), should_stop=lambda: False,
+        ctx=DistributedContext(torch.device(device)), log_every_n_steps=100)
+    assert trainer.fit(_Batches([batch] * steps), _Batches([batch]), should_stop=lambda: False,
                 on_epoch_end=lambda is_best: None)
     return [record["train_loss"] for record in trainer.history]
 

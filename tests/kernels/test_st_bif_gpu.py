@@ -9,10 +9,9 @@ import copy
 import pytest
 import torch
 
+from benchmarks.tf32_spiking_training import tiny_network
 from kernels import native
 from kernels.st_bif import SURROGATES, STBIFNeuron
-from search_space.network import build_network
-from search_space.neurons import NeuronFactory
 from tests.kernels.test_st_bif import DTYPES, GRAD_X_TOL, OUT_TOL, SHAPES, random_sequence, reference_and_triton
 
 pytestmark = [
@@ -57,14 +56,12 @@ def module_run(neuron, x_seq, grad_out):
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
 def test_every_neuron_call_of_a_network_matches_reference(channels_last):
-    """A spiking DARTS_V2 (T = 2) on CUDA: each neuron's own forward and backward (three calls, so the C++ node,
-    once built, runs the last) equal a copy's with backend "torch" on the same input and output gradient."""
+    """The tiny spiking DARTS_V2 (T = 2) of benchmarks/tf32_spiking_training.py on CUDA: each neuron's own forward
+    and backward (three calls, so the C++ node, once built, runs the last) equal a copy's with backend "torch" on
+    the same input and output gradient."""
     native.wait()
-    torch.manual_seed(0)
-    network = build_network("DARTS_V2", neuron=NeuronFactory("st_bif", timesteps=2), channels=8, layers=3,
-                            num_classes=10, in_channels=1, image_size=16, auxiliary=False).cuda()
     layout = torch.channels_last if channels_last else torch.contiguous_format
-    network = network.to(memory_format=layout)
+    network = tiny_network().cuda().to(memory_format=layout)
     images = torch.randn(16, 1, 16, 16, generator=torch.Generator().manual_seed(4)).cuda()
     calls = neuron_inputs(network, images.contiguous(memory_format=layout))
     assert len(calls) > 10

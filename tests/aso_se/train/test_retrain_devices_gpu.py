@@ -6,17 +6,13 @@ perturbed by one part in a million change the CPU's losses by up to a point, so 
 in distribution, over runs from perturbed weights. TF32 on and off tells rounding from a fault of the GPU path.
 Run with `pytest -m gpu tests/aso_se/train/test_retrain_devices_gpu.py` on a machine with a GPU."""
 import copy
-import functools
 import statistics
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from aso_se.parallel.distributed import DistributedContext
-from aso_se.train.retrain import Retrainer
-from search_space.network import build_network
-from search_space.neurons import NeuronFactory
+from benchmarks.tf32_spiking_training import epoch_losses, tiny_network
 
 pytestmark = [
     pytest.mark.gpu,
@@ -26,56 +22,18 @@ pytestmark = [
 RUNS = 8
 
 
-class Batches:
-    """The retrain loop's loader interface over fixed batches."""
-
-    def __init__(self, batches):
-        self.batches = batches
-
-    def set_epoch(self, epoch, start_batch=0):
-        assert start_batch == 0
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __iter__(self):
-        return iter(self.batches)
-
-
-def second_epoch_loss(network, device, seed):
-    """The training loss of epoch 2 (drop-path on) of 12 steps an epoch over one batch, from `network`'s weights
-    scaled by 1 + 1e-6 · N(0, 1) (the perturbation drawn from `seed`); the drop-path masks drawn from `seed` too."""
-    network = copy.deepcopy(network)
-    generator = torch.Generator().manual_seed(100 + seed)
-    with torch.no_grad():
-        for parameter in network.parameters():
-            parameter.mul_(1 + 1e-6 * torch.randn(parameter.shape, generator=generator))
-    data = torch.Generator().manual_seed(4)
-    batch = (torch.randn(16, 1, 16, 16, generator=data), torch.randint(0, 10, (16,), generator=data))
-    torch.manual_seed(seed)
-    trainer = Retrainer(
-        network, optimizer=functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=3e-4),
-        scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=2), epochs=2,
-        auxiliary_weight=0.4, drop_path_prob=0.3, grad_clip=5.0, precision="fp32",
-        ctx=DistributedContext(torch.device(device)), log_every_n_steps=100, cuda_graph=False)
-    assert trainer.fit(Batches([batch] * 12), Batches([batch]), should_stop=lambda: False,
-                       on_epoch_end=lambda is_best: None)
-    return trainer.history[1]["train_loss"]
-
-
 @pytest.mark.parametrize("tf32", [False, True])
 def test_gpu_training_loss_falls_as_on_the_cpu(tf32, monkeypatch):
-    """Over RUNS perturbed starts each, the GPU's mean second-epoch loss lies within two of the CPU runs' standard
+    """The tiny network of benchmarks/tf32_spiking_training.py, two epochs of 12 steps over one batch, drop-path on in
+    epoch 2. Over RUNS perturbed starts each, the GPU's mean second-epoch loss lies within two of the CPU runs' standard
     deviations above the CPU's mean (a GPU path that learns as well passes by four standard errors)."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", tf32)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
     try:
-        torch.manual_seed(0)
-        network = build_network("DARTS_V2", neuron=NeuronFactory("st_bif", timesteps=2), channels=8, layers=3,
-                                num_classes=10, in_channels=1, image_size=16, auxiliary=False)
-        losses = {device: [second_epoch_loss(network, device, seed) for seed in range(RUNS)]
+        network = tiny_network()
+        losses = {device: [epoch_losses(network, seed, device=device)[1] for seed in range(RUNS)]
                   for device in ("cpu", "cuda")}
     finally:
         torch.set_float32_matmul_precision(previous)
@@ -102,11 +60,8 @@ def test_node_sum_kernels_in_a_network_equal_torch_ops(channels_last, no_tf32, m
     is exact and both paths compute the same sums: equal losses and gradients, masks and all."""
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    torch.manual_seed(0)
     layout = torch.channels_last if channels_last else torch.contiguous_format
-    network = build_network("DARTS_V2", neuron=NeuronFactory("st_bif", timesteps=2), channels=8, layers=3,
-                            num_classes=10, in_channels=1, image_size=16, auxiliary=False).cuda()
-    network = network.to(memory_format=layout)
+    network = tiny_network().cuda().to(memory_format=layout)
     twin = copy.deepcopy(network)
     cells = [module for module in twin.modules() if hasattr(module, "drop_path_backend")]
     assert cells
