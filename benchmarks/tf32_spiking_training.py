@@ -6,6 +6,7 @@ part in a million (the network is chaotic, so only distributions compare), once 
 conv's inputs, weights and gradients rounded to TF32's 10 mantissa bits both ways, as cuDNN's TF32 convs compute:
 
     python benchmarks/tf32_spiking_training.py --runs 8
+    python benchmarks/tf32_spiking_training.py --runs 6 --perturbation 0   # the GPU test's own start
 """
 from __future__ import annotations
 
@@ -94,14 +95,15 @@ class _Batches:
         return iter(self.batches)
 
 
-def epoch_losses(network: torch.nn.Module, seed: int, steps: int = 12, device: str = "cpu") -> list[float]:
-    """Both epochs' training losses on `device` from `network`'s weights scaled by 1 + 1e-6 · N(0, 1) (drawn from
-    `seed`); the drop-path masks are drawn from `seed` too."""
+def epoch_losses(network: torch.nn.Module, seed: int, steps: int = 12, device: str = "cpu",
+                 perturbation: float = 1e-6) -> list[float]:
+    """Both epochs' training losses on `device` from `network`'s weights scaled by 1 + perturbation · N(0, 1) (drawn
+    from `seed`); the drop-path masks are drawn from `seed` too."""
     network = copy.deepcopy(network)
     generator = torch.Generator().manual_seed(100 + seed)
     with torch.no_grad():
         for parameter in network.parameters():
-            parameter.mul_(1 + 1e-6 * torch.randn(parameter.shape, generator=generator))
+            parameter.mul_(1 + perturbation * torch.randn(parameter.shape, generator=generator))
     data = torch.Generator().manual_seed(4)
     batch = (torch.randn(16, 1, 16, 16, generator=data), torch.randint(0, 10, (16,), generator=data))
     torch.manual_seed(seed)
@@ -118,7 +120,13 @@ def epoch_losses(network: torch.nn.Module, seed: int, steps: int = 12, device: s
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=8, help="perturbed starts per arm (default 8)")
+    parser.add_argument("--perturbation", type=float, default=1e-6,
+                        help="relative weight perturbation of each start (default 1e-6; 0: one start, runs differ "
+                             "only in their drop-path masks)")
     args = parser.parse_args(argv)
+    if args.perturbation < 0:
+        print(f"tf32_spiking_training: --perturbation {args.perturbation}: pass 0 or more", file=sys.stderr)
+        return 2
     if args.runs < 2:
         print(f"tf32_spiking_training: --runs {args.runs}: pass 2 or more (a standard deviation needs two)",
               file=sys.stderr)
@@ -127,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| convs | epoch 1 loss, mean ± std (range) | epoch 2 loss, mean ± std (range) |\n|---|---|---|")
     for name, context in (("fp32", contextlib.nullcontext), ("TF32 emulated", emulated_tf32_convs)):
         with context():
-            losses = [epoch_losses(network, seed) for seed in range(args.runs)]
+            losses = [epoch_losses(network, seed, perturbation=args.perturbation) for seed in range(args.runs)]
         cells = []
         for epoch in (0, 1):
             values = [run[epoch] for run in losses]

@@ -67,3 +67,13 @@ def test_fewer_than_two_runs_is_refused(capsys):
 def test_string_padding_is_refused(padding):
     with bench.emulated_tf32_convs(), pytest.raises(ValueError, match="numeric padding"):
         F.conv2d(torch.randn(1, 1, 4, 4), torch.randn(1, 1, 3, 3), padding=padding)
+
+
+def test_runs_differ_in_their_start_only_when_perturbed(capsys):
+    network = bench.tiny_network()
+    unperturbed = [bench.epoch_losses(network, seed, steps=2, perturbation=0.0)[0] for seed in (0, 1)]
+    perturbed = [bench.epoch_losses(network, seed, steps=2)[0] for seed in (0, 1)]
+    assert unperturbed[0] == unperturbed[1]  # epoch 1 has no drop-path: one start, one trajectory
+    assert perturbed[0] != perturbed[1]
+    assert bench.main(["--perturbation", "-1"]) == 2
+    assert "pass 0 or more" in capsys.readouterr().err
