@@ -22,6 +22,7 @@ machine, where ``--resume`` runs only what is left (unfinished runs there start 
 after the searches; a retrain run dir made by hand (e.g. on several GPUs with torchrun, the same config for every
 cell) in DIR/retrain/<cell>_seed<s> counts as finished once it holds its metrics.json. ``--searches-from FULL``
 retrains the finished searches of the benchmark in FULL instead of searching: the same cells under another budget.
+``--progress`` runs nothing: it reports DIR's finished retrains, the missing ones and the verdict so far.
 """
 from __future__ import annotations
 
@@ -321,12 +322,14 @@ def verdict(stats: Mapping[str, ArmStats], darts_v2: float | None = None) -> Ver
         return Verdict(None, None, beats_published,
                        (f"searched >= random + 1 std? {note}", f"poor < random - 1 std? {note}", published_line))
     beats = searched >= rand.mean + rand.std
-    below = stats["poor"].mean < rand.mean - rand.std
+    poor = stats.get("poor")  # absent only in a progress report
+    below = None if poor is None else poor.mean < rand.mean - rand.std
+    poor_line = ("poor < random - 1 std? undecided: no poor run" if poor is None else
+                 f"poor < random - 1 std? {'YES' if below else 'NO'} ({poor.mean:.4f} vs {rand.mean:.4f} - "
+                 f"{rand.std:.4f})")
     return Verdict(beats, below, beats_published, (
         f"searched >= random + 1 std? {'YES' if beats else 'NO'} ({searched:.4f} vs {rand.mean:.4f} + {rand.std:.4f})",
-        f"poor < random - 1 std? {'YES' if below else 'NO'} "
-        f"({stats['poor'].mean:.4f} vs {rand.mean:.4f} - {rand.std:.4f})",
-        published_line,
+        poor_line, published_line,
     ))
 
 
@@ -479,6 +482,33 @@ def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False)
     return summary
 
 
+def report_progress(plan: Plan) -> dict[str, Any]:
+    """What has finished in plan.out so far, running nothing: every finished retrain by arm, the runs still missing,
+    the arms' statistics and the verdict on what there is (written to DIR/progress.json and progress.md)."""
+    rules = search_space_rules(plan)
+    sources = [*search_sweep(plan).names, *(source for cells in fixed_cells(plan, rules).values() for source in cells)]
+    runs, missing = [], []
+    for sweep in retrain_sweeps(plan, sources):
+        for name, run_dir in zip(sweep.names, sweep.run_dirs()):
+            if (run_dir / "metrics.json").is_file():
+                runs.append(collect_retrain(run_dir, name.rsplit("_seed", 1)[0]))
+            else:
+                missing.append(name)
+    arms = {arm: [run for run in runs if arm_of(run["source"]) == arm] for arm in ARMS}
+    stats = {arm: arm_stats(arm_runs) for arm, arm_runs in arms.items() if arm_runs}
+    darts_v2 = [run["test_acc"] for run in arms["reference"] if run["source"] == "DARTS_V2"]
+    absent = [arm for arm in ("searched", "random") if arm not in stats]
+    lines = (f"no verdict yet: no finished run in {' or '.join(absent)}",) if absent else \
+        verdict(stats, statistics.fmean(darts_v2) if darts_v2 else None).lines
+    progress = {**arms, "missing": missing, "stats": {arm: vars(s) for arm, s in stats.items()},
+                "verdict_so_far": list(lines)}
+    save_json(progress, plan.out / "progress.json")
+    (plan.out / "progress.md").write_text("\n".join([
+        "# Searched vs random cells: progress", "", f"Finished retrains: {len(runs)}; still missing: "
+        f"{', '.join(missing) or 'none'}.", "", table(stats), "", *[f"- so far: {line}" for line in lines], ""]))
+    return progress
+
+
 def summary_markdown(summary: Mapping[str, Any], stats: Mapping[str, ArmStats], decision: Verdict) -> str:
     budget = summary["budget"]
     entropies = ", ".join(f"{s['alpha_entropy']['mean']:.3f}" for s in summary["searches"])
@@ -515,6 +545,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--searches-only", action="store_true",
                         help="stop once the searches ran and every cell is in DIR/genotypes/; --resume (without this "
                              "flag) retrains them later, skipping retrain run dirs that hold their metrics.json")
+    parser.add_argument("--progress", action="store_true",
+                        help="run nothing: report DIR's finished retrains, the missing ones and the verdict so far "
+                             "(DIR/progress.json, progress.md; rank_correlation.py reads progress.json too)")
     parser.add_argument("--searches-from", type=Path, default=None, metavar="DIR",
                         help="retrain the finished searches of the benchmark in DIR instead of searching (the same "
                              "seeds), e.g. a --budget full benchmark's cells at a proxy budget for rank_correlation.py")
@@ -552,6 +585,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         plan = make_plan(args)
+        if args.progress:
+            if not (plan.out / "genotypes").is_dir():
+                raise UserInputError(f"--progress: {plan.out} holds no benchmark (no genotypes/); pass the --out of "
+                                     "a started benchmark with the flags it ran with")
+            report_progress(plan)
+            print((plan.out / "progress.md").read_text(), end="")
+            return 0
         if plan.out.exists() and any(plan.out.iterdir()) and not args.resume:
             raise UserInputError(f"--out {plan.out} is not empty; pass a new directory (runs are never overwritten) "
                                  "or --resume to continue the benchmark there")

@@ -215,6 +215,31 @@ def test_resume_reuses_finished_runs_and_reruns_an_unfinished_one(smoke, tmp_pat
     assert after["stats"] == before["stats"]
 
 
+def test_progress_reports_what_finished_and_runs_nothing(smoke, tmp_path, capsys):
+    """--progress on a benchmark part-way: the finished retrains by arm, the missing ones, the verdict so far; no run
+    starts (the unfinished retrains stay without metrics) and no summary is written."""
+    out = tmp_path / "part-way"
+    shutil.copytree(smoke[0], out, ignore=shutil.ignore_patterns("summary.*"))
+    for name in ("random_1_seed0", "POOR_POOL_SKIP_seed0"):
+        (out / "retrain" / name / "metrics.json").unlink()
+    assert bench.main(["--out", str(out), "--smoke", "--searches", "1", "--progress"]) == 0
+    printed = capsys.readouterr().out
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["missing"] == ["random_1_seed0", "POOR_POOL_SKIP_seed0"]
+    assert [len(progress[arm]) for arm in bench.ARMS] == [1, 1, 2, 0]
+    assert set(progress["stats"]) == {"searched", "random", "reference"}
+    assert progress["verdict_so_far"][0].startswith("searched >= random + 1 std? undecided")
+    assert "still missing: random_1_seed0, POOR_POOL_SKIP_seed0" in printed and "- so far: " in printed
+    assert not (out / "retrain" / "random_1_seed0" / "metrics.json").exists() and not (out / "summary.json").exists()
+    before = json.loads((smoke[0] / "summary.json").read_text())
+    assert progress["searched"][0]["test_acc"] == before["searched"][0]["test_acc"]
+
+
+def test_progress_needs_a_started_benchmark(tmp_path, capsys):
+    assert bench.main(["--out", str(tmp_path / "none"), "--smoke", "--progress"]) == 2
+    assert "holds no benchmark (no genotypes/)" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_a_failed_run_stops_the_benchmark_with_one_line(tmp_path):
     result = run_benchmark("--out", str(tmp_path / "out"), "--smoke", "--search-override", "search.schedule.cycles=0")
@@ -387,6 +412,15 @@ def test_verdict_against_darts_v2_whatever_the_random_spread(darts_v2, beats, ra
     decision = bench.verdict(stats_of(0.875, 0.75, random_std, 0.5), darts_v2)
     assert decision.searched_beats_darts_v2 is beats
     assert decision.lines[2] == f"searched >= DARTS_V2? {'YES' if beats else 'NO'} (0.8750 vs {darts_v2:.4f})"
+
+
+def test_verdict_without_a_poor_run_is_undecided_on_the_floor_only():
+    stats = stats_of(0.875, 0.75, 0.125, 0.5)
+    del stats["poor"]
+    decision = bench.verdict(stats, 0.9)
+    assert (decision.searched_beats_random, decision.poor_below_random, decision.searched_beats_darts_v2) == (
+        True, None, False)
+    assert decision.lines[1] == "poor < random - 1 std? undecided: no poor run"
 
 
 def test_table_rows():
