@@ -497,15 +497,21 @@ def report_progress(plan: Plan) -> dict[str, Any]:
     arms = {arm: [run for run in runs if arm_of(run["source"]) == arm] for arm in ARMS}
     stats = {arm: arm_stats(arm_runs) for arm, arm_runs in arms.items() if arm_runs}
     darts_v2 = [run["test_acc"] for run in arms["reference"] if run["source"] == "DARTS_V2"]
+    # the finished runs got one budget (a BenchmarkError names the first difference otherwise)
+    config = same_config([Path(run["run_dir"]) for run in runs], ignore=("genotype", "seed")) if runs else None
+    budget = None if config is None else {"epochs": config["epochs"], "network": config["model"]["network"],
+                                          "batch_size": config["batch_size"]}
     absent = [arm for arm in ("searched", "random") if arm not in stats]
     lines = (f"no verdict yet: no finished run in {' or '.join(absent)}",) if absent else \
         verdict(stats, statistics.fmean(darts_v2) if darts_v2 else None).lines
-    progress = {**arms, "missing": missing, "stats": {arm: vars(s) for arm, s in stats.items()},
+    progress = {**arms, "missing": missing, "budget": budget, "stats": {arm: vars(s) for arm, s in stats.items()},
                 "verdict_so_far": list(lines)}
+    shown = "" if budget is None else (f" Budget: {budget['epochs']} epochs, {budget['network']['layers']} cells of "
+                                       f"{budget['network']['channels']} channels, batch {budget['batch_size']}.")
     save_json(progress, plan.out / "progress.json")
     (plan.out / "progress.md").write_text("\n".join([
         "# Searched vs random cells: progress", "", f"Finished retrains: {len(runs)}; still missing: "
-        f"{', '.join(missing) or 'none'}.", "", table(stats), "", *[f"- so far: {line}" for line in lines], ""]))
+        f"{', '.join(missing) or 'none'}.{shown}", "", table(stats), "", *[f"- so far: {line}" for line in lines], ""]))
     return progress
 
 

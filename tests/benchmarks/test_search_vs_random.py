@@ -228,11 +228,25 @@ def test_progress_reports_what_finished_and_runs_nothing(smoke, tmp_path, capsys
     assert progress["missing"] == ["random_1_seed0", "POOR_POOL_SKIP_seed0"]
     assert [len(progress[arm]) for arm in bench.ARMS] == [1, 1, 2, 0]
     assert set(progress["stats"]) == {"searched", "random", "reference"}
+    assert progress["budget"]["epochs"] == before_budget(smoke)["epochs"]
     assert progress["verdict_so_far"][0].startswith("searched >= random + 1 std? undecided")
     assert "still missing: random_1_seed0, POOR_POOL_SKIP_seed0" in printed and "- so far: " in printed
     assert not (out / "retrain" / "random_1_seed0" / "metrics.json").exists() and not (out / "summary.json").exists()
     before = json.loads((smoke[0] / "summary.json").read_text())
     assert progress["searched"][0]["test_acc"] == before["searched"][0]["test_acc"]
+
+
+def before_budget(smoke):
+    return json.loads((smoke[0] / "summary.json").read_text())["budget"]
+
+
+def test_progress_refuses_runs_of_two_budgets(smoke, tmp_path, capsys):
+    out = tmp_path / "mixed"
+    shutil.copytree(smoke[0], out, ignore=shutil.ignore_patterns("summary.*"))
+    config = out / "retrain" / "random_0_seed0" / ".hydra" / "config.yaml"
+    config.write_text(config.read_text().replace(f"epochs: {before_budget(smoke)['epochs']}\n", "epochs: 999\n", 1))
+    assert bench.main(["--out", str(out), "--smoke", "--searches", "1", "--progress"]) == 1
+    assert "random_0_seed0 ran with different configs" in capsys.readouterr().err
 
 
 def test_progress_needs_a_started_benchmark(tmp_path, capsys):
