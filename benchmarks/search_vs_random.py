@@ -434,6 +434,16 @@ def minutes_per_arm(searches: Sequence[Mapping[str, Any]],
     return minutes
 
 
+def by_arm(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    return {arm: [run for run in runs if arm_of(run["source"]) == arm] for arm in ARMS}
+
+
+def darts_v2_mean(arms: Mapping[str, Sequence[Mapping[str, Any]]]) -> float | None:
+    """DARTS_V2's mean test accuracy over its retrains (None: none finished), the verdict's published bar."""
+    accuracies = [run["test_acc"] for run in arms["reference"] if run["source"] == "DARTS_V2"]
+    return statistics.fmean(accuracies) if accuracies else None
+
+
 def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False) -> dict[str, Any] | None:
     """Runs the searches, then the retrains of every cell, and returns the summary (also written to plan.out).
     ``searches_only``: stops once every cell's genotype is in DIR/genotypes/ (None; --resume goes on later)."""
@@ -455,10 +465,9 @@ def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False)
         return None
     retrain_dirs = run_sweeps(retrain_sweeps(plan, sources), plan.launcher, resume, plan.out / "logs")
     runs = [collect_retrain(run_dir, run_dir.name.rsplit("_seed", 1)[0]) for run_dir in sorted(retrain_dirs)]
-    arms = {arm: [run for run in runs if arm_of(run["source"]) == arm] for arm in ARMS}
+    arms = by_arm(runs)
     stats = {arm: arm_stats(runs) for arm, runs in arms.items()}
-    darts_v2 = [run["test_acc"] for run in arms["reference"] if run["source"] == "DARTS_V2"]
-    decision = verdict(stats, statistics.fmean(darts_v2) if darts_v2 else None)
+    decision = verdict(stats, darts_v2_mean(arms))
     by_source = dict(zip(search.names, searches))
     for run in arms["searched"]:
         run["alpha_entropy"] = by_source[run["source"]]["alpha_entropy"]["mean"]
@@ -494,16 +503,15 @@ def report_progress(plan: Plan) -> dict[str, Any]:
                 runs.append(collect_retrain(run_dir, name.rsplit("_seed", 1)[0]))
             else:
                 missing.append(name)
-    arms = {arm: [run for run in runs if arm_of(run["source"]) == arm] for arm in ARMS}
+    arms = by_arm(runs)
     stats = {arm: arm_stats(arm_runs) for arm, arm_runs in arms.items() if arm_runs}
-    darts_v2 = [run["test_acc"] for run in arms["reference"] if run["source"] == "DARTS_V2"]
     # the finished runs got one budget (a BenchmarkError names the first difference otherwise)
     config = same_config([Path(run["run_dir"]) for run in runs], ignore=("genotype", "seed")) if runs else None
     budget = None if config is None else {"epochs": config["epochs"], "network": config["model"]["network"],
                                           "batch_size": config["batch_size"]}
     absent = [arm for arm in ("searched", "random") if arm not in stats]
     lines = (f"no verdict yet: no finished run in {' or '.join(absent)}",) if absent else \
-        verdict(stats, statistics.fmean(darts_v2) if darts_v2 else None).lines
+        verdict(stats, darts_v2_mean(arms)).lines
     progress = {**arms, "missing": missing, "budget": budget, "stats": {arm: vars(s) for arm, s in stats.items()},
                 "verdict_so_far": list(lines)}
     shown = "" if budget is None else (f" Budget: {budget['epochs']} epochs, {budget['network']['layers']} cells of "
