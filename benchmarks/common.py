@@ -16,7 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import yaml
 
@@ -194,6 +194,18 @@ def check_launcher_args(parser: argparse.ArgumentParser, args: argparse.Namespac
     if args.parallel is not None:
         parser.error("--parallel is gone: the runs are Hydra multiruns; pass --launcher local_gpus (one job per "
                      "GPU, sweep.jobs_per_gpu=N for N per GPU) or --launcher slurm")
+
+
+def run_into_out(tool: str, args: argparse.Namespace, run: Callable[[argparse.Namespace], Any]) -> tuple[int, Any]:
+    """``run(args)`` into ``args.out``, which must be empty unless --resume: (0, its summary), or (2, None) after a
+    user's mistake and (1, None) after a failed run, the one-line reason printed."""
+    try:
+        if args.out.exists() and any(args.out.iterdir()) and not args.resume:
+            raise UserInputError(f"--out {args.out} is not empty; pass a new directory or --resume")
+        return 0, run(args)
+    except (UserInputError, BenchmarkError) as error:
+        print(f"{tool}: {error}", file=sys.stderr)
+        return (2 if isinstance(error, UserInputError) else 1), None
 
 
 def read_run_json(path: Path) -> Any:

@@ -36,6 +36,7 @@ from benchmarks.common import (  # noqa: E402
     quoted,
     read_run_json,
     run_config,
+    run_into_out,
     run_sweeps,
 )
 from search_space.errors import UserInputError  # noqa: E402
@@ -169,12 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         args.weights = parse_weights(args.weights)
-        if args.out.exists() and any(args.out.iterdir()) and not args.resume:
-            raise UserInputError(f"--out {args.out} is not empty; pass a new directory or --resume")
-        summary = run(args)
-    except (UserInputError, BenchmarkError) as error:
+    except UserInputError as error:
         print(f"energy_pareto: {error}", file=sys.stderr)
-        return 2 if isinstance(error, UserInputError) else 1
+        return 2
+    code, summary = run_into_out("energy_pareto", args, run)
+    if code:
+        return code
     print(f"summary: {args.out / 'summary.json'}, {args.out / 'summary.md'}, {args.out / 'pareto.png'}")
     print(table(summary["rows"]))
     return 0

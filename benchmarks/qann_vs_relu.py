@@ -26,18 +26,17 @@ if str(REPO) not in sys.path:  # run as a script: the packages live beside bench
 from aso_se.run.checkpoint import save_json  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     SMOKE,
-    BenchmarkError,
     Sweep,
     add_launcher_args,
     check_launcher_args,
     compose_config,
     mean_std,
     read_run_json,
+    run_into_out,
     run_sweeps,
     same_config,
 )
 from benchmarks.common import check_overrides as check_run_overrides  # noqa: E402
-from search_space.errors import UserInputError  # noqa: E402
 
 ARMS = ("relu", "st_bif_qann", "st_bif")
 BPTT = ("st_bif", "lif")  # arms trained through time: they get --timesteps
@@ -195,13 +194,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        if args.out.exists() and any(args.out.iterdir()) and not args.resume:
-            raise UserInputError(f"--out {args.out} is not empty; pass a new directory or --resume")
-        summary = run(args)
-    except (UserInputError, BenchmarkError) as error:
-        print(f"qann_vs_relu: {error}", file=sys.stderr)
-        return 2 if isinstance(error, UserInputError) else 1
+    code, summary = run_into_out("qann_vs_relu", args, run)
+    if code:
+        return code
     print(f"summary: {args.out / 'summary.json'}, {args.out / 'summary.md'}")
     print("\n".join(summary["verdicts"]))
     print(table(summary["rows"]))

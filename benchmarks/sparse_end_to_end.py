@@ -41,11 +41,11 @@ from benchmarks.common import (  # noqa: E402
     check_overrides,
     compose_config,
     read_run_json,
+    run_into_out,
     run_sweeps,
 )
 from kernels.sparse_conv import SparseConv2d  # noqa: E402
 from kernels.sparse_conv.geometry import BLOCK  # noqa: E402
-from search_space.errors import UserInputError  # noqa: E402
 from search_space.genotypes import Genotype  # noqa: E402
 
 ARMS = (("eager", False, "torch"), ("eager", False, "auto"), ("graphed", True, "torch"), ("graphed", True, "auto"))
@@ -196,13 +196,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        if args.out.exists() and any(args.out.iterdir()) and not args.resume:
-            raise UserInputError(f"--out {args.out} is not empty; pass a new directory or --resume")
-        summary = run(args)
-    except (UserInputError, BenchmarkError) as error:
-        print(f"sparse_end_to_end: {error}", file=sys.stderr)
-        return 2 if isinstance(error, UserInputError) else 1
+    code, summary = run_into_out("sparse_end_to_end", args, run)
+    if code:
+        return code
     print(f"summary: {args.out / 'summary.json'}, {args.out / 'summary.md'}")
     print(summary["sparsity_line"])
     print(table(summary["runs"]))

@@ -89,3 +89,27 @@ def test_resume_continues_an_unfinished_run_from_its_checkpoint_through_the_laun
     assert (darts / "metrics.json").is_file() and (poor / "metrics.json").stat().st_mtime_ns == finished_at
     assert "resumed from" in (darts / "train.log").read_text()
     # a run without a checkpoint is redone from scratch: test_search_vs_random's resume test (slow)
+
+
+def test_run_into_out_refuses_a_used_out_and_reports_failures_in_one_line(tmp_path, capsys):
+    import argparse
+
+    out = tmp_path / "out"
+    calls = []
+
+    def run(args):
+        calls.append(args.out)
+        return {"rows": 1}
+
+    assert bench.run_into_out("tool", argparse.Namespace(out=out, resume=False), run) == (0, {"rows": 1})
+    (out / "kept.json").parent.mkdir(parents=True)
+    (out / "kept.json").write_text("{}")
+    assert bench.run_into_out("tool", argparse.Namespace(out=out, resume=False), run) == (2, None)
+    assert capsys.readouterr().err.strip().startswith("tool: --out") and calls == [out]
+    assert (out / "kept.json").read_text() == "{}"  # nothing written is lost
+
+    def fail(args):
+        raise bench.BenchmarkError("search seed 0 failed; see its log")
+
+    assert bench.run_into_out("tool", argparse.Namespace(out=out, resume=True), fail) == (1, None)
+    assert capsys.readouterr().err.strip() == "tool: search seed 0 failed; see its log"
