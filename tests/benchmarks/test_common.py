@@ -3,6 +3,8 @@
 The multiruns and the override checks run end to end in each benchmark's own tests."""
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from benchmarks import common as bench
@@ -92,8 +94,6 @@ def test_resume_continues_an_unfinished_run_from_its_checkpoint_through_the_laun
 
 
 def test_run_into_out_refuses_a_used_out_and_reports_failures_in_one_line(tmp_path, capsys):
-    import argparse
-
     out = tmp_path / "out"
     calls = []
 
