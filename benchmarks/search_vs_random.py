@@ -249,6 +249,18 @@ def collect_search(run_dir: Path, rules: SpaceRules) -> dict[str, Any]:
     return {**found, "run_dir": str(run_dir)}
 
 
+def collect_arm_run(out: Path, run_dir: Path) -> dict[str, Any]:
+    """A finished retrain of the benchmark in ``out``, once its metrics name the cell in genotypes/<source>.json: a
+    cell file written again after its retrain (a search rerun, other seeds) would pair one cell with another's run."""
+    source = run_dir.name.rsplit("_seed", 1)[0]
+    run = collect_retrain(run_dir, source)
+    cell_file = out / "genotypes" / f"{source}.json"
+    if _genotype_of(run) != Genotype.from_json(json.dumps(read_run_json(cell_file))):
+        raise BenchmarkError(f"{run_dir} trained another cell than {cell_file}; delete that run dir to retrain the "
+                             "cell in the file, or put back the cell it trained")
+    return run
+
+
 def copy_searches(source: Path, run_dirs: Sequence[Path]) -> None:
     """``--searches-from``: the finished searches of another benchmark (their small files) into this one's run dirs,
     where the search multirun finds them finished; so both benchmarks retrain the same searched cells."""
@@ -464,7 +476,7 @@ def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False)
     if searches_only:
         return None
     retrain_dirs = run_sweeps(retrain_sweeps(plan, sources), plan.launcher, resume, plan.out / "logs")
-    runs = [collect_retrain(run_dir, run_dir.name.rsplit("_seed", 1)[0]) for run_dir in sorted(retrain_dirs)]
+    runs = [collect_arm_run(plan.out, run_dir) for run_dir in sorted(retrain_dirs)]
     arms = by_arm(runs)
     stats = {arm: arm_stats(runs) for arm, runs in arms.items()}
     decision = verdict(stats, darts_v2_mean(arms))
@@ -500,7 +512,7 @@ def report_progress(plan: Plan) -> dict[str, Any]:
     for sweep in retrain_sweeps(plan, sources):
         for name, run_dir in zip(sweep.names, sweep.run_dirs()):
             if (run_dir / "metrics.json").is_file():
-                runs.append(collect_retrain(run_dir, name.rsplit("_seed", 1)[0]))
+                runs.append(collect_arm_run(plan.out, run_dir))
             else:
                 missing.append(name)
     arms = by_arm(runs)

@@ -249,6 +249,20 @@ def test_progress_refuses_runs_of_two_budgets(smoke, tmp_path, capsys):
     assert "random_0_seed0 ran with different configs" in capsys.readouterr().err
 
 
+def test_a_run_of_another_cell_than_its_genotype_file_is_refused(smoke, tmp_path, capsys):
+    """A cell file written again after its retrain (a search rerun, other random seeds) must not lend its name to the
+    old run's accuracy: the report stops with one line naming the run and the file."""
+    out = tmp_path / "rewritten"
+    shutil.copytree(smoke[0], out, ignore=shutil.ignore_patterns("summary.*"))
+    other = (out / "genotypes" / "random_1.json").read_text()
+    assert other != (out / "genotypes" / "random_0.json").read_text()
+    (out / "genotypes" / "random_0.json").write_text(other)
+    assert bench.main(["--out", str(out), "--smoke", "--searches", "1", "--progress"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "random_0_seed0 trained another cell than" in line and line.rstrip().endswith("the cell it trained")
+    assert not (out / "progress.json").exists()
+
+
 def test_progress_needs_a_started_benchmark(tmp_path, capsys):
     assert bench.main(["--out", str(tmp_path / "none"), "--smoke", "--progress"]) == 2
     assert "holds no benchmark (no genotypes/)" in capsys.readouterr().err
