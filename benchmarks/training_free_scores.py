@@ -56,6 +56,9 @@ def score_network(network: torch.nn.Module, neuron_type: type, images: torch.Ten
     kernel = torch.zeros(len(images), len(images), dtype=torch.float64)
 
     def add_codes(module, inputs, output):
+        if output.shape[0] != len(images):  # a multi-step neuron's [T, B, ...] or [T·B, ...]
+            raise UserInputError(f"a {neuron_type.__name__} output of shape {tuple(output.shape)} is not one row an "
+                                 f"image; score one-step networks (neuron=st_bif_qann or relu)")
         kernel.add_(agreement_kernel((output.detach() != 0).flatten(1)))
 
     hooks = [module.register_forward_hook(add_codes) for module in network.modules() if type(module) is neuron_type]
