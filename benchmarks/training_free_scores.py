@@ -11,7 +11,7 @@ images (batch norms on the batch's statistics, no drop-path, no auxiliary head):
 - ``params``: millions of parameters (the auxiliary head's excluded, as DARTS counts them).
 
 Prints each cell's scores (mean over the seeds) and Kendall's τ-b of each score against the test accuracy over the
-runs; writes ``--out`` (JSON):
+runs, with its exact permutation p; writes ``--out`` (JSON):
 
     python benchmarks/training_free_scores.py --runs DIR/retrain/*_seed0 --cells CAPPED/genotypes/*.json \\
         --out scores.json data.root=/tmp/cifar10 data.augment_on_device=false
@@ -19,6 +19,7 @@ runs; writes ``--out`` (JSON):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -130,20 +131,39 @@ def score_cells(cells: dict[str, dict], cfg, images: int, seeds: int) -> dict[st
     return cells
 
 
-def taus(cells: dict[str, dict]) -> dict[str, float | None]:
+def permutation_p(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Two-sided p of τ-b: the share of all orders of ``y`` whose |τ| reaches the observed one (n ≤ 8: exact)."""
+    observed = kendall_tau_b(x, y)
+    if observed is None or len(y) > 8:
+        return None
+    reached = [abs(tau) >= abs(observed) - 1e-12 for order in itertools.permutations(y)
+               if (tau := kendall_tau_b(x, order)) is not None]
+    return sum(reached) / len(reached)
+
+
+def taus(cells: dict[str, dict]) -> dict[str, dict[str, float | None]]:
+    """Per score: τ-b against the runs' test accuracy and its permutation p."""
     trained = [cell for cell in cells.values() if cell["test_acc"] is not None]
     accuracy = [cell["test_acc"] for cell in trained]
-    return {score: kendall_tau_b([cell["mean"][score] for cell in trained], accuracy) for score in SCORES}
+    result = {}
+    for score in SCORES:
+        values = [cell["mean"][score] for cell in trained]
+        result[score] = {"tau": kendall_tau_b(values, accuracy), "p": permutation_p(values, accuracy)}
+    return result
 
 
-def table(cells: dict[str, dict], tau: dict[str, float | None]) -> str:
+def table(cells: dict[str, dict], tau: dict[str, dict[str, float | None]]) -> str:
     lines = ["| cell | full-budget test acc | " + " | ".join(SCORES) + " |", "|---|---:|" + "---:|" * len(SCORES)]
     for name, cell in sorted(cells.items(), key=lambda item: -(item[1]["test_acc"] or -1)):
         acc = "not trained" if cell["test_acc"] is None else f"{100 * cell['test_acc']:.2f}%"
         lines.append(f"| {name} | {acc} | " + " | ".join(f"{cell['mean'][s]:.4g}" for s in SCORES) + " |")
-    shown = ", ".join(f"{score} {'n/a' if value is None else f'{value:.2f}'}" for score, value in tau.items())
+    shown = ", ".join(f"{score} {_number(value['tau'])} (p = {_number(value['p'])})" for score, value in tau.items())
     n = sum(cell["test_acc"] is not None for cell in cells.values())
     return "\n".join([*lines, "", f"Kendall τ-b against the full-budget test accuracy over {n} runs: {shown}"])
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

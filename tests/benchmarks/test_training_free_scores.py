@@ -19,6 +19,12 @@ def test_agreement_kernel_counts_agreeing_neurons():
     assert tfs.agreement_kernel(codes).tolist() == [[4, 2, 1], [2, 4, 1], [1, 1, 4]]
 
 
+def test_permutation_p_is_exact_for_small_n():
+    assert tfs.permutation_p([1, 2, 3], [1, 2, 3]) == pytest.approx(2 / 6)  # τ = ±1: 2 of the 3! orders
+    assert tfs.permutation_p([1, 2, 3, 4], [1, 2, 4, 3]) == pytest.approx(8 / 24)  # |τ| ≥ 2/3: 8 of 24
+    assert tfs.permutation_p([1, 1, 1], [1, 2, 3]) is None  # one ranking all ties: τ undefined
+
+
 def _tiny(neuron_kind: str = "st_bif_qann") -> tuple[torch.nn.Module, type]:
     neuron = NeuronFactory(kind=neuron_kind, timesteps=1 if neuron_kind == "st_bif_qann" else 2)
     torch.manual_seed(0)
@@ -65,7 +71,7 @@ def test_the_script_scores_runs_and_extra_cells_and_correlates_the_runs(tmp_path
     assert list(written["cells"]) == ["DARTS_V2", "PC_DARTS", "poor"]
     assert written["cells"]["poor"]["test_acc"] is None and len(written["cells"]["poor"]["scores"]["naswot"]) == 2
     ordered = [written["cells"][name]["mean"]["params"] for name in ("DARTS_V2", "PC_DARTS")]
-    assert written["kendall_tau_b"]["params"] == (1.0 if ordered[0] > ordered[1] else -1.0)
+    assert written["kendall_tau_b"]["params"] == {"tau": 1.0 if ordered[0] > ordered[1] else -1.0, "p": 1.0}
     assert "Kendall τ-b against the full-budget test accuracy over 2 runs" in capsys.readouterr().out
     before = out.read_text()
     assert tfs.main(args) == 2  # nothing is overwritten
