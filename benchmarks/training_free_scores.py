@@ -14,7 +14,7 @@ Prints each cell's scores (mean over the seeds) and Kendall's τ-b of each score
 runs, with its exact permutation p; writes ``--out`` (JSON):
 
     python benchmarks/training_free_scores.py --runs DIR/retrain/*_seed0 --cells CAPPED/genotypes/*.json \\
-        --out scores.json data.root=/tmp/cifar10 data.augment_on_device=false
+        --cells-label capped --out scores.json data.root=/tmp/cifar10 data.augment_on_device=false
 """
 from __future__ import annotations
 
@@ -99,16 +99,16 @@ def one_batch(cfg, images: int, seed: int):
     return x, y, data
 
 
-def read_cells(runs: Sequence[Path], cells: Sequence[Path]) -> dict[str, dict]:
-    """name → {"genotype", "test_acc" (None for an extra cell)}; a run is named by its dir, a cell by its file."""
+def read_cells(runs: Sequence[Path], cells: Sequence[Path], label: str) -> dict[str, dict]:
+    """name → {"genotype", "test_acc" (None for an extra cell)}; a run is named by its dir (``search_0_seed0``:
+    ``search_0``), an extra cell by ``label:`` and its file's stem."""
     found = {}
     for run in runs:
         metrics = read_run_json(run / "metrics.json")
         found[run.name.rsplit("_seed", 1)[0]] = {"genotype": json.loads(metrics["genotype"]),
                                                  "test_acc": metrics["test_acc"]}
     for path in cells:
-        name = path.stem if path.stem not in found else f"{path.parent.parent.name}/{path.stem}"
-        found[name] = {"genotype": read_run_json(path), "test_acc": None}
+        found[f"{label}:{path.stem}"] = {"genotype": read_run_json(path), "test_acc": None}
     return found
 
 
@@ -170,6 +170,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, nargs="+", required=True, help="finished retrain run dirs")
     parser.add_argument("--cells", type=Path, nargs="*", default=[], help="genotype files to score beside them")
+    parser.add_argument("--cells-label", default="extra", help="names the --cells in the table: <label>:<file stem>")
     parser.add_argument("--images", type=int, default=64, help="images in the scoring batch")
     parser.add_argument("--seeds", type=int, default=3, help="initializations per cell")
     parser.add_argument("--out", type=Path, required=True, help="the scores as JSON")
@@ -185,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.out.exists():
             raise UserInputError(f"--out {args.out} exists; pass a new path (nothing is overwritten)")
-        cells = read_cells(args.runs, args.cells)
+        cells = read_cells(args.runs, args.cells, args.cells_label)
         cfg = run_config(args.runs[0], args.overrides)
         cells = score_cells(cells, cfg, args.images, args.seeds)
     except (UserInputError, BenchmarkError) as error:

@@ -68,8 +68,9 @@ def test_the_script_scores_runs_and_extra_cells_and_correlates_the_runs(tmp_path
     args = ["--runs", *map(str, runs), "--cells", str(extra), "--images", "8", "--seeds", "2", "--out", str(out)]
     assert tfs.main(args) == 0
     written = json.loads(out.read_text())
-    assert list(written["cells"]) == ["DARTS_V2", "PC_DARTS", "poor"]
-    assert written["cells"]["poor"]["test_acc"] is None and len(written["cells"]["poor"]["scores"]["naswot"]) == 2
+    assert list(written["cells"]) == ["DARTS_V2", "PC_DARTS", "extra:poor"]
+    poor = written["cells"]["extra:poor"]
+    assert poor["test_acc"] is None and len(poor["scores"]["naswot"]) == 2
     ordered = [written["cells"][name]["mean"]["params"] for name in ("DARTS_V2", "PC_DARTS")]
     assert written["kendall_tau_b"]["params"] == {"tau": 1.0 if ordered[0] > ordered[1] else -1.0, "p": 1.0}
     assert "Kendall τ-b against the full-budget test accuracy over 2 runs" in capsys.readouterr().out
