@@ -214,6 +214,19 @@ def read_run_json(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
+def with_overrides(cfg: Any, overrides: Sequence[str]) -> Any:
+    """An OmegaConf config (a run's saved one) with ``key=value`` overrides applied in place, e.g. this machine's
+    data.root; it is returned."""
+    from omegaconf import OmegaConf
+
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep:
+            raise UserInputError(f"{override!r} is not an override; write key=value (e.g. data.root=/tmp/cifar10)")
+        OmegaConf.update(cfg, key.lstrip("+"), yaml.safe_load(value), merge=False)
+    return cfg
+
+
 def run_config(run_dir: Path) -> dict[str, Any]:
     return yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-import yaml
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -33,6 +32,7 @@ from aso_se.run.checkpoint import load_checkpoint, save_json  # noqa: E402
 from aso_se.search.arch_params import ArchSample  # noqa: E402
 from aso_se.search.derive import NONE_OP, derive_genotype, supernet_genotype  # noqa: E402
 from aso_se.search.supernet import CELL_TYPES, SearchNetwork  # noqa: E402
+from benchmarks.common import with_overrides  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 from search_space.genotypes import Genotype  # noqa: E402
 from search_space.ops import PARAMETER_FREE_OPS  # noqa: E402
@@ -41,10 +41,7 @@ from search_space.ops import PARAMETER_FREE_OPS  # noqa: E402
 def load_supernet(run_dir: Path, overrides: Sequence[str], images: int, device: str):
     """The searched supernet of ``run_dir``'s last checkpoint, its config, and a test loader of ``images`` images."""
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt", kind="search")
-    cfg = OmegaConf.create(state["config"])
-    for override in overrides:
-        key, _, value = override.partition("=")
-        OmegaConf.update(cfg, key.lstrip("+"), yaml.safe_load(value), merge=False)
+    cfg = with_overrides(OmegaConf.create(state["config"]), overrides)
     cfg.data.max_test_samples = images
     data, neuron = instantiate(cfg.data), instantiate(cfg.neuron)
     engine = instantiate(cfg.search, _convert_="object")(

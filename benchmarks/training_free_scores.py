@@ -28,7 +28,6 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-import yaml
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -37,7 +36,7 @@ if str(REPO) not in sys.path:  # run as a script: the packages live beside bench
     sys.path.insert(0, str(REPO))
 
 from aso_se.run.checkpoint import save_json  # noqa: E402
-from benchmarks.common import BenchmarkError, read_run_json  # noqa: E402
+from benchmarks.common import BenchmarkError, collect_retrain, read_run_json, with_overrides  # noqa: E402
 from benchmarks.rank_correlation import kendall_tau_b  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 from search_space.genotypes import Genotype  # noqa: E402
@@ -79,17 +78,6 @@ def score_network(network: torch.nn.Module, neuron_type: type, images: torch.Ten
             "params": params / 1e6}
 
 
-def run_config(run_dir: Path, overrides: Sequence[str]):
-    """The run's composed config with ``key=value`` overrides (e.g. this machine's data.root)."""
-    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        if not sep:
-            raise UserInputError(f"{override!r} is not an override; write key=value (e.g. data.root=/tmp/cifar10)")
-        OmegaConf.update(cfg, key.lstrip("+"), yaml.safe_load(value), merge=False)
-    return cfg
-
-
 def one_batch(cfg, images: int, seed: int):
     """``images`` training images of the run's data (its shuffled order under ``seed``: mixed classes), their labels
     and the data module."""
@@ -104,9 +92,9 @@ def read_cells(runs: Sequence[Path], cells: Sequence[Path], label: str) -> dict[
     ``search_0``), an extra cell by ``label:`` and its file's stem."""
     found = {}
     for run in runs:
-        metrics = read_run_json(run / "metrics.json")
-        found[run.name.rsplit("_seed", 1)[0]] = {"genotype": json.loads(metrics["genotype"]),
-                                                 "test_acc": metrics["test_acc"]}
+        source = run.name.rsplit("_seed", 1)[0]
+        retrain = collect_retrain(run, source)
+        found[source] = {"genotype": retrain["genotype"], "test_acc": retrain["test_acc"]}
     for path in cells:
         found[f"{label}:{path.stem}"] = {"genotype": read_run_json(path), "test_acc": None}
     return found
@@ -187,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.out.exists():
             raise UserInputError(f"--out {args.out} exists; pass a new path (nothing is overwritten)")
         cells = read_cells(args.runs, args.cells, args.cells_label)
-        cfg = run_config(args.runs[0], args.overrides)
+        cfg = with_overrides(OmegaConf.load(args.runs[0] / ".hydra" / "config.yaml"), args.overrides)
         cells = score_cells(cells, cfg, args.images, args.seeds)
     except (UserInputError, BenchmarkError) as error:
         print(f"training_free_scores: {error}", file=sys.stderr)

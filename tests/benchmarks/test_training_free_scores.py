@@ -54,8 +54,8 @@ def _fake_run(root, name: str, genotype: str, test_acc: float):
     (run / ".hydra").mkdir(parents=True)
     cfg = compose_config("train", ["experiment=smoke", "neuron=st_bif_qann"])
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
-    (run / "metrics.json").write_text(json.dumps({"genotype": load_genotype(genotype).to_json(),
-                                                  "test_acc": test_acc}))
+    (run / "metrics.json").write_text(json.dumps({"genotype": load_genotype(genotype).to_json(), "test_acc": test_acc,
+                                                  "params_m": 0.1, "wall_time_s": 1.0, "cpu_time_s": 1.0}))
     return run
 
 
