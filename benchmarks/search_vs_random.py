@@ -22,7 +22,8 @@ machine, where ``--resume`` runs only what is left (unfinished runs there start 
 after the searches; a retrain run dir made by hand (e.g. on several GPUs with torchrun, the same config for every
 cell) in DIR/retrain/<cell>_seed<s> counts as finished once it holds its metrics.json. ``--searches-from FULL``
 retrains the finished searches of the benchmark in FULL instead of searching: the same cells under another budget.
-``--progress`` runs nothing: it reports DIR's finished retrains, the missing ones and the verdict so far.
+``--progress`` runs nothing: it reports DIR's finished retrains, the missing ones, the verdict so far and how far
+apart the searched cells in DIR/genotypes/ are.
 """
 from __future__ import annotations
 
@@ -400,13 +401,12 @@ def genotype_distance(a: Genotype, b: Genotype) -> dict[str, int]:
     return distance
 
 
-def search_spread(searched: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """How far apart the searches landed: pairwise genotype distance of the searched cells (mean and max per cell
-    type, out of its edges; None below 2 cells) and the std of their mean test accuracies."""
+def search_spread(cells: Sequence[Genotype], searched: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """How far apart the searches landed: pairwise genotype distance of their cells (mean and max per cell type, out
+    of its edges; None below 2 cells, trained or not) and the std of the searched runs' per-cell mean accuracies."""
     by_source: dict[str, list[Mapping[str, Any]]] = {}
     for run in searched:
         by_source.setdefault(run["source"], []).append(run)
-    cells = [_genotype_of(runs[0]) for runs in by_source.values()]
     pairs = [genotype_distance(a, b) for i, a in enumerate(cells) for b in cells[i + 1:]]
     spread: dict[str, Any] = {"cells": len(cells), "pairs": len(pairs)}
     for kind in CELL_TYPES:
@@ -492,7 +492,7 @@ def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False)
                          "max_parameter_free": rules.max_parameter_free},
         "minutes": minutes_per_arm(searches, arms),
         "stats": {arm: vars(s) for arm, s in stats.items()},
-        "search_spread": search_spread(arms["searched"]),
+        "search_spread": search_spread([_genotype_of(found) for found in searches], arms["searched"]),
         "verdict": {"searched_beats_random": decision.searched_beats_random,
                     "poor_below_random": decision.poor_below_random,
                     "searched_beats_darts_v2": decision.searched_beats_darts_v2, "lines": list(decision.lines)},
@@ -521,17 +521,21 @@ def report_progress(plan: Plan) -> dict[str, Any]:
     config = same_config([Path(run["run_dir"]) for run in runs], ignore=("genotype", "seed")) if runs else None
     budget = None if config is None else {"epochs": config["epochs"], "network": config["model"]["network"],
                                           "batch_size": config["batch_size"]}
+    found = [plan.out / "genotypes" / f"{name}.json" for name in search_sweep(plan).names]
+    spread = search_spread([Genotype.from_json(path.read_text()) for path in found if path.is_file()],
+                           arms["searched"])
     absent = [arm for arm in ("searched", "random") if arm not in stats]
     lines = (f"no verdict yet: no finished run in {' or '.join(absent)}",) if absent else \
         verdict(stats, darts_v2_mean(arms)).lines
     progress = {**arms, "missing": missing, "budget": budget, "stats": {arm: vars(s) for arm, s in stats.items()},
-                "verdict_so_far": list(lines)}
+                "search_spread": spread, "verdict_so_far": list(lines)}
     shown = "" if budget is None else (f" Budget: {budget['epochs']} epochs, {budget['network']['layers']} cells of "
                                        f"{budget['network']['channels']} channels, batch {budget['batch_size']}.")
     save_json(progress, plan.out / "progress.json")
     (plan.out / "progress.md").write_text("\n".join([
         "# Searched vs random cells: progress", "", f"Finished retrains: {len(runs)}; still missing: "
-        f"{', '.join(missing) or 'none'}.{shown}", "", table(stats), "", *[f"- so far: {line}" for line in lines], ""]))
+        f"{', '.join(missing) or 'none'}.{shown}", spread_line(spread), "", table(stats), "",
+        *[f"- so far: {line}" for line in lines], ""]))
     return progress
 
 

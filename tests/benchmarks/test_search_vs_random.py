@@ -231,6 +231,7 @@ def test_progress_reports_what_finished_and_runs_nothing(smoke, tmp_path, capsys
     assert progress["budget"]["epochs"] == before_budget(smoke)["epochs"]
     assert progress["verdict_so_far"][0].startswith("searched >= random + 1 std? undecided")
     assert "still missing: random_1_seed0, POOR_POOL_SKIP_seed0" in printed and "- so far: " in printed
+    assert progress["search_spread"]["cells"] == 1 and "Searches' spread: 1 searched cell(s)" in printed
     assert not (out / "retrain" / "random_1_seed0" / "metrics.json").exists() and not (out / "summary.json").exists()
     before = json.loads((smoke[0] / "summary.json").read_text())
     assert progress["searched"][0]["test_acc"] == before["searched"][0]["test_acc"]
@@ -517,13 +518,15 @@ def test_search_spread_of_three_cells():
     runs = [{"source": source, "genotype": json.loads(cell.to_json()), "test_acc": acc}
             for (source, cell), acc in zip(cells.items(), (0.5, 0.6, 0.7))]
     runs.append({**runs[0], "test_acc": 0.7})  # a second retrain seed: search_0's mean is 0.6
-    spread = bench.search_spread(runs)
+    spread = bench.search_spread(list(cells.values()), runs)
     apart = bench.genotype_distance(GENOTYPES["DARTS_V2"], GENOTYPES["PC_DARTS"])
     assert spread["cells"] == 3 and spread["pairs"] == 3
     for kind in ("normal", "reduce"):
         assert spread[kind] == {"edges": 8, "mean": pytest.approx(2 * apart[kind] / 3), "max": apart[kind]}
     assert spread["acc_std"] == pytest.approx(statistics.stdev([0.6, 0.6, 0.7]))
     assert "3 pair(s) of 3 cells" in bench.spread_line(spread)
-    one = bench.search_spread(runs[:1])
+    one = bench.search_spread([GENOTYPES["DARTS_V2"]], runs[:1])
     assert one["pairs"] == 0 and one["normal"]["mean"] is None and one["acc_std"] is None
     assert "no pair" in bench.spread_line(one)
+    untrained = bench.search_spread(list(cells.values()), [])  # the found cells apart before any retrain
+    assert untrained["pairs"] == 3 and untrained["normal"] == spread["normal"] and untrained["acc_std"] is None
