@@ -2,9 +2,9 @@
 
     python search.py [overrides]      e.g. experiment=cifar10_snn, trainer=ddp, resume=<run_dir>
 
-The run directory (outputs/search/<date>_<time>/) gets genotype.json, genotypes/cycle_<k>.json,
-checkpoints/last.pt, tb/ (TensorBoard), search.log and Hydra's config; ``python train.py``
-then retrains the newest genotype.json. Exit codes: see aso_se/run/app.py.
+The run directory (outputs/search/<date>_<time>/) gets genotype.json, search_metrics.json (its minutes and
+final α entropy), genotypes/cycle_<k>.json, checkpoints/last.pt, tb/ (TensorBoard), search.log and Hydra's config;
+``python train.py`` then retrains the newest genotype.json. Exit codes: see aso_se/run/app.py.
 """
 from aso_se.run import early_signals
 
@@ -39,7 +39,7 @@ def main(cfg: DictConfig) -> None:
                               on_cycle_end=callbacks.on_cycle_end, should_stop=run.should_stop)
         callbacks.save(engine)
         run.raise_if_stopped()
-        callbacks.finish(genotype)
+        callbacks.finish(genotype, engine)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ machine, or on Slurm:
     python benchmarks/search_vs_random.py --out DIR --smoke    # every code path in about a minute on a CPU
 
 ``--resume`` continues a stopped benchmark in DIR. Its finished runs need only their small files (run config,
-genotype.json and search_summary.json, metrics.json): DIR without checkpoints/ and tb/ can be carried to another
+genotype.json and search_metrics.json, metrics.json): DIR without checkpoints/ and tb/ can be carried to another
 machine, where ``--resume`` runs only what is left (unfinished runs there start again). ``--searches-only`` stops
 after the searches; a retrain run dir made by hand (e.g. on several GPUs with torchrun, the same config for every
 cell) in DIR/retrain/<cell>_seed<s> counts as finished once it holds its metrics.json. ``--searches-from FULL``
@@ -228,7 +228,8 @@ SEARCH_SUMMARY = "search_summary.json"
 
 def collect_search(run_dir: Path, rules: SpaceRules) -> dict[str, Any]:
     """A finished search: its genotype, per-cycle genotypes, final α entropy and its minutes (wall and CPU, as the
-    run measured them), from genotype.json and checkpoints/last.pt, or from SEARCH_SUMMARY once written."""
+    run measured them), from genotype.json and search_metrics.json (an older run's checkpoints/last.pt), or from
+    SEARCH_SUMMARY once written."""
     genotype = Genotype.from_json(json.dumps(read_run_json(run_dir / "genotype.json")))
     if space_config(run_config(run_dir)) != rules.config:
         raise BenchmarkError(f"run {run_dir} searched another space than the random cells are drawn from "
@@ -240,12 +241,19 @@ def collect_search(run_dir: Path, rules: SpaceRules) -> dict[str, Any]:
             raise BenchmarkError(f"{summary_path} names another genotype than {run_dir / 'genotype.json'}: delete "
                                  f"{summary_path.name} to read the search's checkpoint again")
         return {**found, "run_dir": str(run_dir)}
-    state = load_checkpoint(run_dir / "checkpoints" / "last.pt", kind="search")
+    if (run_dir / "search_metrics.json").is_file():  # what the run wrote as it finished
+        measured = read_run_json(run_dir / "search_metrics.json")
+        if Genotype.from_json(json.dumps(measured["genotype"])) != genotype:
+            raise BenchmarkError(f"{run_dir / 'search_metrics.json'} names another genotype than genotype.json: the "
+                                 f"run dir holds two runs' files; search again into a new dir")
+        entropy = measured["alpha_entropy"]
+    else:  # a run from before search_metrics.json: its checkpoint
+        measured = load_checkpoint(run_dir / "checkpoints" / "last.pt", kind="search")
+        entropy = alpha_entropy(measured["engine"]["supernet"])
     cycles = sorted((run_dir / "genotypes").glob("cycle_*.json"), key=lambda p: int(p.stem.split("_")[1]))
     found = {"seed": run_config(run_dir)["seed"], "genotype": json.loads(genotype.to_json()),
-             "cycle_genotypes": [json.loads(path.read_text()) for path in cycles],
-             "alpha_entropy": alpha_entropy(state["engine"]["supernet"]),
-             "wall_minutes": state["wall_time_s"] / 60, "cpu_minutes": state["cpu_time_s"] / 60}
+             "cycle_genotypes": [json.loads(path.read_text()) for path in cycles], "alpha_entropy": entropy,
+             "wall_minutes": measured["wall_time_s"] / 60, "cpu_minutes": measured["cpu_time_s"] / 60}
     save_json(found, summary_path)
     return {**found, "run_dir": str(run_dir)}
 

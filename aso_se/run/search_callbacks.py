@@ -5,7 +5,8 @@ scalars, ``on_epoch_end`` once an epoch's state is final and ``on_cycle_end`` wh
 genotype is derived. Here they become a progress bar and an epoch log line, TensorBoard
 scalars and images, ``checkpoints/last.pt`` at every ``trainer.checkpoint_every_n_epochs``-th epoch's end
 (and mid-epoch when ``trainer.checkpoint_every_min`` has passed), ``genotypes/cycle_<k>.json`` and the α it was
-derived from, ``alphas/cycle_<k>.json`` (another derivation rule needs no new search: ``benchmarks/derive_cell.py``).
+derived from, ``alphas/cycle_<k>.json`` (another derivation rule needs no new search: ``benchmarks/derive_cell.py``);
+at the end ``genotype.json`` and ``search_metrics.json``.
 Only rank 0 writes; every rank keeps the same bookkeeping.
 """
 from __future__ import annotations
@@ -125,9 +126,15 @@ class SearchCallbacks:
                                    f"saved): lower the learning rate (optim) or use trainer.precision=fp32")
         self.run.save({"engine": state}, background=background)
 
-    def finish(self, genotype: Genotype) -> None:
-        """The final ``genotype.json`` (what ``train.py`` picks up by default)."""
+    def finish(self, genotype: Genotype, engine: ASOSEEngine) -> None:
+        """The final ``genotype.json`` (what ``train.py`` picks up by default) and ``search_metrics.json``: what the
+        run cost and how decided its α ended, so that a run dir without its checkpoints still tells both."""
         if self.run.ctx.is_main:
+            save_json({"genotype": _genotype_json(genotype), "wall_time_s": self.run.wall_time_s,
+                       "cpu_time_s": self.run.cpu_time_s, "world_size": self.run.ctx.world_size,
+                       "device": str(self.run.ctx.device), "precision": self.run.cfg.trainer.precision,
+                       "alpha_entropy": engine.entropy()},
+                      self.run.run_dir / "search_metrics.json")
             save_json(_genotype_json(genotype), self.run.run_dir / "genotype.json")
         if self.board is not None:
             self.board.close()

@@ -374,9 +374,11 @@ class ASOSEEngine:
         return self.supernet.alpha_probabilities()
 
     def entropy(self) -> dict[str, float]:
-        """Mean per-edge entropy (nats) of each cell type's α."""
+        """Mean per-edge entropy (nats) of α: each cell type's, and ``mean`` over all edges."""
         with torch.no_grad():
-            return {kind: float(fast_math.entropy(self.supernet.arch[kind].logits()).mean()) for kind in CELL_TYPES}
+            per_edge = {kind: fast_math.entropy(self.supernet.arch[kind].logits()).float() for kind in CELL_TYPES}
+        return {**{kind: float(values.mean()) for kind, values in per_edge.items()},
+                "mean": float(torch.cat(list(per_edge.values())).mean())}
 
     def genotype(self) -> Genotype:
         """The genotype derived from the current α (top-2 inputs per node without none, skip cap)."""

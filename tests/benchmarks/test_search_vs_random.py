@@ -117,6 +117,32 @@ def test_a_search_run_dir_without_its_checkpoints_is_read_alike(smoke, tmp_path)
         bench.collect_search(carried, rules)
 
 
+def test_a_search_is_read_from_what_it_wrote_as_it_finished_as_from_its_checkpoint(smoke, tmp_path):
+    """search_metrics.json (written by the run) gives the record its checkpoint gives, so a run dir carried without
+    checkpoints/ and never read by the benchmark is still read; an older run without it is read from last.pt."""
+    out, _ = smoke
+    rules = bench.search_space_rules(bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--smoke"])))
+    small = tmp_path / "small"
+    shutil.copytree(out / "search" / "search_0", small,
+                    ignore=shutil.ignore_patterns("checkpoints", "tb", bench.SEARCH_SUMMARY))
+    older = tmp_path / "older"
+    shutil.copytree(out / "search" / "search_0", older,
+                    ignore=shutil.ignore_patterns("search_metrics.json", bench.SEARCH_SUMMARY))
+    written, from_checkpoint = bench.collect_search(small, rules), bench.collect_search(older, rules)
+    assert written["genotype"] == from_checkpoint["genotype"] and written["seed"] == from_checkpoint["seed"]
+    assert written["cycle_genotypes"] == from_checkpoint["cycle_genotypes"]
+    for kind in ("normal", "reduce", "mean"):
+        assert 0 < written["alpha_entropy"][kind] == pytest.approx(from_checkpoint["alpha_entropy"][kind], rel=1e-5)
+    # the checkpoint is saved just before the run writes search_metrics.json
+    assert 0 < from_checkpoint["wall_minutes"] <= written["wall_minutes"] < from_checkpoint["wall_minutes"] + 0.5
+    metrics = json.loads((small / "search_metrics.json").read_text())
+    metrics["genotype"] = json.loads(GENOTYPES["DARTS_V2"].to_json())
+    (small / "search_metrics.json").write_text(json.dumps(metrics))
+    (small / bench.SEARCH_SUMMARY).unlink()
+    with pytest.raises(bench.BenchmarkError, match="names another genotype"):
+        bench.collect_search(small, rules)
+
+
 def test_searches_only_stops_before_the_retrains_on_a_carried_dir(smoke, tmp_path, capsys):
     """--searches-only: the searches (here finished, carried without checkpoints) and every cell's genotype file, no
     retrain; a later --resume goes on from there."""
