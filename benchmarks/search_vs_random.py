@@ -17,13 +17,13 @@ machine, or on Slurm:
     python benchmarks/search_vs_random.py --out DIR --smoke    # every code path in about a minute on a CPU
 
 ``--resume`` continues a stopped benchmark in DIR. Its finished runs need only their small files (run config,
-genotype.json and search_metrics.json, metrics.json): DIR without checkpoints/ and tb/ can be carried to another
-machine, where ``--resume`` runs only what is left (unfinished runs there start again). ``--searches-only`` stops
-after the searches; a retrain run dir made by hand (e.g. on several GPUs with torchrun, the same config for every
-cell) in DIR/retrain/<cell>_seed<s> counts as finished once it holds its metrics.json. ``--searches-from FULL``
-retrains the finished searches of the benchmark in FULL instead of searching: the same cells under another budget.
-``--progress`` runs nothing: it reports DIR's finished retrains, the missing ones, the verdict so far and how far
-apart the searched cells in DIR/genotypes/ are.
+genotype.json and search_metrics.json, or an older search's search_summary.json; metrics.json): DIR without
+checkpoints/ and tb/ can be carried to another machine, where ``--resume`` runs only what is left (unfinished runs
+there start again). ``--searches-only`` stops after the searches; a retrain run dir made by hand (e.g. on several GPUs
+with torchrun, the same config for every cell) in DIR/retrain/<cell>_seed<s> counts as finished once it holds its
+metrics.json. ``--searches-from FULL`` retrains the finished searches of the benchmark in FULL instead of searching:
+the same cells under another budget. ``--progress`` runs nothing: it reports DIR's finished retrains, the missing
+ones, the verdict so far and how far apart the searched cells in DIR/genotypes/ are.
 """
 from __future__ import annotations
 
