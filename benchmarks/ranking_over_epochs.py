@@ -41,6 +41,19 @@ def read_curve(run: Path) -> list[float]:
     return [by_step[step] for step in sorted(by_step)]
 
 
+def run_labels(runs: Sequence[Path]) -> list[str]:
+    """Each run's column: its dir name, or ``<protocol>:<name>`` where two protocols' runs share a name
+    (``retrain/search_0_seed0`` of two benchmark dirs), so that no run hides another."""
+    resolved = [run.resolve() for run in runs]
+    if len(set(resolved)) < len(resolved):
+        raise UserInputError("a run dir is passed twice; pass each run once")
+    names = [run.name for run in resolved]
+    labels = [f"{run.parent.parent.name}:{run.name}" if names.count(run.name) > 1 else run.name for run in resolved]
+    if len(set(labels)) < len(labels):
+        raise UserInputError("two runs share their dir name and their benchmark dir's; pass runs of distinct dirs")
+    return labels
+
+
 def tau_at(curves: dict[str, list[float]], epoch: int, window: int) -> tuple[float | None, list[float]]:
     """τ-b between the window's mean accuracy ending at `epoch` (1-based) and the last epoch's, and those means."""
     means = [statistics.fmean(curve[max(0, epoch - window):epoch]) for curve in curves.values()]
@@ -72,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserInputError(f"--epochs {args.epochs!r}: pass comma-separated epochs, e.g. 10,30,90") from None
         if args.window < 1:
             raise UserInputError(f"--window {args.window}: pass 1 or more epochs")
-        curves = {run.name: read_curve(run) for run in args.runs}
+        curves = {label: read_curve(run) for label, run in zip(run_labels(args.runs), args.runs)}
         lengths = sorted({len(curve) for curve in curves.values()})
         if len(lengths) > 1:
             raise UserInputError(f"the runs logged {lengths} epochs; pass runs of one budget, all finished")

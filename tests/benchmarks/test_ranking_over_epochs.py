@@ -81,3 +81,19 @@ def test_runs_without_curves_or_of_other_lengths_are_refused(runs, tmp_path, cap
     write_piece(short, 1000, {10: 0.1, 20: 0.2})
     assert ranking_over_epochs.main(["--runs", str(paths[0]), str(short), "--epochs", "1"]) == 2
     assert "logged [2, 6] epochs" in capsys.readouterr().err
+
+
+def test_runs_of_one_name_in_two_benchmark_dirs_both_count(runs, tmp_path, capsys):
+    """A capped protocol's retrain/search_0_seed0 beside the uncapped one: two columns, neither hiding the other."""
+    paths, curves = runs
+    twins = []
+    for protocol, curve in (("uncapped", curves["fast"]), ("capped", curves["slow"])):
+        run = tmp_path / protocol / "retrain" / "search_0_seed0"
+        write_piece(run, 1000, {10 * (e + 1): acc for e, acc in enumerate(curve)})
+        twins.append(run)
+    assert ranking_over_epochs.main(["--runs", str(paths[1]), *map(str, twins), "--epochs", "6", "--window", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("| middle | uncapped:search_0_seed0 | capped:search_0_seed0 |")
+    assert lines[2] == "| 6 | 1.00 | 78.0 | 74.0 | 82.0 |"
+    assert ranking_over_epochs.main(["--runs", str(twins[0]), str(twins[0]), "--epochs", "6"]) == 2
+    assert "a run dir is passed twice" in capsys.readouterr().err
