@@ -3,8 +3,9 @@
     python search.py [overrides]      e.g. experiment=cifar10_snn, trainer=ddp, resume=<run_dir>
 
 The run directory (outputs/search/<date>_<time>/) gets genotype.json, search_metrics.json (its minutes and
-final α entropy), genotypes/cycle_<k>.json, checkpoints/last.pt, tb/ (TensorBoard), search.log and Hydra's config;
-``python train.py`` then retrains the newest genotype.json. Exit codes: see aso_se/run/app.py.
+final α entropy), genotypes/cycle_<k>.json, strength.json (derive=strength), checkpoints/last.pt, tb/
+(TensorBoard), search.log and Hydra's config; ``python train.py`` then retrains the newest genotype.json. Exit
+codes: see aso_se/run/app.py.
 """
 from aso_se.run import early_signals
 
@@ -16,16 +17,19 @@ from omegaconf import DictConfig
 
 from aso_se.run import app
 from aso_se.run.search_callbacks import SearchCallbacks
+from aso_se.search.strength import check_rule
 
 
 @hydra.main(config_path="conf", config_name="search", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with app.Run(cfg, entry_point="search") as run:
         cfg, ctx = run.cfg, run.ctx
-        data, neuron = instantiate(cfg.data), instantiate(cfg.neuron)
+        data, neuron, space = instantiate(cfg.data), instantiate(cfg.neuron), instantiate(cfg.search_space)
         app.check_timesteps(data, neuron)
+        derive = cfg.get("derive", "alpha")  # a run saved before derive= existed derives from α
+        check_rule(derive, cfg.get("derive_images"), space.primitives)
         engine = instantiate(cfg.search, _convert_="object")(
-            search_space=instantiate(cfg.search_space), neuron=neuron, num_classes=data.num_classes,
+            search_space=space, neuron=neuron, num_classes=data.num_classes,
             in_channels=data.in_channels, optim=instantiate(cfg.optim, _convert_="object"),
             device=ctx.device, precision=cfg.trainer.precision, seed=cfg.seed)
         run.restore(engine, "engine")
@@ -39,6 +43,8 @@ def main(cfg: DictConfig) -> None:
                               on_cycle_end=callbacks.on_cycle_end, should_stop=run.should_stop)
         callbacks.save(engine)
         run.raise_if_stopped()
+        if derive == "strength":  # the weights judge each edge's ops instead of α
+            genotype = callbacks.derive_by_strength(genotype, engine, arch_loader)
         callbacks.finish(genotype, engine)
 
 

@@ -6,7 +6,7 @@ genotype is derived. Here they become a progress bar and an epoch log line, Tens
 scalars and images, ``checkpoints/last.pt`` at every ``trainer.checkpoint_every_n_epochs``-th epoch's end
 (and mid-epoch when ``trainer.checkpoint_every_min`` has passed), ``genotypes/cycle_<k>.json`` and the α it was
 derived from, ``alphas/cycle_<k>.json`` (another derivation rule needs no new search: ``benchmarks/derive_cell.py``);
-at the end ``genotype.json`` and ``search_metrics.json``.
+at the end ``genotype.json`` and ``search_metrics.json`` (and ``strength.json`` with ``derive=strength``).
 Only rank 0 writes; every rank keeps the same bookkeeping.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ from aso_se.monitor.tensorboard import TensorBoardLogger
 from aso_se.run.app import Run
 from aso_se.run.checkpoint import first_non_finite, save_json, tensor_digest
 from aso_se.search.engine import ASOSEEngine, CycleResult
+from aso_se.search.strength import derive_by_strength, parameter_free
 from kernels.sparse_conv import PATH_COUNTS
 from search_space.genotypes import Genotype
 from search_space.neurons import firing_rates
@@ -126,6 +127,25 @@ class SearchCallbacks:
                                    f"saved): lower the learning rate (optim) or use trainer.precision=fp32")
         self.run.save({"engine": state}, background=background)
 
+    def derive_by_strength(self, alpha_genotype: Genotype, engine: ASOSEEngine, arch_loader: Any) -> Genotype:
+        """``derive=strength``: the final cell from each op's accuracy on the first ``derive_images`` images of α's
+        split (``aso_se.search.strength``); rank 0 judges and writes the table and both cells to ``strength.json``."""
+        cfg, ctx = self.run.cfg, self.run.ctx
+        if not ctx.is_main:  # only rank 0 writes the genotype
+            return alpha_genotype
+        evolution = engine.evolution
+        genotype, table = derive_by_strength(
+            engine.supernet, arch_loader, images=cfg.derive_images, batch_size=cfg.batch_size, seed=cfg.seed,
+            device=ctx.device, max_skip_connect=evolution.max_skip_connect,
+            max_parameter_free=evolution.max_parameter_free)
+        save_json({**table, "alpha_genotype": _genotype_json(alpha_genotype),
+                   "alpha_genotype_parameter_free": parameter_free(alpha_genotype),
+                   "strength_genotype": _genotype_json(genotype),
+                   "strength_genotype_parameter_free": parameter_free(genotype)}, self.run.run_dir / "strength.json")
+        log.info("derive=strength on %d images of α's split (base path %.4f): %s (α's cell: %s)", table["images"],
+                 table["base_accuracy"], genotype, alpha_genotype)
+        return genotype
+
     def finish(self, genotype: Genotype, engine: ASOSEEngine) -> None:
         """The final ``genotype.json`` (what ``train.py`` picks up by default) and ``search_metrics.json``: what the
         run cost and how decided its α ended, so that a run dir without its checkpoints still tells both."""
@@ -133,7 +153,7 @@ class SearchCallbacks:
             save_json({"genotype": _genotype_json(genotype), "wall_time_s": self.run.wall_time_s,
                        "cpu_time_s": self.run.cpu_time_s, "world_size": self.run.ctx.world_size,
                        "device": str(self.run.ctx.device), "precision": self.run.cfg.trainer.precision,
-                       "alpha_entropy": engine.entropy()},
+                       "alpha_entropy": engine.entropy(), "derive": self.run.cfg.get("derive", "alpha")},
                       self.run.run_dir / "search_metrics.json")
             save_json(_genotype_json(genotype), self.run.run_dir / "genotype.json")
         if self.board is not None:

@@ -48,6 +48,19 @@ def test_bad_search_override(override: str, fragments: list[str], run_app: RunAp
     assert not (tmp_path / "no").exists()  # a mistyped resume dir is never created
 
 
+@pytest.mark.parametrize(("overrides", "fragments"), [
+    (["derive=beam"], ["derive=beam", "pass derive=alpha", "or derive=strength"]),
+    (["derive=strength", "derive_images=0"], ["derive_images=0", "1 or more images"]),
+    (["derive=strength", "search_space.primitives=[skip_connect,sep_conv_3x3]"], ["lacks", "add none"]),
+])
+def test_a_final_derivation_it_cannot_apply_stops_the_search_before_it_starts(
+        overrides: list[str], fragments: list[str], run_app: RunApp, tmp_path: Path) -> None:
+    code, stderr = run_app("search", *SMOKE, *overrides, f"hydra.run.dir={tmp_path / 'run'}")
+    assert code == app.EXIT_BAD_INPUT
+    assert_one_line(stderr, *fragments)
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the first epoch
+
+
 def test_bad_logger_setting(run_app: RunApp) -> None:
     code, stderr = run_app("search", *SMOKE, "logger=tensorboard", "logger.alpha_figure_every_n_epochs=0")
     assert code == app.EXIT_BAD_INPUT

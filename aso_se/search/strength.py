@@ -1,0 +1,138 @@
+"""The cell from the supernet's weights instead of α: each op judged by the accuracy of the single path it joins.
+
+The base path gives every edge its α-argmax op; each edge in turn takes every other op, or none (the edge cut), and
+the path's accuracy on held-out images is measured (DARTS-PT's perturbation, without its fine-tuning). An op's
+strength on its edge is that accuracy minus the accuracy with the edge cut, and DARTS's rule on the strengths gives
+the cell. ``search.py derive=strength`` derives its final cell so; ``benchmarks/op_strength.py`` analyses a finished
+search's checkpoint with the same functions. Batch norms use the batch's statistics (their running ones were gathered
+on sampled mixtures of ops, not on one path), on batches that mix the classes (``mixed_batches``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Sequence
+
+import torch
+
+from aso_se.search.arch_params import ArchSample
+from aso_se.search.derive import NONE_OP, derive_genotype
+from aso_se.search.supernet import CELL_TYPES, SearchNetwork
+from search_space.errors import UserInputError
+from search_space.genotypes import Genotype
+from search_space.ops import PARAMETER_FREE_OPS
+
+
+def with_op(sample: ArchSample, edge: int, op: int) -> ArchSample:
+    """``sample`` (one op per edge) with ``edge`` computing ``op`` instead."""
+    chosen = sample.chosen.clone()
+    chosen[edge, 0] = op
+    active = tuple((op,) if e == edge else ops for e, ops in enumerate(sample.active_ops))
+    return dataclasses.replace(sample, chosen=chosen, active_ops=active)
+
+
+@torch.no_grad()
+def correct(supernet: SearchNetwork, samples: Sequence[ArchSample], batches: Sequence[tuple[torch.Tensor, ...]]
+            ) -> torch.Tensor:
+    """Which images the path ``samples`` classifies right (bool, on the CPU); batch norms on the batch's
+    statistics, everything else in eval mode."""
+    supernet.eval()
+    for module in supernet.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.train()
+    return torch.cat([(supernet(x, samples, arch_grad=False).argmax(dim=1) == y).cpu() for x, y in batches])
+
+
+def mixed_batches(loader: Iterable, batch_size: int, seed: int, device: str | torch.device,
+                  max_images: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The loader's images (its first ``max_images``, if given) in one fixed shuffled order, in batches of
+    ``batch_size``. A test set comes sorted by class, and batch norms on the statistics of a one-class batch
+    misjudge every path (RESULTS.md, issue #44)."""
+    images, labels, count = [], [], 0
+    for x, y, *_ in loader:
+        images.append(x.cpu())
+        labels.append(y.cpu())
+        count += len(y)
+        if max_images is not None and count >= max_images:
+            break
+    images, labels = torch.cat(images)[:max_images], torch.cat(labels)[:max_images]
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    return [(images[part].to(device), labels[part].to(device)) for part in torch.split(order, batch_size)]
+
+
+def strengths(supernet: SearchNetwork, batches: Sequence[tuple[torch.Tensor, ...]]) -> dict:
+    """Per cell type ``[edges, ops]`` accuracies of the base path with one edge changed, the base's, and how many
+    images each changed path judges otherwise than the base (``discordant``: the paired difference's standard error
+    is about sqrt(discordant) / images, McNemar's)."""
+    primitives = supernet.search_space.primitives
+    none = primitives.index(NONE_OP) if NONE_OP in primitives else None
+    base = supernet.argmax_sample()
+    base_correct = correct(supernet, base, batches)
+    result = {"base_accuracy": base_correct.float().mean().item(), "accuracy": {}, "discordant": {}}
+    for kind_index, kind in enumerate(CELL_TYPES):
+        mask = supernet.arch[kind].op_mask.cpu()
+        accuracies, discordant = [], []
+        for edge in range(mask.shape[0]):
+            edge_accuracies, edge_discordant = [], []
+            for op in range(len(primitives)):
+                right = None  # an op pruned for good (stale weights) is not judged; a cut needs no weights
+                if mask[edge, op] or op == none:
+                    samples = list(base)
+                    samples[kind_index] = with_op(base[kind_index], edge, op)
+                    right = correct(supernet, samples, batches)
+                edge_accuracies.append(None if right is None else right.float().mean().item())
+                edge_discordant.append(None if right is None else int((right != base_correct).sum()))
+            accuracies.append(edge_accuracies)
+            discordant.append(edge_discordant)
+        result["accuracy"][kind], result["discordant"][kind] = accuracies, discordant
+    return result
+
+
+def strength_genotype(accuracies: dict, primitives: Sequence[str], steps: int, multiplier: int,
+                      max_skip_connect: int | None, max_parameter_free: int | None) -> Genotype:
+    """DARTS's rule on strengths: an op's accuracy on its edge minus the accuracy with the edge cut (``none``);
+    the search's caps as for its α cell."""
+    if NONE_OP not in primitives:
+        raise UserInputError(f"the search space {list(primitives)} has no none op to cut an edge with; "
+                             "derive the cell from α (derive=alpha) or add none to the primitives")
+    none = primitives.index(NONE_OP)
+    scores = {}
+    for kind, table in accuracies.items():
+        scores[kind] = torch.tensor([[-float("inf") if acc is None else acc - row[none] for acc in row]
+                                     for row in table], dtype=torch.float64)
+    return derive_genotype(scores["normal"], scores["reduce"], primitives, steps=steps, multiplier=multiplier,
+                           max_skip_connect=max_skip_connect, max_parameter_free=max_parameter_free)
+
+
+def parameter_free(genotype: Genotype) -> dict[str, int]:
+    """Pool and skip edges per cell type."""
+    return {kind: sum(op in PARAMETER_FREE_OPS for op, _ in getattr(genotype, kind)) for kind in CELL_TYPES}
+
+
+DERIVE_RULES = ("alpha", "strength")
+
+
+def check_rule(rule: str, images: int | None, primitives: Sequence[str]) -> None:
+    """Before a search starts: a final derivation rule (``derive=``) that its end can apply."""
+    if rule not in DERIVE_RULES:
+        raise UserInputError(f"derive={rule}: pass derive=alpha (DARTS's rule on α) or derive=strength (each op "
+                             "judged by its path's accuracy on α's split)")
+    if rule == "strength":
+        if images is None or images < 1:
+            raise UserInputError(f"derive_images={images}: derive=strength needs 1 or more images of α's split")
+        if NONE_OP not in primitives:
+            raise UserInputError(f"derive=strength cuts edges with the none op, which the search space "
+                                 f"{list(primitives)} lacks; add none to its primitives or pass derive=alpha")
+
+
+def derive_by_strength(supernet: SearchNetwork, loader: Iterable, *, images: int, batch_size: int, seed: int,
+                       device: str | torch.device, max_skip_connect: int | None,
+                       max_parameter_free: int | None) -> tuple[Genotype, dict]:
+    """The cell of the ops' strengths on the first ``images`` images of ``loader`` (α's split), and the table
+    (``strengths``'s, with the images counted) it comes from."""
+    supernet.use_op_graphs(False)  # the search is over: plain eager forwards judge the paths
+    batches = mixed_batches(loader, batch_size, seed, device, max_images=images)
+    table = strengths(supernet, batches)
+    space = supernet.search_space
+    genotype = strength_genotype(table["accuracy"], space.primitives, space.steps, space.multiplier,
+                                 max_skip_connect, max_parameter_free)
+    return genotype, {**table, "images": sum(len(y) for _, y in batches), "primitives": list(space.primitives)}
