@@ -6,7 +6,7 @@ derive=strength`` does on the α split at the end of a search): each edge's ops 
 they join, and DARTS's rule on those strengths gives a second cell. Prints a per-edge table and both cells'
 parameter-free edges; writes DIR/op_strength.json:
 
-    python benchmarks/op_strength.py --run <search run dir> [--images 1000] [data.root=<cifar10>]
+    python benchmarks/op_strength.py --run <search run dir> [--images 1000] [--split test|arch] [data.root=<cifar10>]
 """
 from __future__ import annotations
 
@@ -31,8 +31,10 @@ from benchmarks.common import with_overrides  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 
 
-def load_supernet(run_dir: Path, overrides: Sequence[str], images: int, device: str):
-    """The searched supernet of ``run_dir``'s last checkpoint, its config, and a test loader of ``images`` images."""
+def load_supernet(run_dir: Path, overrides: Sequence[str], images: int, device: str, split: str = "test"):
+    """The searched supernet of ``run_dir``'s last checkpoint, its config, and a loader of the images that judge it:
+    the first ``images`` of the test set, or (``split="arch"``) all of α's split (``mixed_batches`` takes the first
+    ``images``), as ``search.py derive=strength`` judges."""
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt", kind="search")
     cfg = with_overrides(OmegaConf.create(state["config"]), overrides)
     cfg.data.max_test_samples = images
@@ -43,12 +45,14 @@ def load_supernet(run_dir: Path, overrides: Sequence[str], images: int, device: 
         precision="fp32", seed=cfg.seed)
     # the analysis draws no Gumbel noise, and a GPU run's generator state does not load into a CPU generator
     engine.load_state_dict({**state["engine"], "gumbel_rng": engine.step.draws.generator_state()})
-    _, test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
-    return engine.supernet, cfg, test
+    _, loader = data.search_loaders(cfg.batch_size, seed=cfg.seed) if split == "arch" else \
+        data.train_loaders(cfg.batch_size, seed=cfg.seed)
+    return engine.supernet, cfg, loader
 
 
 def report(result: dict, primitives: Sequence[str], alpha: dict[str, torch.Tensor]) -> str:
-    lines = [f"base path (every edge its α-argmax op): test accuracy {result['base_accuracy']:.4f}", "",
+    images = "test" if result.get("split", "test") == "test" else "α's split"
+    lines = [f"base path (every edge its α-argmax op): accuracy on {images} {result['base_accuracy']:.4f}", "",
              "| cell | edge | α-argmax op (p) | strongest op (accuracy ± 2 SE of its gain) | edge cut |",
              "|---|---:|---|---|---:|"]
     none = primitives.index(NONE_OP)
@@ -69,7 +73,11 @@ def report(result: dict, primitives: Sequence[str], alpha: dict[str, torch.Tenso
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, required=True, help="a search run dir with checkpoints/last.pt")
-    parser.add_argument("--images", type=int, default=1000, help="test images (stratified); default 1000")
+    parser.add_argument("--images", type=int, default=1000, help="images that judge the paths: the test set's first "
+                        "(stratified) or α's split's first; default 1000")
+    parser.add_argument("--split", choices=("test", "arch"), default="test",
+                        help="the images: the test set's, or α's split as search.py derive=strength uses (writes "
+                             "op_strength_arch.json)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("overrides", nargs="*", help="where this machine keeps the data, e.g. data.root=<cifar10>")
     args = parser.parse_args(argv)
@@ -82,8 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bad = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+") not in ("data.root", "data.num_workers")]
         if bad:
             raise UserInputError(f"overrides {bad}: only data.root and data.num_workers may change")
-        supernet, cfg, test = load_supernet(args.run, args.overrides, args.images, args.device)
-        batches = mixed_batches(test, cfg.batch_size, cfg.seed, args.device)
+        supernet, cfg, loader = load_supernet(args.run, args.overrides, args.images, args.device, args.split)
+        batches = mixed_batches(loader, cfg.batch_size, cfg.seed, args.device, max_images=args.images)
         result = strengths(supernet, batches)
         space = supernet.search_space
         evolution = cfg.search.evolution
@@ -98,8 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UserInputError, FileNotFoundError) as error:
         print(f"op_strength: {error}", file=sys.stderr)
         return 2
-    save_json(result, args.run / "op_strength.json")
-    print(report(result, space.primitives, supernet.alpha_probabilities()))
+    save_json({**result, "split": args.split},
+              args.run / ("op_strength.json" if args.split == "test" else "op_strength_arch.json"))
+    print(report({**result, "split": args.split}, space.primitives, supernet.alpha_probabilities()))
     return 0
 
 

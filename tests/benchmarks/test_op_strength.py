@@ -69,6 +69,19 @@ def test_the_strength_cell_is_darts_rule_on_accuracy_gains_over_the_cut_edge(jud
     assert "base path" in stdout and "strength_genotype: parameter-free edges" in stdout
 
 
+def test_alpha_split_judges_as_search_derive_strength_does(judged, capsys):
+    """--split arch: the images of α's split (training transforms), not the test set's; a file of its own."""
+    run, tested, _ = judged
+    assert op_strength.main(["--run", str(run), "--images", "20", "--split", "arch", "--device", "cpu"]) == 0
+    result = json.loads((run / "op_strength_arch.json").read_text())
+    assert result["split"] == "arch" and result["images"] == 20 and tested["split"] == "test"
+    assert "accuracy on α's split" in capsys.readouterr().out
+    assert result["alpha_genotype"] == tested["alpha_genotype"]  # one supernet, judged on other images
+    supernet, cfg, loader = op_strength.load_supernet(run, (), 20, "cpu", split="arch")
+    batches = op_strength.mixed_batches(loader, cfg.batch_size, cfg.seed, "cpu", max_images=20)
+    assert op_strength.strengths(supernet, batches)["accuracy"] == result["accuracy"]  # the same images again
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--images", "0"], "--images 0: need at least 1"),
     (["seed=3"], "only data.root and data.num_workers may change"),
