@@ -26,10 +26,10 @@ if str(REPO) not in sys.path:  # run as a script: the packages live beside bench
 
 from aso_se.run.checkpoint import load_checkpoint, save_json  # noqa: E402
 from aso_se.search.derive import derive_genotype  # noqa: E402
+from aso_se.search.strength import parameter_free  # noqa: E402
 from aso_se.search.supernet import CELL_TYPES  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 from search_space.genotypes import Genotype  # noqa: E402
-from search_space.ops import PARAMETER_FREE_OPS  # noqa: E402
 
 
 def final_alpha(run_dir: Path) -> tuple[dict, dict]:
@@ -66,10 +66,6 @@ def derive(alpha: dict, max_skip_connect: int | None, max_parameter_free: int | 
     return derive_genotype(torch.tensor(alpha["normal"]), torch.tensor(alpha["reduce"]), alpha["primitives"],
                            steps=alpha["steps"], multiplier=alpha["multiplier"], max_skip_connect=max_skip_connect,
                            max_parameter_free=max_parameter_free)
-
-
-def parameter_free(genotype: Genotype) -> dict[str, int]:
-    return {kind: sum(op in PARAMETER_FREE_OPS for op, _ in getattr(genotype, kind)) for kind in CELL_TYPES}
 
 
 def cap(text: str) -> int | str | None:

@@ -11,7 +11,6 @@ parameter-free edges; writes DIR/op_strength.json:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -26,7 +25,7 @@ if str(REPO) not in sys.path:  # run as a script: the packages live beside bench
 
 from aso_se.run.checkpoint import load_checkpoint, save_json  # noqa: E402
 from aso_se.search.derive import NONE_OP, supernet_genotype  # noqa: E402
-from aso_se.search.strength import mixed_batches, parameter_free, strength_genotype, strengths  # noqa: E402
+from aso_se.search.strength import cells_record, mixed_batches, strength_genotype, strengths  # noqa: E402
 from benchmarks.common import with_overrides  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 
@@ -99,10 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         alpha_cell = supernet_genotype(supernet, *caps)
         strong_cell = strength_genotype(result["accuracy"], space.primitives, space.steps, space.multiplier, *caps)
         result.update(images=sum(len(y) for _, y in batches), primitives=list(space.primitives),
-                      alpha_genotype=json.loads(alpha_cell.to_json()),
-                      alpha_genotype_parameter_free=parameter_free(alpha_cell),
-                      strength_genotype=json.loads(strong_cell.to_json()),
-                      strength_genotype_parameter_free=parameter_free(strong_cell))
+                      **cells_record(alpha_cell, strong_cell))
     except (UserInputError, FileNotFoundError) as error:
         print(f"op_strength: {error}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ from aso_se.monitor.tensorboard import TensorBoardLogger
 from aso_se.run.app import Run
 from aso_se.run.checkpoint import first_non_finite, save_json, tensor_digest
 from aso_se.search.engine import ASOSEEngine, CycleResult
-from aso_se.search.strength import derive_by_strength, parameter_free
+from aso_se.search.strength import cells_record, derive_by_strength
 from kernels.sparse_conv import PATH_COUNTS
 from search_space.genotypes import Genotype
 from search_space.neurons import firing_rates
@@ -138,10 +138,7 @@ class SearchCallbacks:
             engine.supernet, arch_loader, images=cfg.derive_images, batch_size=cfg.batch_size, seed=cfg.seed,
             device=ctx.device, max_skip_connect=evolution.max_skip_connect,
             max_parameter_free=evolution.max_parameter_free)
-        save_json({**table, "alpha_genotype": _genotype_json(alpha_genotype),
-                   "alpha_genotype_parameter_free": parameter_free(alpha_genotype),
-                   "strength_genotype": _genotype_json(genotype),
-                   "strength_genotype_parameter_free": parameter_free(genotype)}, self.run.run_dir / "strength.json")
+        save_json({**table, **cells_record(alpha_genotype, genotype)}, self.run.run_dir / "strength.json")
         log.info("derive=strength on %d images of α's split (base path %.4f): %s (α's cell: %s)", table["images"],
                  table["base_accuracy"], genotype, alpha_genotype)
         return genotype

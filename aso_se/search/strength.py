@@ -10,6 +10,7 @@ on sampled mixtures of ops, not on one path), on batches that mix the classes (`
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Iterable, Sequence
 
 import torch
@@ -106,6 +107,14 @@ def strength_genotype(accuracies: dict, primitives: Sequence[str], steps: int, m
 def parameter_free(genotype: Genotype) -> dict[str, int]:
     """Pool and skip edges per cell type."""
     return {kind: sum(op in PARAMETER_FREE_OPS for op, _ in getattr(genotype, kind)) for kind in CELL_TYPES}
+
+
+def cells_record(alpha_cell: Genotype, strength_cell: Genotype) -> dict:
+    """Both cells of a judging, with their parameter-free edges, as strength.json and op_strength.json keep them."""
+    record = {}
+    for name, cell in (("alpha_genotype", alpha_cell), ("strength_genotype", strength_cell)):
+        record[name], record[f"{name}_parameter_free"] = json.loads(cell.to_json()), parameter_free(cell)
+    return record
 
 
 DERIVE_RULES = ("alpha", "strength")
