@@ -42,8 +42,9 @@ def snn_metrics(network: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *,
         board.curve("snn/accuracy_vs_timesteps", list(result.accuracy_at), list(result.accuracy_at.values()), step,
                     xlabel="time steps", ylabel="SNN test accuracy")
         board.scalars("snn", {"test_acc": result.snn_accuracy, "timesteps": result.snn_timesteps}, step)
-    log.info("SNN: %.4f test accuracy after %d steps to silence (QANN %.4f); max |logit difference| %.3g",
-             result.snn_accuracy, result.snn_timesteps, result.qann_accuracy, result.logit_max_abs_diff)
+    ending = "steps to silence" if result.silent else "steps, still firing at snn_max_timesteps"
+    log.info("SNN: %.4f test accuracy after %d %s (QANN %.4f); max |logit difference| %.3g",
+             result.snn_accuracy, result.snn_timesteps, ending, result.qann_accuracy, result.logit_max_abs_diff)
     return {
         "snn_test_acc": result.snn_accuracy,
         "snn_timesteps": result.snn_timesteps,
