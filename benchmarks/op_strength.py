@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:  # run as a script: the packages live beside bench
 
 from aso_se.run.checkpoint import load_checkpoint, save_json  # noqa: E402
 from aso_se.search.derive import NONE_OP, supernet_genotype  # noqa: E402
-from aso_se.search.strength import cells_record, mixed_batches, strength_genotype, strengths  # noqa: E402
+from aso_se.search.strength import cells_record, decided_edges, mixed_batches, strength_genotype, strengths  # noqa: E402
 from benchmarks.common import with_overrides  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 
@@ -64,6 +64,9 @@ def report(result: dict, primitives: Sequence[str], alpha: dict[str, torch.Tenso
             error = 2 * result["discordant"][kind][edge][best] ** 0.5 / result["images"]
             lines.append(f"| {kind} | {edge} | {primitives[chosen]} ({float(probs[chosen]):.2f}) | "
                          f"{primitives[best]} ({row[best]:.4f} ± {error:.4f}) | {row[none]:.4f} |")
+    if "decided_edges" in result:  # judgings before it kept no runner-up
+        lines.append("edges whose strongest op leads the runner-up by 2 SE: " + ", ".join(
+            f"{kind} {count} of {len(result['lead'][kind])}" for kind, count in result["decided_edges"].items()))
     for name in ("alpha_genotype", "strength_genotype"):
         lines.append(f"{name}: parameter-free edges {result[name + '_parameter_free']}: {result[name]}")
     return "\n".join(lines)
@@ -99,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         strong_cell = strength_genotype(result["accuracy"], space.primitives, space.steps, space.multiplier, *caps)
         result.update(images=sum(len(y) for _, y in batches), primitives=list(space.primitives),
                       **cells_record(alpha_cell, strong_cell))
+        result["decided_edges"] = decided_edges(result)
     except (UserInputError, FileNotFoundError) as error:
         print(f"op_strength: {error}", file=sys.stderr)
         return 2

@@ -128,8 +128,9 @@ class SearchCallbacks:
         self.run.save({"engine": state}, background=background)
 
     def derive_by_strength(self, alpha_genotype: Genotype, engine: ASOSEEngine, arch_loader: Any) -> Genotype:
-        """``derive=strength``: the final cell from each op's accuracy on the first ``derive_images`` images of α's
-        split (``aso_se.search.strength``); rank 0 judges and writes the table and both cells to ``strength.json``."""
+        """``derive=strength``: the final cell from each op's accuracy on the first ``derive_images`` images (null:
+        all) of α's split (``aso_se.search.strength``); rank 0 judges (its shard of the split under DDP) and writes the
+        table and both cells to ``strength.json``."""
         cfg, ctx = self.run.cfg, self.run.ctx
         if not ctx.is_main:  # only rank 0 writes the genotype
             return alpha_genotype
@@ -139,8 +140,11 @@ class SearchCallbacks:
             device=ctx.device, max_skip_connect=evolution.max_skip_connect,
             max_parameter_free=evolution.max_parameter_free)
         save_json({**table, **cells_record(alpha_genotype, genotype)}, self.run.run_dir / "strength.json")
-        log.info("derive=strength on %d images of α's split (base path %.4f): %s (α's cell: %s)", table["images"],
-                 table["base_accuracy"], genotype, alpha_genotype)
+        decided = table["decided_edges"]
+        log.info("derive=strength on %d images of α's split (base path %.4f; the strongest op leads by 2 SE on %d of "
+                 "%d normal and %d of %d reduction edges): %s (α's cell: %s)", table["images"], table["base_accuracy"],
+                 decided["normal"], len(table["lead"]["normal"]), decided["reduce"], len(table["lead"]["reduce"]),
+                 genotype, alpha_genotype)
         return genotype
 
     def finish(self, genotype: Genotype, engine: ASOSEEngine) -> None:

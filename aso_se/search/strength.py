@@ -63,29 +63,48 @@ def mixed_batches(loader: Iterable, batch_size: int, seed: int, device: str | to
 def strengths(supernet: SearchNetwork, batches: Sequence[tuple[torch.Tensor, ...]]) -> dict:
     """Per cell type ``[edges, ops]`` accuracies of the base path with one edge changed, the base's, and how many
     images each changed path judges otherwise than the base (``discordant``: the paired difference's standard error
-    is about sqrt(discordant) / images, McNemar's)."""
+    is about sqrt(discordant) / images, McNemar's). Per edge, ``lead`` is the strongest op's accuracy minus the
+    runner-up's and ``lead_discordant`` the images those two paths judge otherwise (``decided_edges``)."""
     primitives = supernet.search_space.primitives
     none = primitives.index(NONE_OP) if NONE_OP in primitives else None
     base = supernet.argmax_sample()
     base_correct = correct(supernet, base, batches)
-    result = {"base_accuracy": base_correct.float().mean().item(), "accuracy": {}, "discordant": {}}
+    result = {"base_accuracy": base_correct.float().mean().item(), "accuracy": {}, "discordant": {}, "lead": {},
+              "lead_discordant": {}}
     for kind_index, kind in enumerate(CELL_TYPES):
         mask = supernet.arch[kind].op_mask.cpu()
-        accuracies, discordant = [], []
+        accuracies, discordant, leads, lead_discordant = [], [], [], []
         for edge in range(mask.shape[0]):
-            edge_accuracies, edge_discordant = [], []
+            rights: dict[int, torch.Tensor] = {}
             for op in range(len(primitives)):
-                right = None  # an op pruned for good (stale weights) is not judged; a cut needs no weights
-                if mask[edge, op] or op == none:
+                if mask[edge, op] or op == none:  # an op pruned for good (stale weights) is not judged
                     samples = list(base)
                     samples[kind_index] = with_op(base[kind_index], edge, op)
-                    right = correct(supernet, samples, batches)
-                edge_accuracies.append(None if right is None else right.float().mean().item())
-                edge_discordant.append(None if right is None else int((right != base_correct).sum()))
-            accuracies.append(edge_accuracies)
-            discordant.append(edge_discordant)
+                    rights[op] = correct(supernet, samples, batches)
+            accuracies.append([rights[op].float().mean().item() if op in rights else None
+                               for op in range(len(primitives))])
+            discordant.append([int((rights[op] != base_correct).sum()) if op in rights else None
+                               for op in range(len(primitives))])
+            ranked = sorted((op for op in rights if op != none), key=lambda op: (-accuracies[-1][op], op))
+            if len(ranked) < 2:  # one op left on the edge: nothing to decide between
+                leads.append(None)
+                lead_discordant.append(None)
+                continue
+            first, second = ranked[:2]
+            leads.append(accuracies[-1][first] - accuracies[-1][second])
+            lead_discordant.append(int((rights[first] != rights[second]).sum()))
         result["accuracy"][kind], result["discordant"][kind] = accuracies, discordant
+        result["lead"][kind], result["lead_discordant"][kind] = leads, lead_discordant
     return result
+
+
+def decided_edges(table: dict) -> dict[str, int]:
+    """Per cell type, the edges whose strongest op leads the runner-up by at least 2 standard errors of the
+    paired difference (McNemar's, sqrt(discordant) / images): where the judging is not down to which images it saw."""
+    images = table["images"]
+    return {kind: sum(lead is not None and lead > 0 and lead >= 2 * count ** 0.5 / images
+                      for lead, count in zip(leads, table["lead_discordant"][kind]))
+            for kind, leads in table["lead"].items()}
 
 
 def strength_genotype(accuracies: dict, primitives: Sequence[str], steps: int, multiplier: int,
@@ -126,22 +145,24 @@ def check_rule(rule: str, images: int | None, primitives: Sequence[str]) -> None
         raise UserInputError(f"derive={rule}: pass derive=alpha (DARTS's rule on α) or derive=strength (each op "
                              "judged by its path's accuracy on α's split)")
     if rule == "strength":
-        if images is None or images < 1:
-            raise UserInputError(f"derive_images={images}: derive=strength needs 1 or more images of α's split")
+        if images is not None and (isinstance(images, bool) or not isinstance(images, int) or images < 1):
+            raise UserInputError(f"derive_images={images}: derive=strength needs 1 or more images of α's split, "
+                                 "or null for all of it")
         if NONE_OP not in primitives:
             raise UserInputError(f"derive=strength cuts edges with the none op, which the search space "
                                  f"{list(primitives)} lacks; add none to its primitives or pass derive=alpha")
 
 
-def derive_by_strength(supernet: SearchNetwork, loader: Iterable, *, images: int, batch_size: int, seed: int,
-                       device: str | torch.device, max_skip_connect: int | None,
+def derive_by_strength(supernet: SearchNetwork, loader: Iterable, *, images: int | None, batch_size: int,
+                       seed: int, device: str | torch.device, max_skip_connect: int | None,
                        max_parameter_free: int | None) -> tuple[Genotype, dict]:
-    """The cell of the ops' strengths on the first ``images`` images of ``loader`` (α's split), and the table
-    (``strengths``'s, with the images counted) it comes from."""
+    """The cell of the ops' strengths on the first ``images`` images of ``loader`` (α's split; None: all of it), and
+    the table (``strengths``'s, with the images counted and ``decided_edges``) it comes from."""
     supernet.use_op_graphs(False)  # the search is over: plain eager forwards judge the paths
     batches = mixed_batches(loader, batch_size, seed, device, max_images=images)
     table = strengths(supernet, batches)
     space = supernet.search_space
     genotype = strength_genotype(table["accuracy"], space.primitives, space.steps, space.multiplier,
                                  max_skip_connect, max_parameter_free)
-    return genotype, {**table, "images": sum(len(y) for _, y in batches), "primitives": list(space.primitives)}
+    table.update(images=sum(len(y) for _, y in batches), primitives=list(space.primitives))
+    return genotype, {**table, "decided_edges": decided_edges(table)}

@@ -50,7 +50,7 @@ def test_bad_search_override(override: str, fragments: list[str], run_app: RunAp
 
 @pytest.mark.parametrize(("overrides", "fragments"), [
     (["derive=beam"], ["derive=beam", "pass derive=alpha", "or derive=strength"]),
-    (["derive=strength", "derive_images=0"], ["derive_images=0", "1 or more images"]),
+    (["derive=strength", "derive_images=0"], ["derive_images=0", "1 or more images", "null for all"]),
     (["derive=strength", "search_space.primitives=[skip_connect,sep_conv_3x3]"], ["lacks", "add none"]),
 ])
 def test_a_final_derivation_it_cannot_apply_stops_the_search_before_it_starts(

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from aso_se.search.strength import mixed_batches
+from aso_se.search.strength import check_rule, decided_edges, mixed_batches
+from search_space.errors import UserInputError
 from search_space.genotypes import Genotype
 from tests.aso_se.run.helpers import SMOKE, run_in_process
 
@@ -62,3 +63,42 @@ def test_mixed_batches_keep_the_first_images_of_the_loader_when_capped() -> None
     assert [len(y) for _, y in batches] == [8, 8, 8, 6]
     assert sorted(torch.cat([y for _, y in batches]).tolist()) == sorted(labels[:30].tolist())
     assert all(torch.equal(x[:, 0, 0, 0].long(), y) for x, y in batches)
+
+
+def test_the_table_keeps_each_edges_lead_and_its_discordant_images(strength_run: Path) -> None:
+    """``lead``: the strongest op's accuracy minus the runner-up's; the two paths judge at least lead × images
+    images otherwise, and at most all of them."""
+    table = json.loads((strength_run / "strength.json").read_text())
+    none, images = PRIMITIVES.index("none"), table["images"]
+    for kind in ("normal", "reduce"):
+        for row, lead, count in zip(table["accuracy"][kind], table["lead"][kind], table["lead_discordant"][kind]):
+            judged = sorted((acc for op, acc in enumerate(row) if op != none and acc is not None), reverse=True)
+            assert lead == pytest.approx(judged[0] - judged[1])
+            assert round(lead * images) <= count <= images
+        assert table["decided_edges"][kind] == decided_edges(table)[kind]
+        assert 0 <= table["decided_edges"][kind] <= len(table["lead"][kind])
+
+
+def test_an_edge_is_decided_when_its_lead_is_two_standard_errors() -> None:
+    # images 100: 2 SE of a difference with d discordant images is 2 * sqrt(d) / 100
+    table = {"images": 100, "lead": {"normal": [0.2, 0.05, None, 0.0], "reduce": [0.1, 0.1]},
+             "lead_discordant": {"normal": [20, 25, None, 0], "reduce": [25, 26]}}
+    assert decided_edges(table) == {"normal": 1, "reduce": 1}
+
+
+@pytest.mark.parametrize("images", [None, 1, 25000])
+def test_derive_images_may_be_null_for_all_of_the_split(images: int | None) -> None:
+    check_rule("strength", images, PRIMITIVES)
+
+
+@pytest.mark.parametrize("images", [0, -3, True, 2.5])
+def test_derive_images_must_be_a_positive_count(images: object) -> None:
+    with pytest.raises(UserInputError, match="or null for all of it"):
+        check_rule("strength", images, PRIMITIVES)
+
+
+def test_mixed_batches_keep_every_image_when_uncapped() -> None:
+    labels = torch.arange(5).repeat_interleave(5)
+    loader = [(labels[i:i + 10].float().view(-1, 1, 1, 1), labels[i:i + 10]) for i in range(0, 25, 10)]
+    batches = mixed_batches(loader, 8, seed=0, device="cpu", max_images=None)
+    assert sorted(torch.cat([y for _, y in batches]).tolist()) == labels.tolist()
