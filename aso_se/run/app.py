@@ -527,6 +527,12 @@ class Run:
             self._watchdog.stop_taken()  # this rank's step ended: it will save and stop, not hang
         return any_rank(self._signum is not None, self.ctx)
 
+    def stop_requested(self) -> bool:
+        """This process got a stop signal; unlike ``should_stop`` no collective, for work that one rank does alone
+        (derive=strength's judging)."""
+        self._keep_stop_handlers()
+        return self._signum is not None
+
     def _keep_stop_handlers(self) -> None:
         """Puts back a stop handler that something in the process replaced, and names the replacement:
         a signal caught by another handler (or none) would end the run without its checkpoint."""

@@ -6,14 +6,16 @@ genotype is derived. Here they become a progress bar and an epoch log line, Tens
 scalars and images, ``checkpoints/last.pt`` at every ``trainer.checkpoint_every_n_epochs``-th epoch's end
 (and mid-epoch when ``trainer.checkpoint_every_min`` has passed), ``genotypes/cycle_<k>.json`` and the α it was
 derived from, ``alphas/cycle_<k>.json`` (another derivation rule needs no new search: ``benchmarks/derive_cell.py``);
-at the end ``genotype.json`` and ``search_metrics.json`` (and ``strength.json`` with ``derive=strength``).
-Only rank 0 writes; every rank keeps the same bookkeeping.
+at the end ``genotype.json`` and ``search_metrics.json`` (and ``strength.json`` with ``derive=strength``, whose
+judged paths ``checkpoints/strength_paths.pt`` keeps edge by edge for a resume). Only rank 0 writes; every rank
+keeps the same bookkeeping.
 """
 from __future__ import annotations
 
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,14 +24,16 @@ from aso_se.errors import TrainingDiverged
 from aso_se.monitor.progress import EpochProgress
 from aso_se.monitor.tensorboard import TensorBoardLogger
 from aso_se.run.app import Run
-from aso_se.run.checkpoint import first_non_finite, save_json, tensor_digest
+from aso_se.run.checkpoint import CheckpointError, first_non_finite, load_checkpoint, save_json, tensor_digest
 from aso_se.search.engine import ASOSEEngine, CycleResult
-from aso_se.search.strength import cells_record, derive_by_strength
+from aso_se.search.strength import JudgingStopped, cells_record, derive_by_strength
 from kernels.sparse_conv import PATH_COUNTS
 from search_space.genotypes import Genotype
 from search_space.neurons import firing_rates
 
 log = logging.getLogger(__name__)
+
+STRENGTH_PATHS = "strength_paths.pt"  # in checkpoints/: the paths derive=strength has judged so far
 
 # Per-step scalars of the engine that go to TensorBoard (the rest are positions and counters).
 _STEP_SCALARS = ("loss", "accuracy", "arch_loss", "arch_accuracy", "lr", "temperature",
@@ -134,18 +138,55 @@ class SearchCallbacks:
         cfg, ctx = self.run.cfg, self.run.ctx
         if not ctx.is_main:  # only rank 0 writes the genotype
             return alpha_genotype
-        evolution = engine.evolution
-        genotype, table = derive_by_strength(
-            engine.supernet, arch_loader, images=cfg.derive_images, batch_size=cfg.batch_size, seed=cfg.seed,
-            device=ctx.device, max_skip_connect=evolution.max_skip_connect,
-            max_parameter_free=evolution.max_parameter_free)
+        evolution, paths_file = engine.evolution, self.run.run_dir / "checkpoints" / STRENGTH_PATHS
+        judging = {"images": cfg.derive_images, "batch_size": cfg.batch_size, "seed": cfg.seed,
+                   "global_step": engine.progress["global_step"]}
+        judged, seconds_before = self._judged_paths(paths_file, judging)
+        started = time.perf_counter()
+
+        def keep(kind: str | None = None, edge: int = 0, edges: int = 0) -> None:
+            seconds = seconds_before + time.perf_counter() - started
+            self.run.save({"paths": judged, "judging": judging, "seconds": seconds}, paths_file)
+            if kind is not None:
+                log.info("derive=strength: %s edge %d of %d judged (%d paths, %.0f s)", kind, edge + 1, edges,
+                         len(judged), seconds)
+
+        try:
+            genotype, table = derive_by_strength(
+                engine.supernet, arch_loader, images=cfg.derive_images, batch_size=cfg.batch_size, seed=cfg.seed,
+                device=ctx.device, max_skip_connect=evolution.max_skip_connect,
+                max_parameter_free=evolution.max_parameter_free, judged=judged,
+                should_stop=self.run.stop_requested, on_edge=keep)
+        except JudgingStopped:
+            keep()  # the paths judged since the last edge's end too
+            self.run.raise_if_stopped()
+            raise
+        table["judging_seconds"] = seconds_before + time.perf_counter() - started
         save_json({**table, **cells_record(alpha_genotype, genotype)}, self.run.run_dir / "strength.json")
         decided = table["decided_edges"]
-        log.info("derive=strength on %d images of α's split (base path %.4f; the strongest op leads by 2 SE on %d of "
-                 "%d normal and %d of %d reduction edges): %s (α's cell: %s)", table["images"], table["base_accuracy"],
-                 decided["normal"], len(table["lead"]["normal"]), decided["reduce"], len(table["lead"]["reduce"]),
-                 genotype, alpha_genotype)
+        log.info("derive=strength on %d images of α's split in %.0f s (base path %.4f; the strongest op leads by 2 SE "
+                 "on %d of %d normal and %d of %d reduction edges): %s (α's cell: %s)", table["images"],
+                 table["judging_seconds"], table["base_accuracy"], decided["normal"], len(table["lead"]["normal"]),
+                 decided["reduce"], len(table["lead"]["reduce"]), genotype, alpha_genotype)
         return genotype
+
+    @staticmethod
+    def _judged_paths(path: Path, judging: dict) -> tuple[dict[str, torch.Tensor], float]:
+        """The paths a stopped judging of this search kept, and the seconds it spent; none for another judging
+        (other images, batches or weights) or an unreadable file, which the next save replaces."""
+        if not path.is_file():
+            return {}, 0.0
+        try:
+            saved = load_checkpoint(path, kind="search")
+        except CheckpointError as err:
+            log.warning("%s; derive=strength judges every path again", err)
+            return {}, 0.0
+        if saved.get("judging") != judging:
+            log.warning("%s holds a judging of %s, not of %s; derive=strength judges every path again", path,
+                        saved.get("judging"), judging)
+            return {}, 0.0
+        log.info("derive=strength goes on from %d paths judged before the stop", len(saved["paths"]))
+        return dict(saved["paths"]), float(saved["seconds"])
 
     def finish(self, genotype: Genotype, engine: ASOSEEngine) -> None:
         """The final ``genotype.json`` (what ``train.py`` picks up by default) and ``search_metrics.json``: what the

@@ -5,13 +5,14 @@ the path's accuracy on held-out images is measured (DARTS-PT's perturbation, wit
 strength on its edge is that accuracy minus the accuracy with the edge cut, and DARTS's rule on the strengths gives
 the cell. ``search.py derive=strength`` derives its final cell so; ``benchmarks/op_strength.py`` analyses a finished
 search's checkpoint with the same functions. Batch norms use the batch's statistics (their running ones were gathered
-on sampled mixtures of ops, not on one path), on batches that mix the classes (``mixed_batches``).
+on sampled mixtures of ops, not on one path), on batches that mix the classes (``mixed_batches``). A judging stops
+between two paths when asked, and the paths it judged (``judged``) let a resume go on where it stopped.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -21,6 +22,10 @@ from aso_se.search.supernet import CELL_TYPES, SearchNetwork
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype
 from search_space.ops import PARAMETER_FREE_OPS
+
+
+class JudgingStopped(Exception):
+    """A stop was asked for between two judged paths; the ones judged so far are in the ``judged`` dict."""
 
 
 def with_op(sample: ArchSample, edge: int, op: int) -> ArchSample:
@@ -60,15 +65,30 @@ def mixed_batches(loader: Iterable, batch_size: int, seed: int, device: str | to
     return [(images[part].to(device), labels[part].to(device)) for part in torch.split(order, batch_size)]
 
 
-def strengths(supernet: SearchNetwork, batches: Sequence[tuple[torch.Tensor, ...]]) -> dict:
+def strengths(supernet: SearchNetwork, batches: Sequence[tuple[torch.Tensor, ...]],
+              judged: dict[str, torch.Tensor] | None = None, *, should_stop: Callable[[], bool] = lambda: False,
+              on_edge: Callable[[str, int, int], None] = lambda kind, edge, edges: None) -> dict:
     """Per cell type ``[edges, ops]`` accuracies of the base path with one edge changed, the base's, and how many
     images each changed path judges otherwise than the base (``discordant``: the paired difference's standard error
     is about sqrt(discordant) / images, McNemar's). Per edge, ``lead`` is the strongest op's accuracy minus the
-    runner-up's and ``lead_discordant`` the images those two paths judge otherwise (``decided_edges``)."""
+    runner-up's and ``lead_discordant`` the images those two paths judge otherwise (``decided_edges``).
+
+    ``judged`` maps a path's name to which images it classifies right: paths in it are not run again, new ones are
+    added. ``should_stop()`` is asked before each path still to run (``JudgingStopped``); ``on_edge(kind, edge,
+    edges)`` follows each judged edge (progress, saving ``judged``)."""
+    judged = {} if judged is None else judged
+
+    def path(name: str, samples: Sequence[ArchSample]) -> torch.Tensor:
+        if name not in judged:
+            if should_stop():
+                raise JudgingStopped(name)
+            judged[name] = correct(supernet, samples, batches)
+        return judged[name]
+
     primitives = supernet.search_space.primitives
     none = primitives.index(NONE_OP) if NONE_OP in primitives else None
     base = supernet.argmax_sample()
-    base_correct = correct(supernet, base, batches)
+    base_correct = path("base", base)
     result = {"base_accuracy": base_correct.float().mean().item(), "accuracy": {}, "discordant": {}, "lead": {},
               "lead_discordant": {}}
     for kind_index, kind in enumerate(CELL_TYPES):
@@ -80,12 +100,13 @@ def strengths(supernet: SearchNetwork, batches: Sequence[tuple[torch.Tensor, ...
                 if mask[edge, op] or op == none:  # an op pruned for good (stale weights) is not judged
                     samples = list(base)
                     samples[kind_index] = with_op(base[kind_index], edge, op)
-                    rights[op] = correct(supernet, samples, batches)
+                    rights[op] = path(f"{kind}/{edge}/{primitives[op]}", samples)
             accuracies.append([rights[op].float().mean().item() if op in rights else None
                                for op in range(len(primitives))])
             discordant.append([int((rights[op] != base_correct).sum()) if op in rights else None
                                for op in range(len(primitives))])
             ranked = sorted((op for op in rights if op != none), key=lambda op: (-accuracies[-1][op], op))
+            on_edge(kind, edge, mask.shape[0])
             if len(ranked) < 2:  # one op left on the edge: nothing to decide between
                 leads.append(None)
                 lead_discordant.append(None)
@@ -153,14 +174,21 @@ def check_rule(rule: str, images: int | None, primitives: Sequence[str]) -> None
                                  f"{list(primitives)} lacks; add none to its primitives or pass derive=alpha")
 
 
-def derive_by_strength(supernet: SearchNetwork, loader: Iterable, *, images: int | None, batch_size: int,
+def derive_by_strength(supernet: SearchNetwork, loader: Any, *, images: int | None, batch_size: int,
                        seed: int, device: str | torch.device, max_skip_connect: int | None,
-                       max_parameter_free: int | None) -> tuple[Genotype, dict]:
+                       max_parameter_free: int | None, judged: dict[str, torch.Tensor] | None = None,
+                       should_stop: Callable[[], bool] = lambda: False,
+                       on_edge: Callable[[str, int, int], None] = lambda kind, edge, edges: None
+                       ) -> tuple[Genotype, dict]:
     """The cell of the ops' strengths on the first ``images`` images of ``loader`` (α's split; None: all of it), and
-    the table (``strengths``'s, with the images counted and ``decided_edges``) it comes from."""
+    the table (``strengths``'s, with the images counted and ``decided_edges``) it comes from; ``judged``,
+    ``should_stop`` and ``on_edge`` as for ``strengths``."""
     supernet.use_op_graphs(False)  # the search is over: plain eager forwards judge the paths
+    # the images (order, crops) of the loader's first pass, whichever pass it was at: a resumed judging, and
+    # benchmarks/op_strength.py --split arch on a fresh loader, see the ones the stopped judging saw
+    loader.set_epoch(0)
     batches = mixed_batches(loader, batch_size, seed, device, max_images=images)
-    table = strengths(supernet, batches)
+    table = strengths(supernet, batches, judged, should_stop=should_stop, on_edge=on_edge)
     space = supernet.search_space
     genotype = strength_genotype(table["accuracy"], space.primitives, space.steps, space.multiplier,
                                  max_skip_connect, max_parameter_free)

@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 
+from aso_se.run.checkpoint import load_checkpoint, save_checkpoint
+from aso_se.run.search_callbacks import STRENGTH_PATHS, SearchCallbacks
+from aso_se.search import strength
 from aso_se.search.strength import check_rule, decided_edges, mixed_batches
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype
@@ -102,3 +107,50 @@ def test_mixed_batches_keep_every_image_when_uncapped() -> None:
     loader = [(labels[i:i + 10].float().view(-1, 1, 1, 1), labels[i:i + 10]) for i in range(0, 25, 10)]
     batches = mixed_batches(loader, 8, seed=0, device="cpu", max_images=None)
     assert sorted(torch.cat([y for _, y in batches]).tolist()) == labels.tolist()
+
+
+def test_a_stopped_judging_resumes_from_its_judged_paths_to_the_same_table(
+        strength_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM while the paths are judged (a scheduler's stop): the run stops after the path in flight with the
+    resume line, keeps the paths judged so far, and its resume judges only the rest, to the uninterrupted table."""
+    judge, calls = strength.correct, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:  # mid-judging, past the base path and the first edges' first ops
+            os.kill(os.getpid(), signal.SIGTERM)
+        return judge(*args, **kwargs)
+
+    monkeypatch.setattr(strength, "correct", counted)
+    run = tmp_path / "search"
+    code = run_in_process("search", *SMOKE, *SMALL_SPACE, "derive=strength", "derive_images=20",
+                          f"hydra.run.dir={run}", cwd=tmp_path)
+    stderr = capsys.readouterr().err
+    assert code == 128 + signal.SIGTERM and f"continue with: python search.py resume={run}" in stderr
+    assert not (run / "strength.json").exists() and not (run / "genotype.json").exists()
+    kept = load_checkpoint(run / "checkpoints" / STRENGTH_PATHS, kind="search")
+    assert len(kept["paths"]) == 5 and all(v.dtype == torch.bool and v.numel() == 20 for v in kept["paths"].values())
+    stopped_at = len(calls)
+
+    code = run_in_process("search", f"resume={run}", cwd=tmp_path)
+    assert code == 0, capsys.readouterr().err[-3000:]
+    table, straight = (json.loads((r / "strength.json").read_text()) for r in (run, strength_run))
+    total = 1 + sum(v is not None for rows in table["accuracy"].values() for row in rows for v in row)
+    assert len(calls) - stopped_at == total - 5  # the kept paths were not judged again
+    for key in ("accuracy", "discordant", "lead", "lead_discordant", "decided_edges", "strength_genotype"):
+        assert table[key] == straight[key], key
+    assert (run / "genotype.json").read_text() == (strength_run / "genotype.json").read_text()
+    assert table["judging_seconds"] > 0
+
+
+def test_paths_of_another_judging_are_not_reused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path, judging = tmp_path / STRENGTH_PATHS, {"images": 20, "batch_size": 8, "seed": 0, "global_step": 12}
+    paths = {"base": torch.tensor([True, False, True])}
+    save_checkpoint({"paths": paths, "judging": judging, "seconds": 3.5}, path, kind="search")
+    judged, seconds = SearchCallbacks._judged_paths(path, judging)
+    assert seconds == 3.5 and list(judged) == ["base"] and torch.equal(judged["base"], paths["base"])
+    assert SearchCallbacks._judged_paths(path, {**judging, "images": 30}) == ({}, 0.0)
+    assert "judges every path again" in caplog.text
+    path.write_bytes(b"cut short")
+    assert SearchCallbacks._judged_paths(path, judging) == ({}, 0.0)
