@@ -154,3 +154,12 @@ def test_paths_of_another_judging_are_not_reused(tmp_path: Path, caplog: pytest.
     assert "judges every path again" in caplog.text
     path.write_bytes(b"cut short")
     assert SearchCallbacks._judged_paths(path, judging) == ({}, 0.0)
+
+
+def test_op_strength_on_the_alpha_split_repeats_the_searchs_judging(strength_run: Path) -> None:
+    """benchmarks/op_strength.py --split arch on the finished search sees the images its judging saw: one table."""
+    from benchmarks import op_strength
+
+    assert op_strength.main(["--run", str(strength_run), "--images", "20", "--split", "arch", "--device", "cpu"]) == 0
+    again, table = (json.loads((strength_run / name).read_text()) for name in ("op_strength_arch.json", "strength.json"))
+    assert again["accuracy"] == table["accuracy"] and again["strength_genotype"] == table["strength_genotype"]
