@@ -3,7 +3,8 @@
     python search.py [overrides]      e.g. experiment=cifar10_snn, trainer=ddp, resume=<run_dir>
 
 The run directory (outputs/search/<date>_<time>/) gets genotype.json, search_metrics.json (its minutes and
-final α entropy), genotypes/cycle_<k>.json, strength.json (derive=strength), checkpoints/last.pt, tb/
+final α entropy), genotypes/cycle_<k>.json, strength.json (derive=strength; checkpoints/strength_paths.pt keeps a
+stopped judging's paths for its resume), checkpoints/last.pt, tb/
 (TensorBoard), search.log and Hydra's config; ``python train.py`` then retrains the newest genotype.json. Exit
 codes: see aso_se/run/app.py.
 """
