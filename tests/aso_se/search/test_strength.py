@@ -161,5 +161,6 @@ def test_op_strength_on_the_alpha_split_repeats_the_searchs_judging(strength_run
     from benchmarks import op_strength
 
     assert op_strength.main(["--run", str(strength_run), "--images", "20", "--split", "arch", "--device", "cpu"]) == 0
-    again, table = (json.loads((strength_run / name).read_text()) for name in ("op_strength_arch.json", "strength.json"))
+    again, table = (json.loads((strength_run / name).read_text())
+                    for name in ("op_strength_arch.json", "strength.json"))
     assert again["accuracy"] == table["accuracy"] and again["strength_genotype"] == table["strength_genotype"]
