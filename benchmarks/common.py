@@ -130,7 +130,12 @@ def shell_word(word: str) -> str:
 
 
 def finished(run_dir: Path, script: str) -> bool:
-    return (run_dir / DONE_FILE[script]).is_file()
+    """The run wrote its finished file; for train.py, a metrics.json whose evaluations are still ``pending`` (its
+    machine was lost during them) counts only when no checkpoint is left to redo them from."""
+    done = run_dir / DONE_FILE[script]
+    if not done.is_file():
+        return False
+    return script != "train.py" or "pending" not in json.loads(done.read_text()) or not (run_dir / CHECKPOINT).is_file()
 
 
 def run_sweeps(sweeps: Sequence[Sweep], launcher: str, resume: bool, log_dir: Path) -> list[Path]:
@@ -242,11 +247,23 @@ def collect_retrain(run_dir: Path, source: str) -> dict[str, Any]:
             "wall_minutes": metrics["wall_time_s"] / 60, "cpu_minutes": metrics["cpu_time_s"] / 60}
 
 
+def budget_config(run_dir: Path) -> dict[str, Any]:
+    """The run's composed config as a budget: how many processes shared it does not count, so ``batch_size`` is the
+    global batch (its metrics.json's, else ``batch_size`` × its ``world_size``) and ``trainer.ddp`` is left out."""
+    config = run_config(run_dir)
+    config.get("trainer", {}).pop("ddp", None)
+    metrics_path = run_dir / "metrics.json"
+    if "batch_size" in config and metrics_path.is_file():
+        metrics = json.loads(metrics_path.read_text())
+        config["batch_size"] = metrics.get("global_batch_size", config["batch_size"] * metrics.get("world_size", 1))
+    return config
+
+
 def same_config(run_dirs: Sequence[Path], ignore: Sequence[str]) -> dict[str, Any]:
-    """The composed config every run got, less the keys in ``ignore``: one budget, or a BenchmarkError."""
+    """The budget every run got (``budget_config``), less the keys in ``ignore``: one budget, or a BenchmarkError."""
     configs = {}
     for run_dir in run_dirs:
-        config = run_config(run_dir)
+        config = budget_config(run_dir)
         for key in ignore:
             config.pop(key)
         configs[run_dir] = config

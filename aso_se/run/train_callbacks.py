@@ -5,9 +5,10 @@ scalars every ``trainer.log_every_n_steps`` steps and ``on_epoch_end(is_best)`` 
 tested; ``save`` is its timed checkpoint and the entry point's save at a stop. Here they become
 TensorBoard scalars and histograms, ``checkpoints/last.pt`` at every ``trainer.checkpoint_every_n_epochs``-th
 epoch's end and the last, and
-``checkpoints/best.pt`` when the test accuracy is the best so far. ``finish`` writes metrics.json,
-with the exact SNN's evaluation for a QANN (all ranks share it) and the energy per image. Only
-rank 0 writes.
+``checkpoints/best.pt`` when the test accuracy is the best so far. ``finish`` writes metrics.json twice:
+once training ends, with its figures and ``pending`` (the evaluations still to come), so a machine lost during
+them keeps the training's result; then with the exact SNN's evaluation for a QANN (all ranks share it) and the
+energy per image, without ``pending``. Only rank 0 writes.
 """
 from __future__ import annotations
 
@@ -94,6 +95,8 @@ class TrainCallbacks:
         run, trainer, cfg, ctx = self.run, self.trainer, self.run.cfg, self.run.ctx
         network, step = trainer.network, trainer.global_step
         metrics = trainer.metrics()
+        if ctx.is_main:  # the training's figures first: the evaluations below take minutes
+            self._save_metrics(metrics, pending=["snn", "energy"] if is_qann(network) else ["energy"])
         _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
         if is_qann(network):  # minutes on a CPU: a stop signal ends it (the last epoch is saved; resume redoes it)
             snn_test = full_test
@@ -111,9 +114,15 @@ class TrainCallbacks:
         metrics.update(energy_metrics(network, full_test, device=ctx.device, board=self.board, step=step,
                                       snn_timesteps=metrics.get("snn_timesteps"),
                                       spikes_per_step=cfg.snn_spikes_per_step))
+        self._save_metrics(metrics)
+
+    def _save_metrics(self, metrics: dict[str, Any], pending: list[str] | None = None) -> None:
+        run, cfg, ctx = self.run, self.run.cfg, self.run.ctx
         save_json({**metrics, "wall_time_s": run.wall_time_s, "cpu_time_s": run.cpu_time_s,
-                   "genotype": self.genotype.to_json(), "world_size": ctx.world_size, "device": str(ctx.device),
-                   "precision": cfg.trainer.precision, "cuda_graph": cfg.cuda_graph},
+                   "genotype": self.genotype.to_json(), "world_size": ctx.world_size,
+                   "global_batch_size": cfg.batch_size * ctx.world_size, "device": str(ctx.device),
+                   "precision": cfg.trainer.precision, "cuda_graph": cfg.cuda_graph,
+                   **({"pending": pending} if pending else {})},
                   run.run_dir / "metrics.json")
 
     def _stop_all_ranks_together(self) -> None:

@@ -38,6 +38,37 @@ def test_same_config_ignores_only_the_keys_it_is_told_to(tmp_path):
         bench.same_config([*same, run_dir("c", 2, 6)], ignore=("seed",))
 
 
+def test_same_config_compares_the_global_batch_not_how_many_processes_shared_it(tmp_path):
+    def run_dir(name: str, batch: int, ddp: bool, metrics: dict | None) -> bench.Path:
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / ".hydra" / "config.yaml").write_text(
+            f"seed: 0\nbatch_size: {batch}\ntrainer: {{ddp: {str(ddp).lower()}, precision: fp16}}\n")
+        if metrics is not None:
+            (tmp_path / name / "metrics.json").write_text(bench.json.dumps(metrics))
+        return tmp_path / name
+
+    one_gpu = run_dir("one", 1024, False, {"world_size": 1})
+    two_gpus = run_dir("two", 512, True, {"world_size": 2})
+    recorded = run_dir("recorded", 256, True, {"world_size": 2, "global_batch_size": 1024})  # resumed on fewer
+    assert bench.same_config([one_gpu, two_gpus, recorded], ignore=()) == {
+        "seed": 0, "batch_size": 1024, "trainer": {"precision": "fp16"}}
+    with pytest.raises(bench.BenchmarkError, match="runs one and half"):
+        bench.same_config([one_gpu, run_dir("half", 512, False, {"world_size": 1})], ignore=())
+
+
+def test_a_train_run_with_evaluations_pending_is_finished_only_without_a_checkpoint_to_redo_them(tmp_path):
+    """metrics.json with ``pending``: the machine was lost after training, during the SNN or energy evaluation."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    assert not bench.finished(run, "train.py")
+    (run / "metrics.json").write_text('{"test_acc": 0.9, "pending": ["snn", "energy"]}')
+    assert bench.finished(run, "train.py")  # no checkpoint: the training's figures stand
+    (run / bench.CHECKPOINT).write_bytes(b"weights")
+    assert not bench.finished(run, "train.py")  # --resume redoes the evaluations from it
+    (run / "metrics.json").write_text('{"test_acc": 0.9}')
+    assert bench.finished(run, "train.py")
+
+
 def test_a_sweep_is_one_multirun_command_a_user_can_rerun(tmp_path):
     sweep = bench.Sweep(label="retrain", script="train.py", stage_dir=tmp_path / "re train", overrides=("epochs=1",),
                         key="genotype", values=("'/g/a.json'", "DARTS_V2"), names=("a", "DARTS_V2"),

@@ -112,7 +112,8 @@ def test_a_truncated_last_checkpoint_resumes_from_the_one_before_and_ends_as_uni
 def test_sigterm_during_the_snn_evaluation_stops_it_and_resume_redoes_only_the_evaluation(
         run_app: RunApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """neuron=st_bif_qann: after training, the SNN's evaluation (minutes on a CPU) ends at the next batch
-    when a stop signal comes; the last epoch's checkpoint is kept, and the resumed run only evaluates."""
+    when a stop signal comes; metrics.json already holds the training's figures (evaluations pending), the last
+    epoch's checkpoint is kept, and the resumed run only evaluates."""
     qann = [*SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann"]
     real_evaluate = snn_eval.evaluate_snn
     batches_seen = []
@@ -132,13 +133,16 @@ def test_sigterm_during_the_snn_evaluation_stops_it_and_resume_redoes_only_the_e
     assert code == 128 + signal.SIGTERM and stderr.count("\n") == 1 and "resume=" in stderr
     assert len(batches_seen) == 2  # no batch ran after the signal
     run_dir = tmp_path / "stopped"
-    assert not (run_dir / "metrics.json").exists()
+    trained = json.loads((run_dir / "metrics.json").read_text())  # the training's figures, evaluations pending
+    assert trained["pending"] == ["snn", "energy"] and "snn_test_acc" not in trained
+    assert trained["epochs"] == 1 and len(trained["history"]) == 1 and 0 <= trained["test_acc"] <= 1
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt", kind="train")["trainer"]["epoch"] == 1
 
     code, stderr = run_app("train", f"resume={run_dir}")
     assert code == 0, stderr
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["snn_silent"] and metrics["snn_test_acc"] == metrics["test_acc"]
+    assert metrics["snn_silent"] and metrics["snn_test_acc"] == metrics["test_acc"] and "pending" not in metrics
+    assert metrics["test_acc"] == trained["test_acc"] and "energy_per_image_uj" in metrics
     assert "retrain epoch" not in (run_dir / "train.log").read_text().split("resumed from")[-1]  # no training
 
 
