@@ -244,7 +244,8 @@ def collect_retrain(run_dir: Path, source: str) -> dict[str, Any]:
             "snn_test_acc": metrics.get("snn_test_acc"), "energy_per_image_uj": metrics.get("energy_per_image_uj"),
             "genotype": json.loads(metrics["genotype"]), "run_dir": str(run_dir), "source": source,
             "device": metrics.get("device"), "seed": run_config(run_dir)["seed"],
-            "wall_minutes": metrics["wall_time_s"] / 60, "cpu_minutes": metrics["cpu_time_s"] / 60}
+            "wall_minutes": metrics["wall_time_s"] / 60,
+            "cpu_minutes": None if metrics["cpu_time_s"] is None else metrics["cpu_time_s"] / 60}
 
 
 def budget_config(run_dir: Path) -> dict[str, Any]:

@@ -315,6 +315,11 @@ def _mean_of_all(runs: Sequence[Mapping[str, Any]], key: str) -> float | None:
     return None if not values or None in values else statistics.fmean(values)
 
 
+def _sum_of_all(runs: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    values = [run.get(key) for run in runs]
+    return None if None in values else sum(values)
+
+
 def arm_stats(runs: Sequence[Mapping[str, Any]]) -> ArmStats:
     mean, std = mean_std([run["test_acc"] for run in runs])
     return ArmStats(n=len(runs), mean=mean, std=std, params_m=statistics.fmean(run["params_m"] for run in runs),
@@ -447,7 +452,7 @@ def minutes_per_arm(searches: Sequence[Mapping[str, Any]],
     minutes = {}
     for arm, runs in arms.items():
         minutes[arm] = {"retrain_wall": sum(run["wall_minutes"] for run in runs),
-                        "retrain_cpu": sum(run["cpu_minutes"] for run in runs),
+                        "retrain_cpu": _sum_of_all(runs, "cpu_minutes"),
                         "devices": sorted({str(run["device"]) for run in runs})}
     minutes["searched"].update(search_wall=sum(s["wall_minutes"] for s in searches),
                                search_cpu=sum(s["cpu_minutes"] for s in searches))
@@ -547,6 +552,10 @@ def report_progress(plan: Plan) -> dict[str, Any]:
     return progress
 
 
+def _minutes(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"  # CPU minutes: a run rebuilt from its log has none
+
+
 def summary_markdown(summary: Mapping[str, Any], stats: Mapping[str, ArmStats], decision: Verdict) -> str:
     budget = summary["budget"]
     entropies = ", ".join(f"{s['alpha_entropy']['mean']:.3f}" for s in summary["searches"])
@@ -559,7 +568,7 @@ def summary_markdown(summary: Mapping[str, Any], stats: Mapping[str, ArmStats], 
         f"final α mean edge entropy (nats): {entropies}.", spread_line(summary["search_spread"]), "",
         table(stats), "", *[f"- {line}" for line in decision.lines], "",
         "Minutes per arm (wall, i.e. device time on a GPU / process CPU):",
-        *[f"- {arm}: retrain {m['retrain_wall']:.1f} / {m['retrain_cpu']:.1f}"
+        *[f"- {arm}: retrain {m['retrain_wall']:.1f} / {_minutes(m['retrain_cpu'])}"
           + (f", search {m['search_wall']:.1f} / {m['search_cpu']:.1f}" if "search_wall" in m else "")
           for arm, m in summary["minutes"].items()], "",
     ])
