@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from aso_se.run.checkpoint import load_checkpoint
@@ -152,7 +153,9 @@ def test_ddp_retrain_on_two_cpu_processes(tmp_path: Path) -> None:
                                      cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["world_size"] == 2 and 0.0 <= metrics["test_acc"] <= 1.0
+    assert metrics["world_size"] == 2 and 0.0 <= metrics["test_acc"] <= 1.0 and "pending" not in metrics
+    config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    assert metrics["global_batch_size"] == 2 * config["batch_size"]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp"]
     # Resumed under torchrun from another directory: every rank finds the checkpoint in the run dir.
     resumed = _torchrun_two_processes("train.py", f"resume={run_dir}", cwd=tmp_path, fresh=False)
