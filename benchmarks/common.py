@@ -236,6 +236,19 @@ def run_config(run_dir: Path) -> dict[str, Any]:
     return yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
 
 
+def run_labels(runs: Sequence[Path]) -> list[str]:
+    """Each run's column: its dir name, or ``<protocol>:<name>`` where two protocols' runs share a name
+    (``retrain/search_0_seed0`` of two benchmark dirs), so that no run hides another."""
+    resolved = [run.resolve() for run in runs]
+    if len(set(resolved)) < len(resolved):
+        raise UserInputError("a run dir is passed twice; pass each run once")
+    names = [run.name for run in resolved]
+    labels = [f"{run.parent.parent.name}:{run.name}" if names.count(run.name) > 1 else run.name for run in resolved]
+    if len(set(labels)) < len(labels):
+        raise UserInputError("two runs share their dir name and their benchmark dir's; pass runs of distinct dirs")
+    return labels
+
+
 def collect_retrain(run_dir: Path, source: str) -> dict[str, Any]:
     """A finished train.py run: test figures, genotype and minutes (wall and CPU, as the run measured them)."""
     metrics = read_run_json(run_dir / "metrics.json")

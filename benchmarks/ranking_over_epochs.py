@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: the packages live beside benchmarks/
     sys.path.insert(0, str(REPO))
 
+from benchmarks.common import run_labels  # noqa: E402
 from benchmarks.rank_correlation import kendall_tau_b  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 
@@ -39,19 +40,6 @@ def read_curve(run: Path) -> list[float]:
     if not by_step:
         raise UserInputError(f"{run}: no {TAG} scalars under {run / 'tb'}; pass run dirs of train.py retrains")
     return [by_step[step] for step in sorted(by_step)]
-
-
-def run_labels(runs: Sequence[Path]) -> list[str]:
-    """Each run's column: its dir name, or ``<protocol>:<name>`` where two protocols' runs share a name
-    (``retrain/search_0_seed0`` of two benchmark dirs), so that no run hides another."""
-    resolved = [run.resolve() for run in runs]
-    if len(set(resolved)) < len(resolved):
-        raise UserInputError("a run dir is passed twice; pass each run once")
-    names = [run.name for run in resolved]
-    labels = [f"{run.parent.parent.name}:{run.name}" if names.count(run.name) > 1 else run.name for run in resolved]
-    if len(set(labels)) < len(labels):
-        raise UserInputError("two runs share their dir name and their benchmark dir's; pass runs of distinct dirs")
-    return labels
 
 
 def tau_at(curves: dict[str, list[float]], epoch: int, window: int) -> tuple[float | None, list[float]]:

@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:  # run as a script: the packages live beside bench
     sys.path.insert(0, str(REPO))
 
 from aso_se.run.checkpoint import save_json  # noqa: E402
-from benchmarks.common import BenchmarkError, collect_retrain, read_run_json, with_overrides  # noqa: E402
+from benchmarks.common import BenchmarkError, collect_retrain, read_run_json, run_labels, with_overrides  # noqa: E402
 from benchmarks.rank_correlation import kendall_tau_b  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 from search_space.genotypes import Genotype  # noqa: E402
@@ -89,10 +89,11 @@ def one_batch(cfg, images: int, seed: int):
 
 def read_cells(runs: Sequence[Path], cells: Sequence[Path], label: str) -> dict[str, dict]:
     """name → {"genotype", "test_acc" (None for an extra cell)}; a run is named by its dir (``search_0_seed0``:
-    ``search_0``), an extra cell by ``label:`` and its file's stem."""
+    ``search_0``; ``<benchmark dir>:search_0`` where two benchmarks' runs share a name), an extra cell by ``label:``
+    and its file's stem."""
     found = {}
-    for run in runs:
-        source = run.name.rsplit("_seed", 1)[0]
+    for name, run in zip(run_labels(runs), runs):
+        source = name.rsplit("_seed", 1)[0]
         retrain = collect_retrain(run, source)
         found[source] = {"genotype": retrain["genotype"], "test_acc": retrain["test_acc"]}
     for path in cells:

@@ -77,3 +77,12 @@ def test_the_script_scores_runs_and_extra_cells_and_correlates_the_runs(tmp_path
     before = out.read_text()
     assert tfs.main(args) == 2  # nothing is overwritten
     assert capsys.readouterr().err.strip().startswith("training_free_scores: --out") and out.read_text() == before
+
+
+def test_runs_of_one_name_in_two_benchmark_dirs_are_both_scored(tmp_path):
+    """search_0_seed0 of the uncapped and the capped benchmark: two cells, named by their benchmark dir."""
+    runs = [_fake_run(tmp_path / bench / "retrain", "search_0", genotype, acc)
+            for bench, genotype, acc in (("full", "DARTS_V2", 0.9), ("full_capped", "PC_DARTS", 0.8))]
+    cells = tfs.read_cells(runs, [], "extra")
+    assert list(cells) == ["full:search_0", "full_capped:search_0"]
+    assert [cell["test_acc"] for cell in cells.values()] == [0.9, 0.8]
