@@ -258,7 +258,8 @@ def collect_retrain(run_dir: Path, source: str) -> dict[str, Any]:
             "genotype": json.loads(metrics["genotype"]), "run_dir": str(run_dir), "source": source,
             "device": metrics.get("device"), "seed": run_config(run_dir)["seed"],
             "wall_minutes": metrics["wall_time_s"] / 60,
-            "cpu_minutes": None if metrics["cpu_time_s"] is None else metrics["cpu_time_s"] / 60}
+            "cpu_minutes": None if metrics["cpu_time_s"] is None else metrics["cpu_time_s"] / 60,
+            "pending": metrics.get("pending", []), "recovered_from": metrics.get("recovered_from")}
 
 
 def budget_config(run_dir: Path) -> dict[str, Any]:

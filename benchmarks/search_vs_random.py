@@ -547,9 +547,18 @@ def report_progress(plan: Plan) -> dict[str, Any]:
     save_json(progress, plan.out / "progress.json")
     (plan.out / "progress.md").write_text("\n".join([
         "# Searched vs random cells: progress", "", f"Finished retrains: {len(runs)}; still missing: "
-        f"{', '.join(missing) or 'none'}.{shown}", spread_line(spread), "", table(stats), "",
+        f"{', '.join(missing) or 'none'}.{shown}", *filter(None, [pending_line(runs)]), spread_line(spread), "",
+        table(stats), "",
         *[f"- so far: {line}" for line in lines], ""]))
     return progress
+
+
+def pending_line(runs: Sequence[Mapping[str, Any]]) -> str:
+    """The runs whose metrics.json lacks evaluations (their machine was lost during them): which, and why."""
+    incomplete = [f"{Path(run['run_dir']).name} ({', '.join(run['pending'])}"
+                  + (f"; figures rebuilt from its {run['recovered_from']}" if run.get("recovered_from") else "") + ")"
+                  for run in runs if run.get("pending")]
+    return f"Evaluations pending: {'; '.join(incomplete)}." if incomplete else ""
 
 
 def _minutes(value: float | None) -> str:
@@ -565,7 +574,8 @@ def summary_markdown(summary: Mapping[str, Any], stats: Mapping[str, ArmStats], 
         f"seeds {budget['retrain_seeds']}, "
         f"{budget['epochs']} epochs, {budget['network']['layers']} cells of {budget['network']['channels']} channels.",
         f"Searches: `{' '.join(budget['search_overrides'])}`, seeds {budget['search_seeds']}; "
-        f"final α mean edge entropy (nats): {entropies}.", spread_line(summary["search_spread"]), "",
+        f"final α mean edge entropy (nats): {entropies}.", spread_line(summary["search_spread"]),
+        *filter(None, [pending_line([run for arm in ARMS for run in summary.get(arm, [])])]), "",
         table(stats), "", *[f"- {line}" for line in decision.lines], "",
         "Minutes per arm (wall, i.e. device time on a GPU / process CPU):",
         *[f"- {arm}: retrain {m['retrain_wall']:.1f} / {_minutes(m['retrain_cpu'])}"

@@ -263,6 +263,31 @@ def test_progress_reports_what_finished_and_runs_nothing(smoke, tmp_path, capsys
     assert progress["searched"][0]["test_acc"] == before["searched"][0]["test_acc"]
 
 
+def test_progress_counts_a_two_process_run_rebuilt_from_its_log_and_names_what_it_lacks(smoke, tmp_path, capsys):
+    """A reference arm trained by torchrun on 2 processes at half the batch each (one global batch), whose machine
+    was lost before its energy report (metrics_from_log.py's metrics.json: energy pending, no CPU time)."""
+    out = tmp_path / "two-process"
+    shutil.copytree(smoke[0], out, ignore=shutil.ignore_patterns("summary.*"))
+    run = out / "retrain" / "DARTS_V2_seed0"
+    batch = before_budget(smoke)["batch_size"]
+    config = run / ".hydra" / "config.yaml"
+    text = config.read_text().replace(f"batch_size: {batch}\n", f"batch_size: {batch // 2}\n", 1)
+    config.write_text(text.replace("  ddp: false\n", "  ddp: true\n", 1))
+    assert f"batch_size: {batch // 2}\n" in config.read_text() and "  ddp: true\n" in config.read_text()
+    metrics = json.loads((run / "metrics.json").read_text())
+    for key in ("energy_per_image_uj", "firing_rate_mean"):
+        metrics.pop(key, None)
+    metrics.update(world_size=2, global_batch_size=batch, cpu_time_s=None, pending=["energy", "firing_rates"],
+                   recovered_from="train.log")
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    assert bench.main(["--out", str(out), "--smoke", "--searches", "1", "--progress"]) == 0
+    printed = capsys.readouterr().out
+    assert ("Evaluations pending: DARTS_V2_seed0 (energy, firing_rates; figures rebuilt from its train.log)."
+            in printed)
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["budget"]["batch_size"] == batch and progress["stats"]["reference"]["energy_uj"] is None
+
+
 def before_budget(smoke):
     return json.loads((smoke[0] / "summary.json").read_text())["budget"]
 
