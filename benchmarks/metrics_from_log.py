@@ -5,10 +5,9 @@ before train.py wrote metrics.json (train.py now writes it as soon as training e
 
 Reads RUN_DIR/train.log (every ``retrain epoch`` line, and the ``SNN:`` line where the evaluation got that far) and
 RUN_DIR/.hydra/config.yaml, and counts the parameters by building the network on the CPU (the data set's class
-folders give its number of classes). The log rounds its
-figures (accuracies to 4 digits). What it cannot give (firing rates, energy, CPU time) is left out and named in
-``pending``, and ``recovered_from`` says where the figures came from. A log without its last epoch is refused, and
-an existing metrics.json is never overwritten.
+folders give its number of classes). The log rounds its figures (accuracies to 4 digits). What it cannot give
+(firing rates, energy, CPU time) is left out and named in ``pending``, and ``recovered_from`` says where the figures
+came from. A log without its last epoch is refused, and an existing metrics.json is never overwritten.
 """
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ from aso_se.run.checkpoint import save_json  # noqa: E402
 from benchmarks.common import run_config, with_overrides  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 from search_space.genotypes import load_genotype  # noqa: E402
+from search_space.network import parameters_m  # noqa: E402
 
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 START = re.compile(r"train run in \S+ \((?P<device>[^,]+), (?P<world>\d+) process")
@@ -65,14 +65,14 @@ def read_log(log: Path) -> dict[str, Any]:
     return found
 
 
-def parameters_m(cfg: Any, genotype: Any) -> float:
-    """Millions of parameters without the auxiliary head, as the Retrainer counts them."""
+def network_parameters_m(cfg: Any, genotype: Any) -> float:
+    """Millions of parameters of the run's network, counted as the Retrainer counts them."""
     from hydra.utils import instantiate
 
     data = instantiate(cfg.data)
     network = instantiate(cfg.model.network)(genotype, neuron=instantiate(cfg.neuron), num_classes=data.num_classes,
                                              in_channels=data.in_channels, image_size=data.image_size, auxiliary=False)
-    return sum(p.numel() for name, p in network.named_parameters() if "auxiliary" not in name) / 1e6
+    return parameters_m(network)
 
 
 def rebuild(run_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def rebuild(run_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     pending = ["snn"] if qann and "snn" not in log else []
     return {"test_acc": history[-1]["test_acc"], "test_loss": history[-1]["test_loss"],
             "best_test_acc": best["test_acc"], "best_epoch": best["epoch"] + 1, "epochs": epochs,
-            "params_m": parameters_m(cfg, genotype), "history": history, **log.get("snn", {}),
+            "params_m": network_parameters_m(cfg, genotype), "history": history, **log.get("snn", {}),
             "wall_time_s": log["wall_time_s"], "cpu_time_s": None, "genotype": genotype.to_json(),
             "world_size": log["world_size"], "global_batch_size": config["batch_size"] * log["world_size"],
             "device": log["device"], "precision": config["trainer"]["precision"], "cuda_graph": config["cuda_graph"],

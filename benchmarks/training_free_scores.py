@@ -40,6 +40,7 @@ from benchmarks.common import BenchmarkError, collect_retrain, read_run_json, ru
 from benchmarks.rank_correlation import kendall_tau_b  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 from search_space.genotypes import Genotype  # noqa: E402
+from search_space.network import parameters_m  # noqa: E402
 
 SCORES = ("naswot", "grad_norm", "params")
 
@@ -73,9 +74,8 @@ def score_network(network: torch.nn.Module, neuron_type: type, images: torch.Ten
             hook.remove()
     F.cross_entropy(logits, labels).backward()
     grads = [p.grad.double().pow(2).sum() for p in network.parameters() if p.grad is not None]
-    params = sum(p.numel() for name, p in network.named_parameters() if "auxiliary" not in name)
     return {"naswot": float(torch.linalg.slogdet(kernel)[1]), "grad_norm": float(torch.stack(grads).sum().sqrt()),
-            "params": params / 1e6}
+            "params": parameters_m(network)}
 
 
 def one_batch(cfg, images: int, seed: int):

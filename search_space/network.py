@@ -118,6 +118,11 @@ class RetrainNetwork(nn.Module):
         return self.classifier(features), logits_aux
 
 
+def parameters_m(network: nn.Module) -> float:
+    """Parameters in millions without the auxiliary head (DARTS's count_parameters_in_MB)."""
+    return sum(p.numel() for name, p in network.named_parameters() if "auxiliary" not in name) / 1e6
+
+
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UserInputError(f"{name}={value!r} must be a positive integer; fix model.{name}")

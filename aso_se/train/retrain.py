@@ -35,6 +35,7 @@ from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
 from aso_se.train.graphed_step import FlatGradients, GraphedTrainStep, check_capturable
 from kernels.sparse_conv import PATH_COUNTS
 from search_space.errors import UserInputError
+from search_space.network import parameters_m
 from search_space.neurons import firing_rates
 
 log = logging.getLogger(__name__)
@@ -149,8 +150,7 @@ class Retrainer:
     @property
     def parameters_m(self) -> float:
         """Parameters in millions without the auxiliary head (DARTS's count_parameters_in_MB)."""
-        return sum(p.numel() for name, p in self.network.named_parameters()
-                   if "auxiliary" not in name) / 1e6
+        return parameters_m(self.network)
 
     def fit(self, train_loader: Any, test_loader: Any, *, should_stop: Callable[[], bool],
             on_epoch_end: Callable[[bool], None], checkpoint_due: Callable[[], bool] = lambda: False,
