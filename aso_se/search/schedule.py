@@ -1,10 +1,11 @@
 """The ASO-SE cycle plan and the knob schedules (Gumbel temperature, entropy weight).
 
 A search runs ``cycles`` cycles of four phases: ``warmup`` (weights trained, α frozen, ops still
-sampled from α); ``search`` (α steps on split B alternate with weight steps on split A, temperature
-annealed, entropy weight ramped); ``evolve`` (derive the genotype, prune weak ops, grow; no training);
-``restabilize`` (weights trained, α frozen, to settle the grown supernet). The last cycle ends after
-its ``evolve``: its genotype is the result, and growing a supernet never trained again would be wasted.
+sampled from α; cycle 0's may be longer: ``first_warmup_epochs``); ``search`` (α steps on split B
+alternate with weight steps on split A, temperature annealed, entropy weight ramped); ``evolve``
+(derive the genotype, prune weak ops, grow; no training); ``restabilize`` (weights trained, α frozen,
+to settle the grown supernet). The last cycle ends after its ``evolve``: its genotype is the result,
+and growing a supernet never trained again would be wasted.
 """
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ class SearchSchedule:
 
     cycles: int = 2
     warmup_epochs: int = 2
+    # Cycle 0's warm-up (None: warmup_epochs), the only one where α is still uniform and every op trains
+    # as much: longer, it lets the convs catch up with pools and skips before α first moves (as PC-DARTS).
+    first_warmup_epochs: int | None = None
     search_epochs: int = 1
     restabilize_epochs: int = 1
     temperature_start: float = 2.0
@@ -52,11 +56,13 @@ class SearchSchedule:
     entropy_weight_end: float = 0.01
 
     def __post_init__(self) -> None:
-        if self.cycles < 1 or self.search_epochs < 1 or min(self.warmup_epochs, self.restabilize_epochs) < 0:
+        if (self.cycles < 1 or self.search_epochs < 1
+                or min(self.warmup_epochs, self.first_warmup, self.restabilize_epochs) < 0):
             raise UserInputError(
                 f"search schedule cycles={self.cycles}, search_epochs={self.search_epochs}, warmup_epochs="
-                f"{self.warmup_epochs}, restabilize_epochs={self.restabilize_epochs}: need cycles >= 1, "
-                "search_epochs >= 1 and the others >= 0; fix search.schedule"
+                f"{self.warmup_epochs}, first_warmup_epochs={self.first_warmup_epochs}, restabilize_epochs="
+                f"{self.restabilize_epochs}: need cycles >= 1, search_epochs >= 1 and the others >= 0; fix "
+                "search.schedule"
             )
         if not 0 < self.temperature_end <= self.temperature_start:
             raise UserInputError(
@@ -64,12 +70,18 @@ class SearchSchedule:
                 "0 < temperature_end <= temperature_start; fix search.schedule.temperature_*"
             )
 
+    @property
+    def first_warmup(self) -> int:
+        """Cycle 0's warm-up epochs."""
+        return self.warmup_epochs if self.first_warmup_epochs is None else self.first_warmup_epochs
+
     def plan(self) -> tuple[PlanEntry, ...]:
         entries: list[PlanEntry] = []
         epoch = 0
         for cycle in range(self.cycles):
             last = cycle == self.cycles - 1
-            phases = [(Phase.WARMUP, self.warmup_epochs), (Phase.SEARCH, self.search_epochs), (Phase.EVOLVE, 1)]
+            warmup = self.first_warmup if cycle == 0 else self.warmup_epochs
+            phases = [(Phase.WARMUP, warmup), (Phase.SEARCH, self.search_epochs), (Phase.EVOLVE, 1)]
             if not last:
                 phases.append((Phase.RESTABILIZE, self.restabilize_epochs))
             for phase, count in phases:

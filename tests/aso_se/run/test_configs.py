@@ -50,6 +50,9 @@ def test_cifar10_snn_is_the_paper_scale_setting() -> None:
     assert search.neuron.timesteps == 4 and search.batch_size == 64
     schedule = instantiate(search.search.schedule)
     assert schedule.total_epochs == 50
+    longer = instantiate(compose_config("search", "experiment=cifar10_snn",
+                                        "search.schedule.first_warmup_epochs=30").search.schedule)
+    assert longer.total_epochs == 75 and longer.plan()[30].phase.value == "search"
     train = compose_config("train", "experiment=cifar10_snn")
     assert (train.model.network.layers, train.model.network.channels) == (20, 36)
     assert train.model.network.auxiliary and train.data.cutout_length == 16

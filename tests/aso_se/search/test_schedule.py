@@ -18,6 +18,18 @@ def test_plan_runs_four_phases_per_cycle_and_ends_with_the_last_evolution() -> N
     assert schedule.total_epochs == 7
 
 
+def test_a_longer_first_warmup_lengthens_cycle_0_only() -> None:
+    schedule = SearchSchedule(cycles=2, warmup_epochs=1, first_warmup_epochs=3, search_epochs=2, restabilize_epochs=1)
+    warmups = [(entry.cycle, entry.epoch) for entry in schedule.plan() if entry.phase is Phase.WARMUP]
+    assert warmups == [(0, 0), (0, 1), (0, 2), (1, 6)]
+    first_search = next(entry for entry in schedule.plan() if entry.phase is Phase.SEARCH)
+    assert first_search.epoch == 3 and schedule.total_epochs == 9
+    no_first = SearchSchedule(cycles=2, warmup_epochs=1, first_warmup_epochs=0, search_epochs=2, restabilize_epochs=1)
+    assert [e.cycle for e in no_first.plan() if e.phase is Phase.WARMUP] == [1]
+    same = SearchSchedule(cycles=2, warmup_epochs=1, search_epochs=2, restabilize_epochs=1)
+    assert same.first_warmup == 1 and same.total_epochs == 7
+
+
 def test_temperature_anneals_within_each_search_phase() -> None:
     schedule = SearchSchedule(temperature_start=4.0, temperature_end=0.25, warmup_epochs=1, search_epochs=2)
     progress = [schedule.search_progress(epoch, step, 10) for epoch in range(2) for step in range(10)]
@@ -31,7 +43,8 @@ def test_temperature_anneals_within_each_search_phase() -> None:
 
 
 @pytest.mark.parametrize(
-    "fields", [{"cycles": 0}, {"search_epochs": 0}, {"temperature_end": 5.0}, {"warmup_epochs": -1}]
+    "fields", [{"cycles": 0}, {"search_epochs": 0}, {"temperature_end": 5.0}, {"warmup_epochs": -1},
+                {"first_warmup_epochs": -1}]
 )
 def test_bad_schedules_name_the_knob(fields: dict) -> None:
     with pytest.raises(UserInputError, match="search.schedule"):
