@@ -5,6 +5,8 @@
 
 Each run dir is a train.py run; its curve is the `test/acc` scalar of its TensorBoard files (resumed pieces
 included), one value per epoch. A low τ early says a short budget would rank these cells differently.
+``--tag train/loss`` (or train/acc, test/loss) ranks by another logged curve, still against the last test accuracy;
+a loss ranks low-is-better.
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ from search_space.errors import UserInputError  # noqa: E402
 TAG = "test/acc"
 
 
-def read_curve(run: Path) -> list[float]:
-    """The run's test accuracy per epoch, in order; a step logged by two pieces keeps the later piece's value."""
+def read_curve(run: Path, tag: str = TAG) -> list[float]:
+    """The run's `tag` scalar per epoch, in order; a step logged by two pieces keeps the later piece's value."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     # pieces in the order they started: the file name holds its writer's start time (mtimes do not survive a clone)
@@ -35,26 +37,34 @@ def read_curve(run: Path) -> list[float]:
     for path in files:
         events = EventAccumulator(str(path), size_guidance={"scalars": 0})
         events.Reload()
-        if TAG in events.Tags()["scalars"]:
-            by_step.update({event.step: event.value for event in events.Scalars(TAG)})
+        if tag in events.Tags()["scalars"]:
+            by_step.update({event.step: event.value for event in events.Scalars(tag)})
     if not by_step:
-        raise UserInputError(f"{run}: no {TAG} scalars under {run / 'tb'}; pass run dirs of train.py retrains")
+        raise UserInputError(f"{run}: no {tag} scalars under {run / 'tb'}; pass run dirs of train.py retrains")
     return [by_step[step] for step in sorted(by_step)]
 
 
-def tau_at(curves: dict[str, list[float]], epoch: int, window: int) -> tuple[float | None, list[float]]:
-    """τ-b between the window's mean accuracy ending at `epoch` (1-based) and the last epoch's, and those means."""
+def tau_at(curves: dict[str, list[float]], epoch: int, window: int, final: Sequence[float] | None = None,
+           lower_is_better: bool = False) -> tuple[float | None, list[float]]:
+    """τ-b between the window's mean ending at `epoch` (1-based) and `final` (default: each curve's last value),
+    and those means."""
     means = [statistics.fmean(curve[max(0, epoch - window):epoch]) for curve in curves.values()]
-    return kendall_tau_b(means, [curve[-1] for curve in curves.values()]), means
+    final = [curve[-1] for curve in curves.values()] if final is None else final
+    return kendall_tau_b([-m if lower_is_better else m for m in means], list(final)), means
 
 
-def report(curves: dict[str, list[float]], epochs: Sequence[int], window: int) -> str:
-    lines = [f"| epoch | τ-b vs epoch {len(next(iter(curves.values())))} | " + " | ".join(curves) + " |",
-             "|---:|---:|" + "---:|" * len(curves)]
+def report(curves: dict[str, list[float]], epochs: Sequence[int], window: int, tag: str = TAG,
+           final: Sequence[float] | None = None) -> str:
+    """The table; `curves` hold `tag`, ranked against `final` (the last test accuracies) unless `tag` is TAG."""
+    last = len(next(iter(curves.values())))
+    loss = "loss" in tag
+    head = f"τ-b vs epoch {last}" if tag == TAG else f"τ-b of {tag} vs epoch {last}'s {TAG}"
+    lines = [f"| epoch | {head} | " + " | ".join(curves) + " |", "|---:|---:|" + "---:|" * len(curves)]
     for epoch in epochs:
-        tau, means = tau_at(curves, epoch, window)
+        tau, means = tau_at(curves, epoch, window, final, lower_is_better=loss)
         shown = "undefined" if tau is None else f"{tau:.2f}"
-        lines.append(f"| {epoch} | {shown} | " + " | ".join(f"{100 * mean:.1f}" for mean in means) + " |")
+        values = [f"{mean:.3f}" if loss else f"{100 * mean:.1f}" for mean in means]
+        lines.append(f"| {epoch} | {shown} | " + " | ".join(values) + " |")
     return "\n".join(lines)
 
 
@@ -63,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=Path, nargs="+", required=True, help="train.py run dirs of one budget")
     parser.add_argument("--epochs", required=True, help="comma-separated epochs (1-based), e.g. 10,30,90")
     parser.add_argument("--window", type=int, default=5, help="epochs averaged, ending at each epoch (default 5)")
+    parser.add_argument("--tag", default=TAG, help=f"the TensorBoard curve that ranks (default {TAG}; e.g. train/loss, "
+                                                   "test/loss, train/acc); always against the last test accuracy")
     args = parser.parse_args(argv)
     try:
         if len(args.runs) < 2:
@@ -73,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserInputError(f"--epochs {args.epochs!r}: pass comma-separated epochs, e.g. 10,30,90") from None
         if args.window < 1:
             raise UserInputError(f"--window {args.window}: pass 1 or more epochs")
-        curves = {label: read_curve(run) for label, run in zip(run_labels(args.runs), args.runs)}
+        labels = run_labels(args.runs)
+        curves = {label: read_curve(run, args.tag) for label, run in zip(labels, args.runs)}
+        final = [read_curve(run)[-1] for run in args.runs]
         lengths = sorted({len(curve) for curve in curves.values()})
         if len(lengths) > 1:
             raise UserInputError(f"the runs logged {lengths} epochs; pass runs of one budget, all finished")
@@ -83,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserInputError as error:
         print(f"ranking_over_epochs: {error}", file=sys.stderr)
         return 2
-    print(report(curves, epochs, args.window))
+    print(report(curves, epochs, args.window, args.tag, final))
     return 0
 
 

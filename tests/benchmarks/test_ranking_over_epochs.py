@@ -97,3 +97,13 @@ def test_runs_of_one_name_in_two_benchmark_dirs_both_count(runs, tmp_path, capsy
     assert lines[2] == "| 6 | 1.00 | 78.0 | 74.0 | 82.0 |"
     assert ranking_over_epochs.main(["--runs", str(twins[0]), str(twins[0]), "--epochs", "6"]) == 2
     assert "a run dir is passed twice" in capsys.readouterr().err
+
+
+def test_another_curve_ranks_against_the_last_test_accuracy_and_a_loss_low_is_better(runs, capsys):
+    paths, _ = runs
+    assert ranking_over_epochs.main(["--runs", *map(str, paths), "--epochs", "1,6", "--window", "1",
+                                     "--tag", "train/loss"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| epoch | τ-b of train/loss vs epoch 6's test/acc | fast | middle | slow |")
+    assert lines[2] == "| 1 | -1.00 | 0.500 | 0.600 | 0.700 |"  # the loss is 1 - acc: the same ranks as the acc
+    assert lines[3] == "| 6 | 1.00 | 0.260 | 0.220 | 0.180 |"
