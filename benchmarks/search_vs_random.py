@@ -359,6 +359,15 @@ def verdict(stats: Mapping[str, ArmStats], darts_v2: float | None = None) -> Ver
     ))
 
 
+def searched_needs(searched: Sequence[float], missing: int, bars: Mapping[str, float | None]) -> dict[str, float]:
+    """What the ``missing`` searched retrains must average for the mean over all of them to reach each bar (a
+    candidate change's stopping rule); {} when none is missing."""
+    if missing < 1:
+        return {}
+    total = len(searched) + missing
+    return {name: (total * bar - sum(searched)) / missing for name, bar in bars.items() if bar is not None}
+
+
 def table(stats: Mapping[str, ArmStats]) -> str:
     """The markdown table: arm, n, test accuracy mean ± std, params, firing rate, SNN accuracy, energy per image."""
     rows = ["| arm | n | test acc (mean ± std) | params (M) | firing rate | SNN acc | energy (µJ / image) |",
@@ -540,8 +549,19 @@ def report_progress(plan: Plan) -> dict[str, Any]:
     absent = [arm for arm in ("searched", "random") if arm not in stats]
     lines = (f"no verdict yet: no finished run in {' or '.join(absent)}",) if absent else \
         verdict(stats, darts_v2_mean(arms)).lines
+    searched_missing = [name for name in missing
+                        if any(name.startswith(f"{search}_seed") for search in search_sweep(plan).names)]
+    rand = stats.get("random")
+    needs = searched_needs([run["test_acc"] for run in arms["searched"]], len(searched_missing), {
+        "DARTS_V2": darts_v2_mean(arms),
+        "random + 1 std": None if rand is None or rand.std is None else rand.mean + rand.std})
+    if needs:
+        reach = [f"{need:.4f} to reach {bar}" for bar, need in needs.items()]
+        reach[0] = reach[0].replace(" to reach ", " for the searched mean to reach ", 1)
+        lines = (*lines, f"still needed: the {len(searched_missing)} missing searched retrain(s) must average "
+                 + ", ".join(reach))
     progress = {**arms, "missing": missing, "budget": budget, "stats": {arm: vars(s) for arm, s in stats.items()},
-                "search_spread": spread, "verdict_so_far": list(lines)}
+                "search_spread": spread, "verdict_so_far": list(lines), "searched_needs": needs}
     shown = "" if budget is None else (f" Budget: {budget['epochs']} epochs, {budget['network']['layers']} cells of "
                                        f"{budget['network']['channels']} channels, batch {budget['batch_size']}.")
     save_json(progress, plan.out / "progress.json")

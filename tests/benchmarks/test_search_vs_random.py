@@ -263,6 +263,29 @@ def test_progress_reports_what_finished_and_runs_nothing(smoke, tmp_path, capsys
     assert progress["searched"][0]["test_acc"] == before["searched"][0]["test_acc"]
 
 
+def test_progress_says_what_the_missing_searched_retrains_must_average(smoke, tmp_path, capsys):
+    """A second search not yet retrained: the average it needs for the searched mean to reach DARTS_V2 and random +
+    1 std (a candidate change's stopping rule)."""
+    out = tmp_path / "one-of-two"
+    shutil.copytree(smoke[0], out, ignore=shutil.ignore_patterns("summary.*"))
+    assert bench.main(["--out", str(out), "--smoke", "--searches", "2", "--progress"]) == 0
+    progress = json.loads((out / "progress.json").read_text())
+    assert "search_1_seed0" in progress["missing"]
+    (searched,) = [run["test_acc"] for run in progress["searched"]]
+    darts_v2 = [run["test_acc"] for run in progress["reference"] if run["source"] == "DARTS_V2"][0]
+    random_bar = progress["stats"]["random"]["mean"] + progress["stats"]["random"]["std"]
+    assert progress["searched_needs"] == pytest.approx({"DARTS_V2": 2 * darts_v2 - searched,
+                                                        "random + 1 std": 2 * random_bar - searched})
+    assert "still needed: the 1 missing searched retrain(s) must average" in capsys.readouterr().out
+
+
+def test_searched_needs_is_the_mean_over_all_retrains_solved_for_the_missing() -> None:
+    needs = bench.searched_needs([0.9335, 0.9267], 1, {"DARTS_V2": 0.9352, "random + 1 std": None})
+    assert needs == pytest.approx({"DARTS_V2": 0.9454})
+    assert bench.searched_needs([0.93], 0, {"DARTS_V2": 0.9352}) == {}
+    assert bench.searched_needs([], 3, {"DARTS_V2": 0.9352}) == pytest.approx({"DARTS_V2": 0.9352})
+
+
 def test_progress_counts_a_two_process_run_rebuilt_from_its_log_and_names_what_it_lacks(smoke, tmp_path, capsys):
     """A reference arm trained by torchrun on 2 processes at half the batch each (one global batch), whose machine
     was lost before its energy report (metrics_from_log.py's metrics.json: energy pending, no CPU time)."""
