@@ -85,9 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserInputError(f"--epochs {args.epochs!r}: pass comma-separated epochs, e.g. 10,30,90") from None
         if args.window < 1:
             raise UserInputError(f"--window {args.window}: pass 1 or more epochs")
-        labels = run_labels(args.runs)
-        curves = {label: read_curve(run, args.tag) for label, run in zip(labels, args.runs)}
-        final = [read_curve(run)[-1] for run in args.runs]
+        curves = {label: read_curve(run, args.tag) for label, run in zip(run_labels(args.runs), args.runs)}
+        final = None if args.tag == TAG else [read_curve(run)[-1] for run in args.runs]  # None: the curves' own
         lengths = sorted({len(curve) for curve in curves.values()})
         if len(lengths) > 1:
             raise UserInputError(f"the runs logged {lengths} epochs; pass runs of one budget, all finished")

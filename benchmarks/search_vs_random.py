@@ -556,10 +556,9 @@ def report_progress(plan: Plan) -> dict[str, Any]:
         "DARTS_V2": darts_v2_mean(arms),
         "random + 1 std": None if rand is None or rand.std is None else rand.mean + rand.std})
     if needs:
-        reach = [f"{need:.4f} to reach {bar}" for bar, need in needs.items()]
-        reach[0] = reach[0].replace(" to reach ", " for the searched mean to reach ", 1)
-        lines = (*lines, f"still needed: the {len(searched_missing)} missing searched retrain(s) must average "
-                 + ", ".join(reach))
+        reach = ", ".join(f"{need:.4f} ({bar})" for bar, need in needs.items())
+        lines = (*lines, f"still needed: the {len(searched_missing)} missing searched retrain(s) must average {reach} "
+                 "for the searched mean to reach each")
     progress = {**arms, "missing": missing, "budget": budget, "stats": {arm: vars(s) for arm, s in stats.items()},
                 "search_spread": spread, "verdict_so_far": list(lines), "searched_needs": needs}
     shown = "" if budget is None else (f" Budget: {budget['epochs']} epochs, {budget['network']['layers']} cells of "
