@@ -6,7 +6,9 @@
 Each run dir is a train.py run; its curve is the `test/acc` scalar of its TensorBoard files (resumed pieces
 included), one value per epoch. A low τ early says a short budget would rank these cells differently.
 ``--tag train/loss`` (or train/acc, test/loss) ranks by another logged curve, still against the last test accuracy;
-a loss ranks low-is-better.
+a loss ranks low-is-better. ``--unfinished RUN...`` places runs still training among the finished ones at the epoch
+each has reached, beside how much the finished runs gained from that epoch to their last: a measured standing, not a
+forecast of where the run ends.
 """
 from __future__ import annotations
 
@@ -68,6 +70,24 @@ def report(curves: dict[str, list[float]], epochs: Sequence[int], window: int, t
     return "\n".join(lines)
 
 
+def standings(curves: dict[str, list[float]], unfinished: dict[str, list[float]], window: int) -> str:
+    """Each unfinished run at its last logged epoch e: its window mean, its place among the finished runs' window means
+    at e, and the finished runs' gain from e to their last epoch (their last test accuracy minus their mean at e)."""
+    last = len(next(iter(curves.values())))
+    lines = [f"| unfinished run | epoch | test acc | place at that epoch among it and {len(curves)} finished "
+             f"| finished runs' gain to epoch {last}: mean ± std (min to max) |", "|---|---:|---:|---:|---:|"]
+    for label, curve in unfinished.items():
+        epoch = len(curve)
+        mean = statistics.fmean(curve[max(0, epoch - window):epoch])
+        _, means = tau_at(curves, epoch, window)
+        gains = [100 * (finished[-1] - at) for finished, at in zip(curves.values(), means)]
+        spread = f"{statistics.stdev(gains):.2f}" if len(gains) > 1 else "undefined"
+        place = 1 + sum(at > mean for at in means)
+        lines.append(f"| {label} | {epoch} | {100 * mean:.1f} | {place} of {len(means) + 1} "
+                     f"| {statistics.fmean(gains):+.2f} ± {spread} ({min(gains):+.2f} to {max(gains):+.2f}) |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, nargs="+", required=True, help="train.py run dirs of one budget")
@@ -75,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=5, help="epochs averaged, ending at each epoch (default 5)")
     parser.add_argument("--tag", default=TAG, help=f"the TensorBoard curve that ranks (default {TAG}; e.g. train/loss, "
                                                    "test/loss, train/acc); always against the last test accuracy")
+    parser.add_argument("--unfinished", type=Path, nargs="+", default=[],
+                        help="run dirs still training: each placed among --runs at the last epoch it logged")
     args = parser.parse_args(argv)
     try:
         if len(args.runs) < 2:
@@ -85,7 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserInputError(f"--epochs {args.epochs!r}: pass comma-separated epochs, e.g. 10,30,90") from None
         if args.window < 1:
             raise UserInputError(f"--window {args.window}: pass 1 or more epochs")
-        curves = {label: read_curve(run, args.tag) for label, run in zip(run_labels(args.runs), args.runs)}
+        labels = run_labels([*args.runs, *args.unfinished])
+        curves = {label: read_curve(run, args.tag) for label, run in zip(labels, args.runs)}
+        unfinished = {label: read_curve(run) for label, run in zip(labels[len(args.runs):], args.unfinished)}
         final = None if args.tag == TAG else [read_curve(run)[-1] for run in args.runs]  # None: the curves' own
         lengths = sorted({len(curve) for curve in curves.values()})
         if len(lengths) > 1:
@@ -93,10 +117,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         bad = [epoch for epoch in epochs if not 1 <= epoch <= lengths[0]]
         if bad:
             raise UserInputError(f"--epochs {bad} lie outside the runs' epochs; pass epochs from 1 to their last")
+        done = [label for label, curve in unfinished.items() if len(curve) >= lengths[0]]
+        if done:
+            raise UserInputError(f"--unfinished {done} logged {lengths[0]} epochs or more; "
+                                 "pass finished runs in --runs")
     except UserInputError as error:
         print(f"ranking_over_epochs: {error}", file=sys.stderr)
         return 2
     print(report(curves, epochs, args.window, args.tag, final))
+    if unfinished:
+        print()
+        accuracy = curves if args.tag == TAG else {label: read_curve(run) for label, run in zip(labels, args.runs)}
+        print(standings(accuracy, unfinished, args.window))
     return 0
 
 

@@ -107,3 +107,22 @@ def test_another_curve_ranks_against_the_last_test_accuracy_and_a_loss_low_is_be
     assert lines[0].startswith("| epoch | τ-b of train/loss vs epoch 6's test/acc | fast | middle | slow |")
     assert lines[2] == "| 1 | -1.00 | 0.500 | 0.600 | 0.700 |"  # the loss is 1 - acc: the same ranks as the acc
     assert lines[3] == "| 6 | 1.00 | 0.260 | 0.220 | 0.180 |"
+
+
+def test_an_unfinished_run_is_placed_among_the_finished_at_its_last_epoch(runs, tmp_path, capsys):
+    paths, _ = runs
+    running = tmp_path / "running"
+    write_piece(running, 1000, {10: 0.2, 20: 0.3, 30: 0.68})  # 3 of 6 epochs: between fast (0.70) and middle (0.66)
+    assert ranking_over_epochs.main(["--runs", *map(str, paths), "--epochs", "6", "--window", "1",
+                                     "--tag", "train/loss", "--unfinished", str(running)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[4].startswith("| unfinished run | epoch | test acc | place at that epoch among it and 3 finished")
+    # the finished gained 74 - 70, 78 - 66 and 82 - 60 points from epoch 3 to 6: mean 12.67, std 9.02
+    assert lines[6] == "| running | 3 | 68.0 | 2 of 4 | +12.67 ± 9.02 (+4.00 to +22.00) |"
+
+
+def test_an_unfinished_run_that_logged_every_epoch_is_refused(runs, capsys):
+    paths, _ = runs
+    assert ranking_over_epochs.main(["--runs", *map(str, paths[:2]), "--epochs", "6",
+                                     "--unfinished", str(paths[2])]) == 2
+    assert "--unfinished ['slow'] logged 6 epochs or more; pass finished runs in --runs" in capsys.readouterr().err
