@@ -110,7 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         labels = run_labels([*args.runs, *args.unfinished])
         curves = {label: read_curve(run, args.tag) for label, run in zip(labels, args.runs)}
         unfinished = {label: read_curve(run) for label, run in zip(labels[len(args.runs):], args.unfinished)}
-        final = None if args.tag == TAG else [read_curve(run)[-1] for run in args.runs]  # None: the curves' own
+        accuracy = curves if args.tag == TAG else {label: read_curve(run) for label, run in zip(labels, args.runs)}
+        final = None if args.tag == TAG else [curve[-1] for curve in accuracy.values()]  # None: the curves' own
         lengths = sorted({len(curve) for curve in curves.values()})
         if len(lengths) > 1:
             raise UserInputError(f"the runs logged {lengths} epochs; pass runs of one budget, all finished")
@@ -127,7 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report(curves, epochs, args.window, args.tag, final))
     if unfinished:
         print()
-        accuracy = curves if args.tag == TAG else {label: read_curve(run) for label, run in zip(labels, args.runs)}
         print(standings(accuracy, unfinished, args.window))
     return 0
 
