@@ -2,7 +2,8 @@
 
 search.py writes each cycle's α beside its genotype (``alphas/cycle_<k>.json``); older runs have it in their
 checkpoint. DARTS's rule with other caps (``--max-parameter-free``: pool and skip edges per cell,
-``--max-skip-connect``: skips; ``none`` lifts a cap; default: the run's own) gives another cell of the same search,
+``--max-skip-connect``: skips, ``--max-normal-pools``: pools in the normal cell; ``none`` lifts a cap; default: the
+run's own) gives another cell of the same search,
 e.g. issue #44's capped cell beside the one the search wrote, both retrained alike. Prints both cells' parameter-free
 edges; writes the new genotype JSON (what ``train.py genotype=`` reads):
 
@@ -62,10 +63,11 @@ def entry(state: dict, suffix: str) -> torch.Tensor:
     return state[matches[0]]
 
 
-def derive(alpha: dict, max_skip_connect: int | None, max_parameter_free: int | None) -> Genotype:
+def derive(alpha: dict, max_skip_connect: int | None, max_parameter_free: int | None,
+           max_normal_pools: int | None = None) -> Genotype:
     return derive_genotype(torch.tensor(alpha["normal"]), torch.tensor(alpha["reduce"]), alpha["primitives"],
                            steps=alpha["steps"], multiplier=alpha["multiplier"], max_skip_connect=max_skip_connect,
-                           max_parameter_free=max_parameter_free)
+                           max_parameter_free=max_parameter_free, max_normal_pools=max_normal_pools)
 
 
 def cap(text: str) -> int | str | None:
@@ -87,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="pool/skip edges per cell, none, or run (default)")
     parser.add_argument("--max-skip-connect", type=cap, default="run",
                         help="skip edges per cell, none, or run (default)")
+    parser.add_argument("--max-normal-pools", type=cap, default="run",
+                        help="pool edges in the normal cell, none, or run (default)")
     args = parser.parse_args(argv)
     try:
         if args.out.exists():
@@ -94,9 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         alpha, config = final_alpha(args.run)
         evolution = config.search.evolution if config is not None else {}
         caps = {name: evolution.get(name) if getattr(args, name) == "run" else getattr(args, name)
-                for name in ("max_skip_connect", "max_parameter_free")}
+                for name in ("max_skip_connect", "max_parameter_free", "max_normal_pools")}
         written = args.run / "genotype.json"
-        found = derive(alpha, evolution.get("max_skip_connect"), evolution.get("max_parameter_free"))
+        found = derive(alpha, evolution.get("max_skip_connect"), evolution.get("max_parameter_free"),
+                       evolution.get("max_normal_pools"))
         if written.is_file() and Genotype.from_json(written.read_text()) != found:
             raise UserInputError(f"the last cycle's α with the run's caps does not give {written}; is the search "
                                  "finished? (resume it first)")

@@ -97,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = strengths(supernet, batches)
         space = supernet.search_space
         evolution = cfg.search.evolution
-        caps = evolution.max_skip_connect, evolution.get("max_parameter_free")  # absent in runs before that cap
+        # caps absent in runs from before they existed
+        caps = evolution.max_skip_connect, evolution.get("max_parameter_free"), evolution.get("max_normal_pools")
         alpha_cell = supernet_genotype(supernet, *caps)
         strong_cell = strength_genotype(result["accuracy"], space.primitives, space.steps, space.multiplier, *caps)
         result.update(images=sum(len(y) for _, y in batches), primitives=list(space.primitives),

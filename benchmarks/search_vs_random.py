@@ -166,13 +166,16 @@ class SpaceRules:
     max_skip_connect: int | None
     config: dict[str, Any]  # the raw search_space and evolution's caps, to compare with each run's
     max_parameter_free: int | None = None
+    max_normal_pools: int | None = None
 
 
 def space_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a search config that the random cells must share."""
     evolution = cfg["search"]["evolution"]
     return {"search_space": dict(cfg["search_space"]), "max_skip_connect": evolution["max_skip_connect"],
-            "max_parameter_free": evolution.get("max_parameter_free")}  # absent in runs before the cap existed
+            # caps absent in runs from before they existed
+            "max_parameter_free": evolution.get("max_parameter_free"),
+            "max_normal_pools": evolution.get("max_normal_pools")}
 
 
 def search_space_rules(plan: Plan) -> SpaceRules:
@@ -186,14 +189,16 @@ def search_space_rules(plan: Plan) -> SpaceRules:
     config = space_config({"search_space": search_cfg, "search": {"evolution": evolution}})
     return SpaceRules(primitives=check_primitives(search_cfg["primitives"]), steps=int(search_cfg["steps"]),
                       multiplier=int(search_cfg["multiplier"]), max_skip_connect=evolution["max_skip_connect"],
-                      config=config, max_parameter_free=evolution["max_parameter_free"])
+                      config=config, max_parameter_free=evolution["max_parameter_free"],
+                      max_normal_pools=evolution["max_normal_pools"])
 
 
 def fixed_cells(plan: Plan, rules: SpaceRules) -> dict[str, dict[str, Genotype]]:
     """The cells known before any search: ``{arm: {source: genotype}}``."""
     randoms = {f"random_{seed}": random_genotype(rules.primitives, rules.steps, random.Random(seed),
                                                  rules.max_skip_connect, multiplier=rules.multiplier,
-                                                 max_parameter_free=rules.max_parameter_free)
+                                                 max_parameter_free=rules.max_parameter_free,
+                                                 max_normal_pools=rules.max_normal_pools)
                for seed in plan.random_seeds}
     return {"random": randoms, "reference": {name: GENOTYPES[name] for name in REFERENCES},
             "poor": {POOR: GENOTYPES[POOR]}}
@@ -511,7 +516,8 @@ def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False)
         "searches": searches,
         "search_space": {"primitives": list(rules.primitives), "steps": rules.steps,
                          "multiplier": rules.multiplier, "max_skip_connect": rules.max_skip_connect,
-                         "max_parameter_free": rules.max_parameter_free},
+                         "max_parameter_free": rules.max_parameter_free,
+                         "max_normal_pools": rules.max_normal_pools},
         "minutes": minutes_per_arm(searches, arms),
         "stats": {arm: vars(s) for arm, s in stats.items()},
         "search_spread": search_spread([_genotype_of(found) for found in searches], arms["searched"]),

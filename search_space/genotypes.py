@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from search_space.errors import UserInputError
-from search_space.ops import OPS, PARAMETER_FREE_OPS
+from search_space.ops import OPS, PARAMETER_FREE_OPS, POOL_OPS
 
 Edge = tuple[str, int]
 
@@ -270,14 +270,14 @@ def check_edge_caps(candidates: Iterable[str], steps: int, caps: Sequence[tuple[
 
 def random_genotype(
     primitives: Sequence[str], steps: int, rng: random.Random, max_skip_connect: int | None,
-    multiplier: int | None = None, max_parameter_free: int | None = None,
+    multiplier: int | None = None, max_parameter_free: int | None = None, max_normal_pools: int | None = None,
 ) -> Genotype:
     """A genotype drawn uniformly from the cells the search's derivation can produce.
 
     The derivation's rules hold: each node reads two distinct earlier states, never with ``none``,
     and each cell has at most ``max_skip_connect`` skip_connect edges and ``max_parameter_free`` edges of
-    PARAMETER_FREE_OPS (None = no cap; cells over a cap are redrawn, so the draw stays uniform over the allowed
-    cells). The output concatenates the last ``multiplier`` nodes (None = all ``steps``), as ``derive_genotype``
+    PARAMETER_FREE_OPS, and the normal cell at most ``max_normal_pools`` edges of POOL_OPS (None = no cap; cells
+    over a cap are redrawn, so the draw stays uniform over the allowed cells). The output concatenates the last ``multiplier`` nodes (None = all ``steps``), as ``derive_genotype``
     does.
     """
     candidates = [name for name in primitives if name != _NONE_OP]
@@ -290,17 +290,18 @@ def random_genotype(
     caps = [(name, cap, counted) for name, cap, counted in (("max_skip_connect", max_skip_connect, {_SKIP_OP}),
                                                             ("max_parameter_free", max_parameter_free,
                                                              PARAMETER_FREE_OPS)) if cap is not None]
-    check_edge_caps(candidates, steps, caps)
+    normal_caps = caps if max_normal_pools is None else [*caps, ("max_normal_pools", max_normal_pools, POOL_OPS)]
+    check_edge_caps(candidates, steps, normal_caps)
 
-    def draw() -> tuple[Edge, ...]:
+    def draw(caps: list[tuple[str, int, Iterable[str]]]) -> tuple[Edge, ...]:
         while True:
             edges = _random_cell(candidates, steps, rng)
             if all(sum(op in counted for op, _ in edges) <= cap for _, cap, counted in caps):
                 return edges
 
     concat = tuple(range(2 + steps - multiplier, 2 + steps))
-    normal = draw()
-    return Genotype(normal=normal, normal_concat=concat, reduce=draw(), reduce_concat=concat)
+    normal = draw(normal_caps)
+    return Genotype(normal=normal, normal_concat=concat, reduce=draw(caps), reduce_concat=concat)
 
 
 def load_genotype(name_or_path: str | Path) -> Genotype:

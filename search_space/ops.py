@@ -282,6 +282,8 @@ register_op("spike_dil_conv_5x5")(lambda C, stride, affine, neuron: SpikingDilCo
 # The ops without weights on a normal cell's edge (stride 1): the pattern that short retrain proxies reward and
 # DARTS papers warn of (a derivation may cap them per cell: search.evolution.max_parameter_free).
 PARAMETER_FREE_OPS: frozenset[str] = frozenset({"max_pool_3x3", "avg_pool_3x3", "skip_connect"})
+# Of those, the pools: a stride-1 pool blurs a normal cell's features without weights (search.evolution.max_normal_pools).
+POOL_OPS: frozenset[str] = frozenset({"max_pool_3x3", "avg_pool_3x3"})
 
 # DARTS's search space, in DARTS's order (quark0/darts cnn/genotypes.py PRIMITIVES).
 DARTS_PRIMITIVES: tuple[str, ...] = (

@@ -155,7 +155,8 @@ class SearchCallbacks:
             genotype, table = derive_by_strength(
                 engine.supernet, arch_loader, images=cfg.derive_images, batch_size=cfg.batch_size, seed=cfg.seed,
                 device=ctx.device, max_skip_connect=evolution.max_skip_connect,
-                max_parameter_free=evolution.max_parameter_free, judged=judged,
+                max_parameter_free=evolution.max_parameter_free, max_normal_pools=evolution.max_normal_pools,
+                judged=judged,
                 should_stop=self.run.stop_requested, on_edge=keep)
         except JudgingStopped:
             keep()  # the paths judged since the last edge's end too

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from search_space.genotypes import Edge, Genotype, check_edge_caps
-from search_space.ops import PARAMETER_FREE_OPS
+from search_space.ops import PARAMETER_FREE_OPS, POOL_OPS
 
 if TYPE_CHECKING:  # derivation itself needs only probabilities
     from aso_se.search.supernet import SearchNetwork
@@ -37,18 +37,20 @@ def _derive_cell(probs: list[list[float]], primitives: Sequence[str], steps: int
 
 def derive_cell(
     probs: torch.Tensor, primitives: Sequence[str], steps: int, max_skip_connect: int | None,
-    max_parameter_free: int | None = None,
+    max_parameter_free: int | None = None, max_pools: int | None = None,
 ) -> tuple[Edge, ...]:
     """The genotype edges ``(op, input)`` of one cell type from its ``[edges, ops]`` probabilities.
 
     At most ``max_skip_connect`` skip_connect edges and ``max_parameter_free`` edges of PARAMETER_FREE_OPS (None =
-    no cap): while a cap is exceeded, the weakest chosen op it counts is excluded on its edge and the cell derived
-    again (P-DARTS's remedy for the skip_connect collapse of DARTS, and the same for pools and skips together).
+    no cap), and at most ``max_pools`` pool edges (POOL_OPS; the normal cell's cap): while a cap is exceeded, the
+    weakest chosen op it counts is excluded on its edge and the cell derived again (P-DARTS's remedy for the
+    skip_connect collapse of DARTS, and the same for pools and skips together).
     """
     weights = probs.detach().double().cpu().tolist()
     named = [(name, cap, ops) for name, cap, ops in (
         ("search.evolution.max_skip_connect", max_skip_connect, {SKIP_OP}),
-        ("search.evolution.max_parameter_free", max_parameter_free, PARAMETER_FREE_OPS)) if cap is not None]
+        ("search.evolution.max_parameter_free", max_parameter_free, PARAMETER_FREE_OPS),
+        ("search.evolution.max_normal_pools", max_pools, POOL_OPS)) if cap is not None]
     check_edge_caps((name for name in primitives if name != NONE_OP), steps, named)
     caps = [({op for op, name in enumerate(primitives) if name in ops}, cap) for _, cap, ops in named]
     while True:
@@ -74,11 +76,13 @@ def _first_exceeded(chosen: list[tuple[int, int]], caps: list[tuple[set[int], in
 def derive_genotype(
     normal_probs: torch.Tensor, reduce_probs: torch.Tensor, primitives: Sequence[str], *,
     steps: int, multiplier: int, max_skip_connect: int | None, max_parameter_free: int | None = None,
+    max_normal_pools: int | None = None,
 ) -> Genotype:
-    """DARTS's derivation for both cell types; the cell output concatenates the last ``multiplier`` nodes."""
+    """DARTS's derivation for both cell types (``max_normal_pools``: the normal cell's cap on pool edges); the cell
+    output concatenates the last ``multiplier`` nodes."""
     concat = tuple(range(2 + steps - multiplier, 2 + steps))
     return Genotype(
-        normal=derive_cell(normal_probs, primitives, steps, max_skip_connect, max_parameter_free),
+        normal=derive_cell(normal_probs, primitives, steps, max_skip_connect, max_parameter_free, max_normal_pools),
         normal_concat=concat,
         reduce=derive_cell(reduce_probs, primitives, steps, max_skip_connect, max_parameter_free),
         reduce_concat=concat,
@@ -86,11 +90,11 @@ def derive_genotype(
 
 
 def supernet_genotype(supernet: SearchNetwork, max_skip_connect: int | None,
-                      max_parameter_free: int | None = None) -> Genotype:
+                      max_parameter_free: int | None = None, max_normal_pools: int | None = None) -> Genotype:
     """The genotype derived from ``supernet``'s current α (``derive_genotype``)."""
     probs = supernet.alpha_probabilities()
     space = supernet.search_space
     return derive_genotype(
         probs["normal"], probs["reduce"], space.primitives, steps=space.steps, multiplier=space.multiplier,
-        max_skip_connect=max_skip_connect, max_parameter_free=max_parameter_free,
+        max_skip_connect=max_skip_connect, max_parameter_free=max_parameter_free, max_normal_pools=max_normal_pools,
     )

@@ -382,7 +382,8 @@ class ASOSEEngine:
 
     def genotype(self) -> Genotype:
         """The genotype derived from the current α (top-2 inputs per node without none, skip cap)."""
-        return supernet_genotype(self.supernet, self.evolution.max_skip_connect, self.evolution.max_parameter_free)
+        return supernet_genotype(self.supernet, self.evolution.max_skip_connect, self.evolution.max_parameter_free,
+                                 self.evolution.max_normal_pools)
 
     # ----------------------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:

@@ -47,7 +47,8 @@ class EvolutionConfig:
     base channels); ``prune_threshold``: prune ops whose probability stayed under it at every
     search epoch's end of the cycle (0 = never prune); ``max_skip_connect``: the derivation's cap
     on skip_connect edges per cell (None = no cap); ``max_parameter_free``: its cap on edges of parameter-free ops
-    (pools and skips, search_space.ops.PARAMETER_FREE_OPS) per cell (None = no cap).
+    (pools and skips, search_space.ops.PARAMETER_FREE_OPS) per cell (None = no cap); ``max_normal_pools``: its cap
+    on pool edges in the normal cell (POOL_OPS; 0 = no pools there, as in DARTS_V2's normal cell; None = no cap).
     """
 
     grow_cells: int = 1
@@ -57,6 +58,7 @@ class EvolutionConfig:
     prune_threshold: float = 0.05
     max_skip_connect: int | None = 2
     max_parameter_free: int | None = None
+    max_normal_pools: int | None = None
 
     def __post_init__(self) -> None:
         if self.grow_cells < 0 or self.width_factor < 1:
@@ -69,7 +71,7 @@ class EvolutionConfig:
                 f"evolution prune_threshold={self.prune_threshold}: need 0 <= threshold < 1; "
                 "fix search.evolution.prune_threshold"
             )
-        for name in ("max_skip_connect", "max_parameter_free"):
+        for name in ("max_skip_connect", "max_parameter_free", "max_normal_pools"):
             cap = getattr(self, name)
             if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
                 raise UserInputError(f"evolution {name}={cap!r}: need null (no cap) or a count >= 0; "

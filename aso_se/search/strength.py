@@ -129,7 +129,8 @@ def decided_edges(table: dict) -> dict[str, int]:
 
 
 def strength_genotype(accuracies: dict, primitives: Sequence[str], steps: int, multiplier: int,
-                      max_skip_connect: int | None, max_parameter_free: int | None) -> Genotype:
+                      max_skip_connect: int | None, max_parameter_free: int | None,
+                      max_normal_pools: int | None = None) -> Genotype:
     """DARTS's rule on strengths: an op's accuracy on its edge minus the accuracy with the edge cut (``none``);
     the search's caps as for its α cell."""
     if NONE_OP not in primitives:
@@ -141,7 +142,8 @@ def strength_genotype(accuracies: dict, primitives: Sequence[str], steps: int, m
         scores[kind] = torch.tensor([[-float("inf") if acc is None else acc - row[none] for acc in row]
                                      for row in table], dtype=torch.float64)
     return derive_genotype(scores["normal"], scores["reduce"], primitives, steps=steps, multiplier=multiplier,
-                           max_skip_connect=max_skip_connect, max_parameter_free=max_parameter_free)
+                           max_skip_connect=max_skip_connect, max_parameter_free=max_parameter_free,
+                           max_normal_pools=max_normal_pools)
 
 
 def parameter_free(genotype: Genotype) -> dict[str, int]:
@@ -176,7 +178,8 @@ def check_rule(rule: str, images: int | None, primitives: Sequence[str]) -> None
 
 def derive_by_strength(supernet: SearchNetwork, loader: Any, *, images: int | None, batch_size: int,
                        seed: int, device: str | torch.device, max_skip_connect: int | None,
-                       max_parameter_free: int | None, judged: dict[str, torch.Tensor] | None = None,
+                       max_parameter_free: int | None, max_normal_pools: int | None = None,
+                       judged: dict[str, torch.Tensor] | None = None,
                        should_stop: Callable[[], bool] = lambda: False,
                        on_edge: Callable[[str, int, int], None] = lambda kind, edge, edges: None
                        ) -> tuple[Genotype, dict]:
@@ -191,6 +194,6 @@ def derive_by_strength(supernet: SearchNetwork, loader: Any, *, images: int | No
     table = strengths(supernet, batches, judged, should_stop=should_stop, on_edge=on_edge)
     space = supernet.search_space
     genotype = strength_genotype(table["accuracy"], space.primitives, space.steps, space.multiplier,
-                                 max_skip_connect, max_parameter_free)
+                                 max_skip_connect, max_parameter_free, max_normal_pools)
     table.update(images=sum(len(y) for _, y in batches), primitives=list(space.primitives))
     return genotype, {**table, "decided_edges": decided_edges(table)}

@@ -16,6 +16,7 @@ from search_space.genotypes import Genotype
 REPO = Path(__file__).resolve().parents[2]
 PRIMITIVES = ["none", "skip_connect", "max_pool_3x3", "avg_pool_3x3", "sep_conv_3x3"]
 FREE = {"skip_connect", "max_pool_3x3", "avg_pool_3x3"}
+POOLS = {"max_pool_3x3", "avg_pool_3x3"}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,16 @@ def test_a_cap_of_zero_leaves_no_pool_or_skip_and_the_run_caps_give_its_genotype
     assert all(op == "sep_conv_3x3" for kind in ("normal", "reduce") for op, _ in getattr(capped, kind))
     assert "'max_parameter_free': 0" in stdout and "{'normal': 0, 'reduce': 0}" in stdout
     assert sum(op in FREE for op, _ in searched.normal + searched.reduce) > 0  # the cap had something to do
+
+
+def test_a_normal_pool_cap_of_zero_leaves_the_reduction_cell_as_searched(run: Path, tmp_path: Path) -> None:
+    searched = Genotype.from_json((run / "genotype.json").read_text())
+    code, stdout, stderr = derive_main("--run", str(run), "--max-normal-pools", "0", "--out", str(tmp_path / "np.json"))
+    assert code == 0, stderr
+    capped = Genotype.from_json((tmp_path / "np.json").read_text())
+    assert not any(op in POOLS for op, _ in capped.normal) and capped.reduce == searched.reduce
+    assert any(op in POOLS for op, _ in searched.normal)  # the cap had something to do
+    assert "'max_normal_pools': 0" in stdout
 
 
 def test_a_run_without_alpha_files_is_read_from_its_checkpoint(run: Path, tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from aso_se.search.derive import derive_genotype
 from benchmarks import search_vs_random as bench
 from benchmarks.search_vs_random import ArmStats
 from search_space.genotypes import GENOTYPES, Genotype, random_genotype
-from search_space.ops import PARAMETER_FREE_OPS, PRIMITIVE_SETS
+from search_space.ops import PARAMETER_FREE_OPS, POOL_OPS, PRIMITIVE_SETS
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "search_vs_random.py"
@@ -461,14 +461,17 @@ def test_search_space_rules_follow_the_overrides(tmp_path):
     plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--smoke", "--search-override",
                                              "search_space=spiking", "--search-override",
                                              "search.evolution.max_skip_connect=1", "--search-override",
-                                             "search.evolution.max_parameter_free=2", "--randoms", "6"]))
+                                             "search.evolution.max_parameter_free=2", "--search-override",
+                                             "search.evolution.max_normal_pools=0", "--randoms", "6"]))
     rules = bench.search_space_rules(plan)
     assert rules.primitives == PRIMITIVE_SETS["spiking"] and (rules.steps, rules.multiplier) == (4, 4)
-    assert (rules.max_skip_connect, rules.max_parameter_free) == (1, 2)
+    assert (rules.max_skip_connect, rules.max_parameter_free, rules.max_normal_pools) == (1, 2, 0)
+    assert rules.config["max_normal_pools"] == 0
     cells = bench.fixed_cells(plan, rules)["random"]
     assert all({op for op, _ in g.normal + g.reduce} <= set(PRIMITIVE_SETS["spiking"]) for g in cells.values())
     assert all(sum(op in PARAMETER_FREE_OPS for op, _ in edges) <= 2 for g in cells.values()
                for edges in (g.normal, g.reduce))
+    assert not any(op in POOL_OPS for g in cells.values() for op, _ in g.normal)
 
 
 # ----------------------------------------------------------------------------- statistics and entropy

@@ -8,7 +8,7 @@ import pytest
 
 from search_space.errors import UserInputError
 from search_space.genotypes import GENOTYPES, POOR_POOL_SKIP, Genotype, load_genotype, random_genotype
-from search_space.ops import PARAMETER_FREE_OPS, PRIMITIVE_SETS
+from search_space.ops import PARAMETER_FREE_OPS, POOL_OPS, PRIMITIVE_SETS
 
 DARTS_V2_JSON = {
     "normal": [["sep_conv_3x3", 0], ["sep_conv_3x3", 1], ["sep_conv_3x3", 0], ["sep_conv_3x3", 1],
@@ -190,6 +190,16 @@ def test_random_genotype_keeps_the_parameter_free_cap():
         random_genotype(["none", "max_pool_3x3", "avg_pool_3x3"], 4, random.Random(0), 2, max_parameter_free=7)
     with pytest.raises(UserInputError, match="max_parameter_free=-1"):
         random_genotype(DARTS, 4, random.Random(0), 2, max_parameter_free=-1)
+
+
+def test_random_genotype_keeps_the_normal_pool_cap_and_draws_as_before_without_it():
+    draws = [random_genotype(DARTS, 4, random.Random(seed), 2, max_normal_pools=0) for seed in range(50)]
+    assert not any(op in POOL_OPS for g in draws for op, _ in g.normal)
+    assert any(op in POOL_OPS for g in draws for op, _ in g.reduce)  # the reduction cell is not capped
+    assert all(random_genotype(DARTS, 4, random.Random(seed), 2, max_normal_pools=None)
+               == random_genotype(DARTS, 4, random.Random(seed), 2) for seed in range(5))
+    with pytest.raises(UserInputError, match="avg_pool_3x3, max_pool_3x3 is available.*raise max_normal_pools"):
+        random_genotype(["none", "max_pool_3x3", "avg_pool_3x3"], 4, random.Random(0), 2, max_normal_pools=0)
 
 
 def test_spike_native_keeps_the_wiring_and_swaps_the_weighted_ops():

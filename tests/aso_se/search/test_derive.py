@@ -1,4 +1,4 @@
-"""Genotype derivation: DARTS's rule, the skip_connect cap, the cap on parameter-free ops."""
+"""Genotype derivation: DARTS's rule and its caps (skip_connect, parameter-free ops, the normal cell's pools)."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +10,7 @@ from search_space.errors import UserInputError
 from search_space.genotypes import Genotype
 from search_space.network import build_network
 from search_space.neurons import NeuronFactory
-from search_space.ops import DARTS_PRIMITIVES, OPS, PARAMETER_FREE_OPS
+from search_space.ops import DARTS_PRIMITIVES, OPS, PARAMETER_FREE_OPS, POOL_OPS
 
 
 def darts_parse(weights: list[list[float]], primitives: tuple[str, ...], steps: int) -> list[tuple[str, int]]:
@@ -88,6 +88,44 @@ def test_caps_that_no_cell_can_meet_are_refused_in_one_line() -> None:
     for bad in (-1, 1.5, True):
         with pytest.raises(UserInputError, match="max_parameter_free.*fix search.evolution.max_parameter_free"):
             EvolutionConfig(max_parameter_free=bad)
+
+
+def test_the_normal_pool_cap_acts_on_the_normal_cell_alone() -> None:
+    torch.manual_seed(0)
+    probs = torch.softmax(torch.randn(14, 8), dim=-1)
+    pools = [DARTS_PRIMITIVES.index(op) for op in sorted(POOL_OPS)]
+    probs[:, pools] += torch.linspace(1.0, 2.0, 14)[:, None]  # pools lead on every edge, more so on later ones
+    kwargs = {"steps": 4, "multiplier": 4, "max_skip_connect": None}
+    uncapped = derive_genotype(probs, probs, DARTS_PRIMITIVES, **kwargs)
+    assert all(op in POOL_OPS for op, _ in uncapped.normal + uncapped.reduce)
+    none_allowed = derive_genotype(probs, probs, DARTS_PRIMITIVES, max_normal_pools=0, **kwargs)
+    assert none_allowed.reduce == uncapped.reduce and not any(op in POOL_OPS for op, _ in none_allowed.normal)
+    # with no pool left, the cell is DARTS's rule on α without the pools
+    masked = probs.clone()
+    masked[:, pools] = 0.0
+    assert none_allowed.normal == derive_cell(masked, DARTS_PRIMITIVES, 4, max_skip_connect=None)
+    three = derive_genotype(probs, probs, DARTS_PRIMITIVES, max_normal_pools=3, **kwargs)
+    assert three.reduce == uncapped.reduce
+
+    def pools_by_node(cell):
+        return sorted((i // 2, op, j) for i, (op, j) in enumerate(cell) if op in POOL_OPS)
+
+    # the pools kept are the three strongest of the uncapped cell's (the weakest go first)
+    starts = [sum(j + 2 for j in range(node)) for node in range(4)]
+    weight = {edge: float(probs[starts[edge[0]] + edge[2], DARTS_PRIMITIVES.index(edge[1])])
+              for edge in pools_by_node(uncapped.normal)}
+    assert pools_by_node(three.normal) == sorted(sorted(weight, key=weight.get)[-3:])
+    assert derive_genotype(probs, probs, DARTS_PRIMITIVES, max_normal_pools=8, **kwargs) == uncapped
+
+
+def test_a_normal_pool_cap_no_cell_can_meet_is_refused_in_one_line() -> None:
+    probs = torch.softmax(torch.randn(14, 3), dim=-1)
+    with pytest.raises(UserInputError, match="at most 0 of 8 edges.*raise search.evolution.max_normal_pools"):
+        derive_genotype(probs, probs, ("none", "max_pool_3x3", "avg_pool_3x3"), steps=4, multiplier=4,
+                        max_skip_connect=None, max_normal_pools=0)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(UserInputError, match="max_normal_pools.*fix search.evolution.max_normal_pools"):
+            EvolutionConfig(max_normal_pools=bad)
 
 
 def test_derived_genotype_builds_a_network() -> None:

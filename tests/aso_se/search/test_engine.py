@@ -152,6 +152,20 @@ def test_search_config_composes_into_the_engine() -> None:
     assert engine.sampling.k == 2 and engine.schedule.cycles >= 1 and engine.evolution.max_skip_connect == 2
 
 
+def test_the_engine_derives_its_genotype_under_the_normal_pool_cap() -> None:
+    engine = make_engine(tiny_supernet("st_bif"), evolution=EvolutionConfig(max_skip_connect=None, max_normal_pools=0))
+    pool = SMALL_SPACE.primitives.index("max_pool_3x3")
+    with torch.no_grad():
+        for kind in ("normal", "reduce"):
+            alpha = engine.supernet.arch[kind].alpha
+            alpha.copy_(torch.randn_like(alpha))
+            alpha[:, pool] += 10.0  # every edge's strongest op: the pool
+    genotype = engine.genotype()
+    assert not any(op == "max_pool_3x3" for op, _ in genotype.normal)
+    assert genotype.reduce == supernet_genotype(engine.supernet, None).reduce
+    assert all(op == "max_pool_3x3" for op, _ in genotype.reduce)
+
+
 def test_bf16_step_keeps_fp32_state(digits) -> None:
     images, labels = digits
     engine = make_engine(tiny_supernet("st_bif"), precision="bf16")

@@ -164,3 +164,14 @@ def test_op_strength_on_the_alpha_split_repeats_the_searchs_judging(strength_run
     again, table = (json.loads((strength_run / name).read_text())
                     for name in ("op_strength_arch.json", "strength.json"))
     assert again["accuracy"] == table["accuracy"] and again["strength_genotype"] == table["strength_genotype"]
+
+
+def test_the_strength_cell_keeps_the_normal_pool_cap() -> None:
+    primitives = ["none", "max_pool_3x3", "skip_connect", "sep_conv_3x3"]
+    # every edge: the pool judged best, then the conv, the skip, the cut edge
+    table = [[0.50, 0.80, 0.60, 0.70] for _ in range(5)]
+    accuracy = {"normal": table, "reduce": table}
+    uncapped = strength.strength_genotype(accuracy, primitives, 2, 2, None, None)
+    capped = strength.strength_genotype(accuracy, primitives, 2, 2, None, None, max_normal_pools=0)
+    assert all(op == "max_pool_3x3" for op, _ in uncapped.normal + uncapped.reduce)
+    assert all(op == "sep_conv_3x3" for op, _ in capped.normal) and capped.reduce == uncapped.reduce
