@@ -563,8 +563,9 @@ def report_progress(plan: Plan) -> dict[str, Any]:
         "random + 1 std": None if rand is None or rand.std is None else rand.mean + rand.std})
     if needs:
         reach = ", ".join(f"{need:.4f} ({bar})" for bar, need in needs.items())
+        which = "it" if len(needs) == 1 else "each"
         lines = (*lines, f"still needed: the {len(searched_missing)} missing searched retrain(s) must average {reach} "
-                 "for the searched mean to reach each")
+                 f"for the searched mean to reach {which}")
     progress = {**arms, "missing": missing, "budget": budget, "stats": {arm: vars(s) for arm, s in stats.items()},
                 "search_spread": spread, "verdict_so_far": list(lines), "searched_needs": needs}
     shown = "" if budget is None else (f" Budget: {budget['epochs']} epochs, {budget['network']['layers']} cells of "

@@ -276,7 +276,9 @@ def test_progress_says_what_the_missing_searched_retrains_must_average(smoke, tm
     random_bar = progress["stats"]["random"]["mean"] + progress["stats"]["random"]["std"]
     assert progress["searched_needs"] == pytest.approx({"DARTS_V2": 2 * darts_v2 - searched,
                                                         "random + 1 std": 2 * random_bar - searched})
-    assert "still needed: the 1 missing searched retrain(s) must average" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "still needed: the 1 missing searched retrain(s) must average" in printed
+    assert "(random + 1 std) for the searched mean to reach each" in printed
 
 
 def test_searched_needs_is_the_mean_over_all_retrains_solved_for_the_missing() -> None:
