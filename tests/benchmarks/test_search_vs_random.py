@@ -279,6 +279,10 @@ def test_progress_says_what_the_missing_searched_retrains_must_average(smoke, tm
     printed = capsys.readouterr().out
     assert "still needed: the 1 missing searched retrain(s) must average" in printed
     assert "(random + 1 std) for the searched mean to reach each" in printed
+    (out / "retrain" / "random_1_seed0" / "metrics.json").unlink()  # one random run: no std, DARTS_V2 the one bar
+    assert bench.main(["--out", str(out), "--smoke", "--searches", "2", "--progress"]) == 0
+    assert set(json.loads((out / "progress.json").read_text())["searched_needs"]) == {"DARTS_V2"}
+    assert "(DARTS_V2) for the searched mean to reach it" in capsys.readouterr().out
 
 
 def test_searched_needs_is_the_mean_over_all_retrains_solved_for_the_missing() -> None:
