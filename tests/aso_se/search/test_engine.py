@@ -69,6 +69,22 @@ def test_two_cycle_search_on_digits_yields_a_trainable_genotype() -> None:
     assert logits.shape == (2, 10)
 
 
+def test_progressive_depth_grows_several_cells_a_cycle_up_to_max_cells() -> None:
+    """The fifth candidate change's shape (RESULTS.md): three cycles, several cells per growth, the last growth cut
+    to max_cells; the grown cells are normal ones between the reductions, and the genotype still comes out."""
+    schedule = SearchSchedule(cycles=3, warmup_epochs=1, search_epochs=1, restabilize_epochs=0)
+    evolution = EvolutionConfig(grow_cells=2, max_cells=6, max_channels=None, prune_threshold=0.0)
+    engine = make_engine(tiny_supernet("st_bif"), schedule=schedule, sampling=SamplingConfig(k=2),
+                         evolution=evolution, seed=3)
+    cycles = []
+    genotype = engine.run(*loaders(), on_cycle_end=lambda e, result: cycles.append(result))
+    cells = [result.structure.cells for result in cycles]
+    assert [len(c) for c in cells] == [5, 6, 6]  # 3 + 2, then + 1 (the cap), then no growth after the last cycle
+    assert all(c.count("reduction") == 2 for c in cells) and cells[1].count("grown") == 3
+    assert engine.supernet.structure.cells == cells[-1] and genotype == cycles[-1].genotype
+    assert len(genotype.normal) == len(genotype.reduce) == 2 * SMALL_SPACE.steps
+
+
 def roundtrip(state: dict) -> dict:
     """Through torch.save / torch.load(weights_only=True), as the apps' checkpoints do."""
     buffer = io.BytesIO()
