@@ -24,7 +24,8 @@ if str(REPO) not in sys.path:  # run as a script: the packages live beside bench
     sys.path.insert(0, str(REPO))
 
 from aso_se.run.checkpoint import save_json  # noqa: E402
-from benchmarks.common import BenchmarkError, collect_retrain, run_labels  # noqa: E402
+from benchmarks.common import BenchmarkError  # noqa: E402
+from benchmarks.training_free_scores import read_cells  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 from search_space.genotypes import Genotype  # noqa: E402
 from search_space.ops import PARAMETER_FREE_OPS  # noqa: E402
@@ -67,11 +68,9 @@ def taus(features: torch.Tensor, accuracy: torch.Tensor) -> torch.Tensor:
     all ties. Pairs tied in one ranking count as in scipy (and rank_correlation.kendall_tau_b): the denominator is
     √((pairs − ties in x)(pairs − ties in y))."""
     sx, sy = _signs(features.double()), _signs(accuracy.double())  # [F, P], [B, P]
-    pairs = sx.shape[-1]
     untied_x, untied_y = (sx != 0).sum(-1), (sy != 0).sum(-1)
     denominator = torch.sqrt(untied_y[:, None].double() * untied_x[None, :].double())
-    tau = (sy @ sx.T) / denominator
-    return tau.masked_fill(denominator == 0, float("nan")) if pairs else tau
+    return ((sy @ sx.T) / denominator).masked_fill(denominator == 0, float("nan"))
 
 
 def analyse(cells: dict[str, dict], permutations: int, seed: int) -> dict:
@@ -122,16 +121,6 @@ def report(analysis: dict) -> str:
     return "\n".join(lines)
 
 
-def read_cells(runs: Sequence[Path]) -> dict[str, dict]:
-    """run label → {"genotype", "test_acc"}, from each run's metrics.json (written once training ends: its test
-    accuracy is final even while the SNN and energy evaluations are pending)."""
-    cells = {}
-    for label, run in zip(run_labels(runs), runs):
-        retrain = collect_retrain(run, label)
-        cells[label.removesuffix("_seed0")] = {"genotype": retrain["genotype"], "test_acc": retrain["test_acc"]}
-    return cells
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, nargs="+", required=True, help="finished train.py run dirs, one budget")
@@ -146,7 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserInputError(f"--permutations {args.permutations}: pass 1 or more")
         if args.out is not None and args.out.exists():
             raise UserInputError(f"--out {args.out} exists; pass a new path (nothing is overwritten)")
-        analysis = analyse(read_cells(args.runs), args.permutations, args.seed)
+        # each run's metrics.json is written once training ends: its test accuracy is final while SNN and energy
+        # are still pending
+        analysis = analyse(read_cells(args.runs, [], ""), args.permutations, args.seed)
     except (UserInputError, BenchmarkError) as error:
         print(f"cell_features: {error}", file=sys.stderr)
         return 2
