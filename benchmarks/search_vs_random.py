@@ -23,7 +23,8 @@ there start again). ``--searches-only`` stops after the searches; a retrain run 
 with torchrun, the same config for every cell) in DIR/retrain/<cell>_seed<s> counts as finished once it holds its
 metrics.json. ``--searches-from FULL`` retrains the finished searches of the benchmark in FULL instead of searching:
 the same cells under another budget. ``--progress`` runs nothing: it reports DIR's finished retrains, the missing
-ones, the verdict so far and how far apart the searched cells in DIR/genotypes/ are.
+ones (with the last logged epoch of those that have a train.log), the verdict so far and how far apart the searched
+cells in DIR/genotypes/ are.
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ from benchmarks.common import (  # noqa: E402
     run_sweeps,
     same_config,
 )
+from benchmarks.metrics_from_log import read_log  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 from search_space.genotypes import GENOTYPES, Genotype, random_genotype  # noqa: E402
 from search_space.ops import check_primitives  # noqa: E402
@@ -532,17 +534,20 @@ def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False)
 
 
 def report_progress(plan: Plan) -> dict[str, Any]:
-    """What has finished in plan.out so far, running nothing: every finished retrain by arm, the runs still missing,
-    the arms' statistics and the verdict on what there is (written to DIR/progress.json and progress.md)."""
+    """What has finished in plan.out so far, running nothing: every finished retrain by arm, the runs still missing
+    (and where those with a train.log stand), the arms' statistics and the verdict on what there is (written to
+    DIR/progress.json and progress.md)."""
     rules = search_space_rules(plan)
     sources = [*search_sweep(plan).names, *(source for cells in fixed_cells(plan, rules).values() for source in cells)]
-    runs, missing = [], []
+    runs, missing, in_training = [], [], {}
     for sweep in retrain_sweeps(plan, sources):
         for name, run_dir in zip(sweep.names, sweep.run_dirs()):
             if (run_dir / "metrics.json").is_file():
                 runs.append(collect_arm_run(plan.out, run_dir))
             else:
                 missing.append(name)
+                if logged := last_logged_epoch(run_dir):
+                    in_training[name] = logged
     arms = by_arm(runs)
     stats = {arm: arm_stats(arm_runs) for arm, arm_runs in arms.items() if arm_runs}
     # the finished runs got one budget (a BenchmarkError names the first difference otherwise)
@@ -566,17 +571,37 @@ def report_progress(plan: Plan) -> dict[str, Any]:
         which = "it" if len(needs) == 1 else "each"
         lines = (*lines, f"still needed: the {len(searched_missing)} missing searched retrain(s) must average {reach} "
                  f"for the searched mean to reach {which}")
-    progress = {**arms, "missing": missing, "budget": budget, "stats": {arm: vars(s) for arm, s in stats.items()},
+    progress = {**arms, "missing": missing, "in_training": in_training, "budget": budget,
+                "stats": {arm: vars(s) for arm, s in stats.items()},
                 "search_spread": spread, "verdict_so_far": list(lines), "searched_needs": needs}
     shown = "" if budget is None else (f" Budget: {budget['epochs']} epochs, {budget['network']['layers']} cells of "
                                        f"{budget['network']['channels']} channels, batch {budget['batch_size']}.")
     save_json(progress, plan.out / "progress.json")
     (plan.out / "progress.md").write_text("\n".join([
         "# Searched vs random cells: progress", "", f"Finished retrains: {len(runs)}; still missing: "
-        f"{', '.join(missing) or 'none'}.{shown}", *filter(None, [pending_line(runs)]), spread_line(spread), "",
+        f"{', '.join(missing) or 'none'}.{shown}", *filter(None, [training_line(in_training), pending_line(runs)]),
+        spread_line(spread), "",
         table(stats), "",
         *[f"- so far: {line}" for line in lines], ""]))
     return progress
+
+
+def last_logged_epoch(run_dir: Path) -> dict[str, Any] | None:
+    """An unfinished retrain's last epoch in its train.log (still training, or stopped to be resumed); None if none."""
+    log = run_dir / "train.log"
+    logged = read_log(log) if log.is_file() else {"history": []}
+    if not logged["history"]:
+        return None
+    last = logged["history"][-1]
+    return {"epoch": int(last["epoch"]) + 1, "epochs": logged["epochs"], "test_acc": last.get("test_acc")}
+
+
+def training_line(in_training: Mapping[str, Mapping[str, Any]]) -> str:
+    """The unfinished retrains' last logged epochs: where a long protocol's arms stand between two sessions."""
+    stands = [f"{name} at epoch {logged['epoch']}/{logged['epochs']}"
+              + ("" if logged["test_acc"] is None else f", test acc {logged['test_acc']:.4f}")
+              for name, logged in in_training.items()]
+    return f"In training (last logged epoch): {'; '.join(stands)}." if stands else ""
 
 
 def pending_line(runs: Sequence[Mapping[str, Any]]) -> str:

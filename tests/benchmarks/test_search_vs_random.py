@@ -263,6 +263,28 @@ def test_progress_reports_what_finished_and_runs_nothing(smoke, tmp_path, capsys
     assert progress["searched"][0]["test_acc"] == before["searched"][0]["test_acc"]
 
 
+def test_progress_says_where_an_unfinished_retrain_stands_from_its_log(smoke, tmp_path, capsys):
+    """A retrain stopped between two sessions (no metrics.json yet): its last logged epoch and test accuracy, where an
+    earlier piece's epoch repeated after a resume counts once (its last record); a run with no epoch logged is left
+    out."""
+    out = tmp_path / "stopped"
+    shutil.copytree(smoke[0], out, ignore=shutil.ignore_patterns("summary.*"))
+    for name in ("random_1_seed0", "POOR_POOL_SKIP_seed0"):
+        (out / "retrain" / name / "metrics.json").unlink()
+    line = ("[2026-11-29 00:5{}:00,000][aso_se.monitor.progress][INFO] - retrain epoch {}/9 | train_loss 1.2  "
+            "test_acc {}")
+    (out / "retrain" / "random_1_seed0" / "train.log").write_text("\n".join([
+        line.format(1, 3, 0.41), line.format(2, 4, 0.47), "... resumed from checkpoints/last.pt",
+        line.format(3, 4, 0.4625), line.format(4, 5, 0.5031), ""]))
+    (out / "retrain" / "POOR_POOL_SKIP_seed0" / "train.log").write_text("[2026-11-29 00:50:00,000] train run in x\n")
+    assert bench.main(["--out", str(out), "--smoke", "--searches", "1", "--progress"]) == 0
+    printed = capsys.readouterr().out
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["in_training"] == {"random_1_seed0": {"epoch": 5, "epochs": 9, "test_acc": 0.5031}}
+    assert "In training (last logged epoch): random_1_seed0 at epoch 5/9, test acc 0.5031." in printed
+    assert progress["missing"] == ["random_1_seed0", "POOR_POOL_SKIP_seed0"]  # still missing: not finished
+
+
 def test_progress_says_what_the_missing_searched_retrains_must_average(smoke, tmp_path, capsys):
     """A second search not yet retrained: the average it needs for the searched mean to reach DARTS_V2 and random +
     1 std (a candidate change's stopping rule)."""
