@@ -264,9 +264,8 @@ def test_progress_reports_what_finished_and_runs_nothing(smoke, tmp_path, capsys
 
 
 def test_progress_says_where_an_unfinished_retrain_stands_from_its_log(smoke, tmp_path, capsys):
-    """A retrain stopped between two sessions (no metrics.json yet): its last logged epoch and test accuracy, where an
-    earlier piece's epoch repeated after a resume counts once (its last record); a run with no epoch logged is left
-    out."""
+    """A retrain stopped between two sessions (no metrics.json yet, a resumed piece in its log): its last logged epoch
+    and test accuracy; a run with no epoch logged is left out."""
     out = tmp_path / "stopped"
     shutil.copytree(smoke[0], out, ignore=shutil.ignore_patterns("summary.*"))
     for name in ("random_1_seed0", "POOR_POOL_SKIP_seed0"):
