@@ -33,6 +33,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import statistics
 import sys
@@ -571,7 +572,10 @@ def report_progress(plan: Plan) -> dict[str, Any]:
         which = "it" if len(needs) == 1 else "each"
         lines = (*lines, f"still needed: the {len(searched_missing)} missing searched retrain(s) must average {reach} "
                  f"for the searched mean to reach {which}")
-    progress = {**arms, "missing": missing, "in_training": in_training, "budget": budget,
+    searching = {name: logged for name in search_sweep(plan).names
+                 if not (plan.out / "genotypes" / f"{name}.json").is_file()
+                 and (logged := last_search_epoch(plan.out / "search" / name))}
+    progress = {**arms, "missing": missing, "in_training": in_training, "searching": searching, "budget": budget,
                 "stats": {arm: vars(s) for arm, s in stats.items()},
                 "search_spread": spread, "verdict_so_far": list(lines), "searched_needs": needs}
     shown = "" if budget is None else (f" Budget: {budget['epochs']} epochs, {budget['network']['layers']} cells of "
@@ -579,7 +583,8 @@ def report_progress(plan: Plan) -> dict[str, Any]:
     save_json(progress, plan.out / "progress.json")
     (plan.out / "progress.md").write_text("\n".join([
         "# Searched vs random cells: progress", "", f"Finished retrains: {len(runs)}; still missing: "
-        f"{', '.join(missing) or 'none'}.{shown}", *filter(None, [training_line(in_training), pending_line(runs)]),
+        f"{', '.join(missing) or 'none'}.{shown}",
+        *filter(None, [searching_line(searching), training_line(in_training), pending_line(runs)]),
         spread_line(spread), "",
         table(stats), "",
         *[f"- so far: {line}" for line in lines], ""]))
@@ -594,6 +599,31 @@ def last_logged_epoch(run_dir: Path) -> dict[str, Any] | None:
         return None
     last = logged["history"][-1]
     return {"epoch": int(last["epoch"]) + 1, "epochs": logged["epochs"], "test_acc": last.get("test_acc")}
+
+
+SEARCH_EPOCH_LINE = re.compile(r"cycle (\d+) (\w+) \(epoch (\d+)\)")
+
+
+def last_search_epoch(run_dir: Path) -> dict[str, Any] | None:
+    """An unfinished search's last logged epoch (its search.log) of the schedule's total (its .hydra config); None if
+    it logged none."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    log, config = run_dir / "search.log", run_dir / ".hydra" / "config.yaml"
+    matches = SEARCH_EPOCH_LINE.findall(log.read_text()) if log.is_file() and config.is_file() else []
+    if not matches:
+        return None
+    cycle, phase, epoch = matches[-1]
+    schedule = instantiate(OmegaConf.load(config).search.schedule)
+    return {"epoch": int(epoch), "epochs": schedule.total_epochs, "cycle": int(cycle), "phase": phase}
+
+
+def searching_line(searching: Mapping[str, Mapping[str, Any]]) -> str:
+    """The searches without a cell yet: where each stands (a search longer than one session, stopped to be resumed)."""
+    stands = [f"{name} at epoch {logged['epoch']}/{logged['epochs']} (cycle {logged['cycle']}, {logged['phase']})"
+              for name, logged in searching.items()]
+    return f"Searching (last logged epoch): {'; '.join(stands)}." if stands else ""
 
 
 def training_line(in_training: Mapping[str, Mapping[str, Any]]) -> str:
@@ -694,9 +724,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plan = make_plan(args)
         if args.progress:
-            if not (plan.out / "genotypes").is_dir():
-                raise UserInputError(f"--progress: {plan.out} holds no benchmark (no genotypes/); pass the --out of "
-                                     "a started benchmark with the flags it ran with")
+            if not any((plan.out / stage).is_dir() for stage in ("genotypes", "search")):
+                raise UserInputError(f"--progress: {plan.out} holds no benchmark (no genotypes/ or search/); pass the "
+                                     "--out of a started benchmark with the flags it ran with")
             report_progress(plan)
             print((plan.out / "progress.md").read_text(), end="")
             return 0

@@ -284,6 +284,32 @@ def test_progress_says_where_an_unfinished_retrain_stands_from_its_log(smoke, tm
     assert progress["missing"] == ["random_1_seed0", "POOR_POOL_SKIP_seed0"]  # still missing: not finished
 
 
+def test_progress_says_where_a_search_without_a_cell_stands_from_its_log(smoke, tmp_path, capsys):
+    """A second search stopped between two sessions (no cell yet; a resumed piece in its log): its last logged epoch of
+    the schedule's total, read from its config (the fifth change's: 30 + 18 + 4, 5 + 18 + 4, 5 + 18 = 102 epochs)."""
+    from omegaconf import OmegaConf
+
+    out = tmp_path / "searching"
+    shutil.copytree(smoke[0], out, ignore=shutil.ignore_patterns("summary.*"))
+    run = out / "search" / "search_1"
+    shutil.copytree(out / "search" / "search_0" / ".hydra", run / ".hydra")
+    config = OmegaConf.load(run / ".hydra" / "config.yaml")
+    config.search.schedule.update(cycles=3, first_warmup_epochs=30, warmup_epochs=5, search_epochs=18,
+                                  restabilize_epochs=4)
+    OmegaConf.save(config, run / ".hydra" / "config.yaml")
+    line = "[2026-11-29 01:5{}:00,000][aso_se.monitor.progress][INFO] - cycle {} {} (epoch {}) | loss 0.9  accuracy 0.6"
+    (run / "search.log").write_text("\n".join([
+        line.format(1, 0, "search", 48), line.format(2, 1, "warmup", 53), "... resumed from checkpoints",
+        line.format(3, 0, "restabilize", 52), line.format(4, 1, "warmup", 56), "cycle 1: genotype ...", ""]))
+    assert bench.main(["--out", str(out), "--smoke", "--searches", "2", "--progress"]) == 0
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["searching"] == {"search_1": {"epoch": 56, "epochs": 102, "cycle": 1, "phase": "warmup"}}
+    assert "Searching (last logged epoch): search_1 at epoch 56/102 (cycle 1, warmup)." in capsys.readouterr().out
+    (run / "search.log").write_text("[2026-11-29 01:50:00,000] search run in x\n")  # no epoch logged: left out
+    assert bench.main(["--out", str(out), "--smoke", "--searches", "2", "--progress"]) == 0
+    assert json.loads((out / "progress.json").read_text())["searching"] == {}
+
+
 def test_progress_says_what_the_missing_searched_retrains_must_average(smoke, tmp_path, capsys):
     """A second search not yet retrained: the average it needs for the searched mean to reach DARTS_V2 and random +
     1 std (a candidate change's stopping rule)."""
@@ -367,7 +393,7 @@ def test_a_run_of_another_cell_than_its_genotype_file_is_refused(smoke, tmp_path
 
 def test_progress_needs_a_started_benchmark(tmp_path, capsys):
     assert bench.main(["--out", str(tmp_path / "none"), "--smoke", "--progress"]) == 2
-    assert "holds no benchmark (no genotypes/)" in capsys.readouterr().err
+    assert "holds no benchmark (no genotypes/ or search/)" in capsys.readouterr().err
 
 
 @pytest.mark.slow
