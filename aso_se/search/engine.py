@@ -404,6 +404,7 @@ class ASOSEEngine:
             "genotypes": [genotype.to_json() for genotype in self.genotypes],
             "rng": capture_rng_state(),
             "gumbel_rng": self.step.draws.generator_state(),
+            "gumbel_rng_device": self.step.draws.generator.device.type,
             "op_costs": None if self.step.op_costs is None else self.step.op_costs.cpu(),
         }
 
@@ -419,6 +420,11 @@ class ASOSEEngine:
                 f"{asdict(self.schedule)}; "
                 "resume with the same search.schedule"
             )
+        # A generator's state fits only its device type's generator: a search moves between machines of one kind.
+        written_on, here = state.get("gumbel_rng_device"), self.step.draws.generator.device.type
+        if written_on is not None and written_on != here:
+            raise UserInputError(f"the checkpoint was written by a search on {written_on} and this run is on {here}; "
+                                 f"resume it on {written_on} (trainer.device={written_on})")
         structure = SupernetStructure.from_dict(state["structure"])
         if structure != self.supernet.structure:
             self._use_supernet(self.supernet.with_structure(structure))
@@ -431,7 +437,12 @@ class ASOSEEngine:
         self._epoch_totals = dict(state["epoch_totals"])
         self._epoch_start_logits = state["epoch_start_logits"].to(self.device)
         self.genotypes = [Genotype.from_json(text) for text in state["genotypes"]]
-        self.step.draws.restore(state["gumbel_rng"])
+        try:
+            self.step.draws.restore(state["gumbel_rng"])
+        except RuntimeError as err:  # checkpoints from before the device was saved
+            raise UserInputError(f"the checkpoint's Gumbel generator state does not fit this run's {here} generator "
+                                 "(a search written on another device type?); resume it on the device type that "
+                                 "wrote it (trainer.device)") from err
         self._pending_rng = state["rng"]
         costs = state.get("op_costs")  # absent in checkpoints from before the energy-aware loss
         self.step.op_costs = None if costs is None else costs.to(self.device)

@@ -129,6 +129,22 @@ def test_resuming_with_another_schedule_is_refused() -> None:
         other.load_state_dict(state)
 
 
+def test_resuming_on_another_device_type_is_refused_with_the_device_to_use() -> None:
+    """A search written on a GPU and resumed on the CPU: its Gumbel generator's state cannot move, so one line names
+    the device that wrote it (before, torch's "Expected a CPUGeneratorImplState of size 5056 ..." leaked through)."""
+    state = new_engine().state_dict()
+    assert state["gumbel_rng_device"] == "cpu"
+    new_engine().load_state_dict(state)  # the same device type: fine
+    state["gumbel_rng_device"] = "cuda"
+    with pytest.raises(UserInputError, match=r"written by a search on cuda and this run is on cpu; resume it on cuda "
+                                             r"\(trainer.device=cuda\)"):
+        new_engine().load_state_dict(state)
+    del state["gumbel_rng_device"]  # a checkpoint from before the device was saved, written on a GPU
+    state["gumbel_rng"] = torch.randint(0, 256, (16,), dtype=torch.uint8)  # a CUDA generator's state: 16 bytes
+    with pytest.raises(UserInputError, match="does not fit this run's cpu generator"):
+        new_engine().load_state_dict(state)
+
+
 class PoisonedLoader:
     """A loader whose third batch holds NaN images."""
 
