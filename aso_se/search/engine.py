@@ -14,7 +14,7 @@ import functools
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Callable, Iterable, Protocol
 
 import torch
@@ -169,9 +169,10 @@ class ASOSEEngine:
 
         ``on_step(metrics)`` after every step, a step or two late (scalars arrive asynchronously):
         cycle, phase, epoch, epoch_in_phase, step, global_step, lr, temperature, entropy_weight,
-        images, images_per_second, loss, accuracy, entropy (nats), and arch_loss, arch_accuracy in
-        the search phase. ``on_epoch_end(engine, info)`` once an epoch's state is final (save here):
-        also steps, seconds, arch_kl and the epoch means. ``on_cycle_end(engine, CycleResult)`` when
+        beta_decay_weight, images, images_per_second, loss, accuracy, entropy (nats), and arch_loss,
+        arch_accuracy (and beta_decay when its weight is positive) in the search phase.
+        ``on_epoch_end(engine, info)`` once an epoch's state is final (save here): also steps, seconds,
+        arch_kl and the epoch means. ``on_cycle_end(engine, CycleResult)`` when
         a cycle's genotype is derived. ``should_stop()`` is polled after every step.
         """
         if self._position == 0 and self._epoch_step == 0:
@@ -210,6 +211,7 @@ class ASOSEEngine:
             progress = self.schedule.search_progress(entry.epoch_in_phase, self._epoch_step, steps_per_epoch)
             self.temperature = self.schedule.temperature(entry.phase, progress)
             entropy_weight = self.schedule.entropy_weight(progress) if searching else 0.0
+            beta_decay_weight = self.schedule.beta_decay_weight(progress) if searching else 0.0
             last_step = self._epoch_step == steps_per_epoch - 1
             if last_step:  # the firing rates that on_epoch_end reads (module docstring)
                 set_firing_rate_recording(self.supernet, True)
@@ -221,6 +223,7 @@ class ASOSEEngine:
             scalars = self.train_step(
                 batches[0], batches[1] if searching else None,
                 temperature=self.temperature, entropy_weight=entropy_weight, next_temperature=next_temperature,
+                beta_decay_weight=beta_decay_weight,
             )
             if last_step:
                 set_firing_rate_recording(self.supernet, False)
@@ -231,7 +234,7 @@ class ASOSEEngine:
                     "cycle": entry.cycle, "phase": entry.phase.value, "epoch": entry.epoch,
                     "epoch_in_phase": entry.epoch_in_phase, "step": self._epoch_step, "global_step": self._global_step,
                     "lr": self.weights_optimizer.param_groups[0]["lr"], "temperature": self.temperature,
-                    "entropy_weight": entropy_weight, "images": images,
+                    "entropy_weight": entropy_weight, "beta_decay_weight": beta_decay_weight, "images": images,
                     "images_per_second": images / max(now - last_push, 1e-9),
                 },
                 scalars,
@@ -291,12 +294,12 @@ class ASOSEEngine:
     # ----------------------------------------------------------------------------- the step
     def train_step(
         self, weights_batch: Batch, arch_batch: Batch | None, *, temperature: float, entropy_weight: float = 0.0,
-        next_temperature: float | None = None,
+        next_temperature: float | None = None, beta_decay_weight: float = 0.0,
     ) -> dict[str, Tensor]:
         """One ASO-SE step (``aso_se.search.step.SearchStep``): an α step on ``arch_batch`` (None: α frozen),
         then a weight step on ``weights_batch``; the step's scalars as 0-dim device tensors."""
         return self.step(weights_batch, arch_batch, temperature=temperature, entropy_weight=entropy_weight,
-                         next_temperature=next_temperature)
+                         next_temperature=next_temperature, beta_decay_weight=beta_decay_weight)
 
     # ----------------------------------------------------------------------------- evolution
     def _evolve(self, cycle: int) -> CycleResult:
@@ -414,7 +417,10 @@ class ASOSEEngine:
             raise UserInputError(
                 f"engine state version {state.get('version')}, expected {STATE_VERSION}; start a new search"
             )
-        if state["schedule"] != asdict(self.schedule):
+        # A field added to the schedule since the checkpoint was written: its default (off) is what that search ran.
+        saved = {field.name: field.default for field in fields(SearchSchedule) if field.default is not MISSING}
+        saved.update(state["schedule"])
+        if saved != asdict(self.schedule):
             raise UserInputError(
                 f"the checkpoint's search schedule {state['schedule']} differs from this run's "
                 f"{asdict(self.schedule)}; "

@@ -54,6 +54,10 @@ class SearchSchedule:
     temperature_end: float = 0.2
     entropy_weight_start: float = 0.0
     entropy_weight_end: float = 0.01
+    # β-decay (β-DARTS): α loss += weight · mean edge logsumexp(α), ramped like the entropy weight; it keeps
+    # α small and close so that no op runs away early (0: off).
+    beta_decay_weight_start: float = 0.0
+    beta_decay_weight_end: float = 0.0
 
     def __post_init__(self) -> None:
         if (self.cycles < 1 or self.search_epochs < 1
@@ -63,6 +67,11 @@ class SearchSchedule:
                 f"{self.warmup_epochs}, first_warmup_epochs={self.first_warmup_epochs}, restabilize_epochs="
                 f"{self.restabilize_epochs}: need cycles >= 1, search_epochs >= 1 and the others >= 0; fix "
                 "search.schedule"
+            )
+        if min(self.beta_decay_weight_start, self.beta_decay_weight_end) < 0:
+            raise UserInputError(
+                f"search schedule β-decay weights {self.beta_decay_weight_start} -> {self.beta_decay_weight_end}: "
+                "need both >= 0 (0: off); fix search.schedule.beta_decay_weight_*"
             )
         if not 0 < self.temperature_end <= self.temperature_start:
             raise UserInputError(
@@ -108,3 +117,6 @@ class SearchSchedule:
 
     def entropy_weight(self, progress: float) -> float:
         return self.entropy_weight_start + (self.entropy_weight_end - self.entropy_weight_start) * progress
+
+    def beta_decay_weight(self, progress: float) -> float:
+        return self.beta_decay_weight_start + (self.beta_decay_weight_end - self.beta_decay_weight_start) * progress

@@ -32,6 +32,11 @@ def mean_entropy(logits: Tensor) -> Tensor:
     return fast_math.entropy(logits).mean()
 
 
+def beta_decay(logits: Tensor) -> Tensor:
+    """β-DARTS's regularizer: the mean per-edge logsumexp of ``[..., edges, ops]`` logits (pruned ops: -inf)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32)).logsumexp(dim=-1).mean()  # bf16 α: in fp32
+
+
 class DrawAhead:
     """The steps' op draws, each step's started during the step before (pipelining, not the algorithm).
 
@@ -108,7 +113,7 @@ class SearchStep:
 
     def __call__(
         self, weights_batch: Batch, arch_batch: Batch | None, *, temperature: float, entropy_weight: float = 0.0,
-        next_temperature: float | None = None,
+        next_temperature: float | None = None, beta_decay_weight: float = 0.0,
     ) -> dict[str, Tensor]:
         """One step: an α step on ``arch_batch`` (skipped when None: α frozen), then a weight step on
         ``weights_batch``, each with its own ops from ONE batched draw (the step's only host sync).
@@ -126,7 +131,8 @@ class SearchStep:
             with torch.no_grad():
                 scalars["entropy"] = mean_entropy(self.supernet.arch_logits())
         else:  # DARTS's order: the α step, then the weight step
-            scalars.update(self.arch_step(self.to_device(arch_batch), weights_batch, samples[1], entropy_weight))
+            scalars.update(self.arch_step(self.to_device(arch_batch), weights_batch, samples[1], entropy_weight,
+                                          beta_decay_weight))
         if next_temperature is not None:  # α is final for the next step
             self.draws.start_next(num_samples, next_temperature)
         scalars.update(self.weight_step(weights_batch, samples[0]))
@@ -149,9 +155,10 @@ class SearchStep:
 
     def arch_step(
         self, batch: tuple[Tensor, Tensor], weights_batch: tuple[Tensor, Tensor], sample: Sequence[ArchSample],
-        entropy_weight: float,
+        entropy_weight: float, beta_decay_weight: float = 0.0,
     ) -> dict[str, Tensor]:
-        """An α step on ``batch``: cross-entropy + ``entropy_weight`` · mean edge entropy (+ the energy term)."""
+        """An α step on ``batch``: cross-entropy + ``entropy_weight`` · mean edge entropy (+ ``beta_decay_weight`` ·
+        :func:`beta_decay`, + the energy term)."""
         outputs: dict[str, Tensor] = {}  # the last arch_loss() call's parts, for the metrics
 
         def arch_loss() -> Tensor:
@@ -159,6 +166,9 @@ class SearchStep:
             logits = self.supernet.arch_logits()
             outputs["entropy"] = mean_entropy(logits)
             loss = outputs["arch_loss"] + entropy_weight * outputs["entropy"]
+            if beta_decay_weight > 0:
+                outputs["beta_decay"] = beta_decay(logits)
+                loss = loss + beta_decay_weight * outputs["beta_decay"]
             if self.energy_weight > 0 and self.op_costs is not None:
                 outputs["energy_uj"] = expected_energy(logits, self.op_costs)
                 unit = uniform_energy(logits.detach(), self.op_costs).clamp_min(1e-12)

@@ -15,6 +15,7 @@ from aso_se.search.derive import supernet_genotype
 from aso_se.search.engine import ASOSEEngine
 from aso_se.search.evolution import EvolutionConfig
 from aso_se.search.schedule import SearchSchedule
+from aso_se.search.step import beta_decay
 from aso_se.search.supernet import SearchCell
 from search_space.errors import UserInputError
 from search_space.network import build_network
@@ -127,6 +128,18 @@ def test_resuming_with_another_schedule_is_refused() -> None:
     other = make_engine(tiny_supernet("st_bif"), schedule=SearchSchedule(cycles=3, warmup_epochs=1, search_epochs=2))
     with pytest.raises(UserInputError, match="same search.schedule"):
         other.load_state_dict(state)
+
+
+def test_a_checkpoint_from_before_a_schedule_field_existed_resumes_at_its_default() -> None:
+    """β-decay's weights came after searches now running: their checkpoints lack the fields and ran with them off."""
+    state = new_engine().state_dict()
+    for name in ("beta_decay_weight_start", "beta_decay_weight_end"):
+        del state["schedule"][name]
+    new_engine().load_state_dict(state)
+    turned_on = make_engine(tiny_supernet("st_bif"), schedule=SearchSchedule(
+        cycles=2, warmup_epochs=1, search_epochs=1, restabilize_epochs=1, beta_decay_weight_end=1.0))
+    with pytest.raises(UserInputError, match="same search.schedule"):
+        turned_on.load_state_dict(state)
 
 
 def test_resuming_on_another_device_type_is_refused_with_the_device_to_use() -> None:
@@ -275,3 +288,33 @@ def layout_of(x: torch.Tensor) -> str | None:
     if x.shape[1] == 1 or x.shape[2] * x.shape[3] == 1:
         return None
     return "nchw" if x.is_contiguous() else "nhwc" if x.is_contiguous(memory_format=torch.channels_last) else "other"
+
+
+def test_beta_decay_is_the_mean_edge_logsumexp_and_skips_pruned_ops() -> None:
+    logits = torch.randn(2, 5, 7, dtype=torch.float64, requires_grad=True)
+    masked = logits.masked_fill(torch.arange(7) == 3, float("-inf"))  # op 3 pruned on every edge
+    value = beta_decay(masked)
+    expected = torch.stack([torch.log(torch.exp(torch.cat([edge[:3], edge[4:]])).sum())
+                            for edge in logits.reshape(-1, 7)]).mean()
+    assert value.item() == pytest.approx(expected.item(), rel=1e-12)
+    value.backward()  # ∂/∂α = softmax over the live ops / edges: every α pushed down, the strongest the most
+    grad = torch.softmax(masked.detach(), dim=-1) / 10
+    torch.testing.assert_close(logits.grad, grad)
+
+
+def test_beta_decay_weight_keeps_alpha_smaller_than_the_same_search_without_it() -> None:
+    """The same seed and digits with and without β-decay: the term lowers α's per-edge logsumexp, and its value
+    comes out with the search steps' scalars."""
+    def search(weight: float) -> tuple[float, list[dict[str, Any]]]:
+        schedule = SearchSchedule(cycles=1, warmup_epochs=1, search_epochs=2, beta_decay_weight_start=weight,
+                                  beta_decay_weight_end=weight)
+        steps: list[dict[str, Any]] = []
+        engine = make_engine(tiny_supernet("st_bif"), schedule=schedule, sampling=SamplingConfig(k=2), seed=3)
+        engine.run(*loaders(), on_step=steps.append)
+        return beta_decay(engine.supernet.arch_logits()).item(), steps
+
+    off, off_steps = search(0.0)
+    on, on_steps = search(5.0)
+    assert on < off
+    assert all("beta_decay" in m and m["beta_decay_weight"] == 5.0 for m in on_steps if m["phase"] == "search")
+    assert not any("beta_decay" in m for m in off_steps)

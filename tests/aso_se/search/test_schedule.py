@@ -44,7 +44,7 @@ def test_temperature_anneals_within_each_search_phase() -> None:
 
 @pytest.mark.parametrize(
     "fields", [{"cycles": 0}, {"search_epochs": 0}, {"temperature_end": 5.0}, {"warmup_epochs": -1},
-                {"first_warmup_epochs": -1}]
+                {"first_warmup_epochs": -1}, {"beta_decay_weight_end": -1.0}]
 )
 def test_bad_schedules_name_the_knob(fields: dict) -> None:
     with pytest.raises(UserInputError, match="search.schedule"):
