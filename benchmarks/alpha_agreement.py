@@ -1,6 +1,7 @@
 """Do two searches end a cycle with the same α? Two search run dirs (e.g. one seed under two schedules):
 
     python benchmarks/alpha_agreement.py WARMUP/search/search_0 PROGRESSIVE/search/search_0 --cycle 0
+    python benchmarks/alpha_agreement.py RUN RUN --cycle 0 --cycle-b 1    (how far one search moved between cycles)
 
 Per cell type, from each run's ``alphas/cycle_<k>.json`` (softmax(α) per edge) and ``genotypes/cycle_<k>.json``: on how
 many edges the strongest op is the same, the mean total-variation distance between the two edges' op distributions
@@ -59,10 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs=2, type=Path, help="two search run dirs")
     parser.add_argument("--cycle", type=int, default=0, help="the cycle whose end to compare")
+    parser.add_argument("--cycle-b", type=int, help="the second run's cycle, if another (default: --cycle)")
     parser.add_argument("--out", type=Path, help="also write the comparison here (JSON)")
     args = parser.parse_args(argv)
     try:
-        (alpha_a, cell_a), (alpha_b, cell_b) = (read_cycle(run, args.cycle) for run in args.runs)
+        cycle_b = args.cycle if args.cycle_b is None else args.cycle_b
+        (alpha_a, cell_a), (alpha_b, cell_b) = (read_cycle(run, cycle)
+                                                for run, cycle in zip(args.runs, (args.cycle, cycle_b)))
         result = agreement(alpha_a, alpha_b, cell_a, cell_b)
     except UserInputError as error:
         print(f"alpha_agreement: {error}", file=sys.stderr)
@@ -72,8 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"variation {row['mean_total_variation']:.3f}; cells differ in {row['cells_differ']} of "
               f"{row['cell_edges']} edges")
     if args.out:
-        args.out.write_text(json.dumps({"runs": [str(run) for run in args.runs], "cycle": args.cycle, **result},
-                                       indent=2) + "\n")
+        cycles = {"cycle": args.cycle} if cycle_b == args.cycle else {"cycle": args.cycle, "cycle_b": cycle_b}
+        args.out.write_text(json.dumps({"runs": [str(run) for run in args.runs], **cycles, **result}, indent=2) + "\n")
     return 0
 
 

@@ -17,13 +17,14 @@ CELL = {"normal": [["sep_conv_3x3", 0], ["skip_connect", 1], ["skip_connect", 1]
                                             ["sep_conv_3x3", 2]], "reduce_concat": [2, 3]}
 
 
-def search_run(root: Path, name: str, normal: list, reduce: list, cell: dict, primitives: list = PRIMITIVES) -> Path:
+def search_run(root: Path, name: str, normal: list, reduce: list, cell: dict, primitives: list = PRIMITIVES,
+               cycle: int = 0) -> Path:
     run = root / name
-    (run / "alphas").mkdir(parents=True)
-    (run / "genotypes").mkdir()
+    (run / "alphas").mkdir(parents=True, exist_ok=True)
+    (run / "genotypes").mkdir(exist_ok=True)
     alphas = {"primitives": primitives, "steps": 2, "multiplier": 2, "normal": normal, "reduce": reduce}
-    (run / "alphas" / "cycle_0.json").write_text(json.dumps(alphas))
-    (run / "genotypes" / "cycle_0.json").write_text(json.dumps(cell))
+    (run / "alphas" / f"cycle_{cycle}.json").write_text(json.dumps(alphas))
+    (run / "genotypes" / f"cycle_{cycle}.json").write_text(json.dumps(cell))
     return run
 
 
@@ -60,3 +61,20 @@ def test_runs_of_two_spaces_or_without_the_cycle_are_refused_in_one_line(tmp_pat
     assert alpha_agreement.main([str(a), str(a), "--cycle", "1"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "alphas/cycle_1.json does not exist" in line
+
+
+def test_one_run_against_itself_one_cycle_later(tmp_path: Path) -> None:
+    """--cycle-b: a run's cycle 0 against its cycle 1, where the reduction cell's edge 1 turned from skip to conv."""
+    reduce = [list(edge) for edge in REDUCE]
+    reduce[1] = [0.1, 0.2, 0.7]
+    cell = json.loads(json.dumps(CELL))
+    cell["reduce"][1] = ["sep_conv_3x3", 1]
+    run = search_run(tmp_path, "a", NORMAL, REDUCE, CELL)
+    search_run(tmp_path, "a", NORMAL, reduce, cell, cycle=1)
+    out = tmp_path / "cycles.json"
+    assert alpha_agreement.main([str(run), str(run), "--cycle", "0", "--cycle-b", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert (result["cycle"], result["cycle_b"]) == (0, 1)
+    assert result["normal"]["same_strongest_op"] == 5 and result["normal"]["cells_differ"] == 0
+    assert result["reduce"]["same_strongest_op"] == 4 and result["reduce"]["cells_differ"] == 1
+    assert result["reduce"]["mean_total_variation"] == pytest.approx(0.5 / 5)
