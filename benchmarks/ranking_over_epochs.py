@@ -8,7 +8,7 @@ included), one value per epoch. A low τ early says a short budget would rank th
 ``--tag train/loss`` (or train/acc, test/loss) ranks by another logged curve, still against the last test accuracy;
 a loss ranks low-is-better. ``--unfinished RUN...`` places runs still training among the finished ones at the epoch
 each has reached, beside how much the finished runs gained from that epoch to their last: a measured standing, not a
-forecast of where the run ends.
+forecast of where the run ends; with ``--tag`` they are placed by that curve too.
 """
 from __future__ import annotations
 
@@ -70,12 +70,18 @@ def report(curves: dict[str, list[float]], epochs: Sequence[int], window: int, t
     return "\n".join(lines)
 
 
-def standings(curves: dict[str, list[float]], unfinished: dict[str, list[float]], window: int) -> str:
+def standings(curves: dict[str, list[float]], unfinished: dict[str, list[float]], window: int, tag: str = TAG,
+              ranked: dict[str, list[float]] | None = None,
+              ranked_unfinished: dict[str, list[float]] | None = None) -> str:
     """Each unfinished run at its last logged epoch e: its window mean, its place among the finished runs' window means
-    at e, and the finished runs' gain from e to their last epoch (their last test accuracy minus their mean at e)."""
+    at e, and the finished runs' gain from e to their last epoch (their last test accuracy minus their mean at e).
+    With another `tag`, its window mean of that curve (`ranked_unfinished`) and its place among `ranked` at e too."""
     last = len(next(iter(curves.values())))
+    other = tag != TAG and ranked is not None and ranked_unfinished is not None
+    extra = (f" {tag} | place by {tag} |", "---:|---:|") if other else ("", "")
     lines = [f"| unfinished run | epoch | test acc | place at that epoch among it and {len(curves)} finished "
-             f"| finished runs' gain to epoch {last}: mean ± std (min to max) |", "|---|---:|---:|---:|---:|"]
+             f"| finished runs' gain to epoch {last}: mean ± std (min to max) |{extra[0]}",
+             "|---|---:|---:|---:|---:|" + extra[1]]
     for label, curve in unfinished.items():
         epoch = len(curve)
         mean = statistics.fmean(curve[max(0, epoch - window):epoch])
@@ -83,8 +89,17 @@ def standings(curves: dict[str, list[float]], unfinished: dict[str, list[float]]
         gains = [100 * (finished[-1] - at) for finished, at in zip(curves.values(), means)]
         spread = f"{statistics.stdev(gains):.2f}" if len(gains) > 1 else "undefined"
         place = 1 + sum(at > mean for at in means)
-        lines.append(f"| {label} | {epoch} | {100 * mean:.1f} | {place} of {len(means) + 1} "
-                     f"| {statistics.fmean(gains):+.2f} ± {spread} ({min(gains):+.2f} to {max(gains):+.2f}) |")
+        row = (f"| {label} | {epoch} | {100 * mean:.1f} | {place} of {len(means) + 1} "
+               f"| {statistics.fmean(gains):+.2f} ± {spread} ({min(gains):+.2f} to {max(gains):+.2f}) |")
+        if other:
+            own = ranked_unfinished[label]
+            value = statistics.fmean(own[max(0, epoch - window):epoch])
+            _, theirs = tau_at(ranked, epoch, window)
+            loss = "loss" in tag  # a loss places low-is-better
+            ahead = sum((at < value) if loss else (at > value) for at in theirs)
+            row += f" {value:.3f} |" if loss else f" {100 * value:.1f} |"
+            row += f" {1 + ahead} of {len(theirs) + 1} |"
+        lines.append(row)
     return "\n".join(lines)
 
 
@@ -110,6 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         labels = run_labels([*args.runs, *args.unfinished])
         curves = {label: read_curve(run, args.tag) for label, run in zip(labels, args.runs)}
         unfinished = {label: read_curve(run) for label, run in zip(labels[len(args.runs):], args.unfinished)}
+        ranked_unfinished = (None if args.tag == TAG else
+                             {label: read_curve(run, args.tag) for label, run in zip(labels[len(args.runs):],
+                                                                                     args.unfinished)})
         accuracy = curves if args.tag == TAG else {label: read_curve(run) for label, run in zip(labels, args.runs)}
         final = None if args.tag == TAG else [curve[-1] for curve in accuracy.values()]  # None: the curves' own
         lengths = sorted({len(curve) for curve in curves.values()})
@@ -128,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report(curves, epochs, args.window, args.tag, final))
     if unfinished:
         print()
-        print(standings(accuracy, unfinished, args.window))
+        print(standings(accuracy, unfinished, args.window, args.tag, curves, ranked_unfinished))
     return 0
 
 

@@ -7,13 +7,16 @@ from torch.utils.tensorboard import SummaryWriter
 from benchmarks import ranking_over_epochs
 
 
-def write_piece(run: Path, start_time: int, values: dict[int, float]) -> None:
-    """One train.py piece's TensorBoard file of `test/acc` per step, named as if it started at `start_time`."""
+def write_piece(run: Path, start_time: int, values: dict[int, float], losses: dict[int, float] | None = None) -> None:
+    """One train.py piece's TensorBoard file of `test/acc` per step and `train/loss` (1 - acc unless `losses` gives
+    only it), named as if it started at `start_time`."""
     piece = run / "tb" / f"piece_{start_time}"
     with SummaryWriter(str(piece)) as writer:
         for step, value in values.items():
             writer.add_scalar("test/acc", value, step)
             writer.add_scalar("train/loss", 1.0 - value, step)
+        for step, loss in (losses or {}).items():
+            writer.add_scalar("train/loss", loss, step)
     (written,) = piece.glob("events.out.tfevents.*")
     parts = written.name.split(".")
     parts[3] = str(start_time)
@@ -117,7 +120,33 @@ def test_an_unfinished_run_is_placed_among_the_finished_at_its_last_epoch(runs, 
                                      "--tag", "train/loss", "--unfinished", str(running)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[4].startswith("| unfinished run | epoch | test acc | place at that epoch among it and 3 finished")
-    # the finished gained 74 - 70, 78 - 66 and 82 - 60 points from epoch 3 to 6: mean 12.67, std 9.02
+    assert lines[4].endswith("| train/loss | place by train/loss |")
+    # the finished gained 74 - 70, 78 - 66 and 82 - 60 points from epoch 3 to 6: mean 12.67, std 9.02; its loss 0.32
+    # lies between fast's 0.30 and middle's 0.34: second lowest, so second by train/loss as by test acc
+    assert lines[6] == "| running | 3 | 68.0 | 2 of 4 | +12.67 ± 9.02 (+4.00 to +22.00) | 0.320 | 2 of 4 |"
+
+
+def test_an_unfinished_run_is_placed_by_another_curve_where_it_disagrees_with_the_test_accuracy(runs, tmp_path,
+                                                                                                capsys):
+    paths, _ = runs
+    running = tmp_path / "running"
+    write_piece(running, 1000, {10: 0.2, 20: 0.3, 30: 0.68})
+    # its training loss at epoch 3 beats every finished run's (their 0.30, 0.34, 0.40), unlike its test accuracy
+    write_piece(running, 3000, {}, losses={30: 0.1})
+    assert ranking_over_epochs.main(["--runs", *map(str, paths), "--epochs", "6", "--window", "1",
+                                     "--tag", "train/loss", "--unfinished", str(running)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[6] == "| running | 3 | 68.0 | 2 of 4 | +12.67 ± 9.02 (+4.00 to +22.00) | 0.100 | 1 of 4 |"
+
+
+def test_an_unfinished_run_ranked_by_test_accuracy_gets_no_second_place(runs, tmp_path, capsys):
+    paths, _ = runs
+    running = tmp_path / "running"
+    write_piece(running, 1000, {10: 0.2, 20: 0.3, 30: 0.68})
+    assert ranking_over_epochs.main(["--runs", *map(str, paths), "--epochs", "6", "--window", "1",
+                                     "--unfinished", str(running)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[4].endswith("(min to max) |")
     assert lines[6] == "| running | 3 | 68.0 | 2 of 4 | +12.67 ± 9.02 (+4.00 to +22.00) |"
 
 
