@@ -80,6 +80,10 @@ def run_balance(run_dir: Path, k: int | None = None) -> dict[str, Any]:
                              "balance")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise UserInputError(f"k={k!r}: pass --k a positive integer")
+    sampling = config.get("search", {}).get("sampling", {})
+    if sampling.get("weight_threshold", 0.0) or not sampling.get("gumbel", True):
+        raise UserInputError(f"{run_dir} samples with a weight threshold or without Gumbel noise, which this does not "
+                             "model; pass runs of search.sampling.weight_threshold=0 and gumbel=true")
     cycles = {}
     for path in files:
         alphas = json.loads(path.read_text())

@@ -17,7 +17,7 @@ NORMAL = [[0.05, 0.05, 0.1, 0.7, 0.1], [0.2, 0.2, 0.2, 0.2, 0.2], [0.1, 0.0, 0.3
 REDUCE = [[0.1, 0.5, 0.2, 0.1, 0.1], [0.3, 0.1, 0.1, 0.3, 0.2], [0.2, 0.2, 0.2, 0.2, 0.2]]
 
 
-def search_run(root: Path, k: object = 2, cycles: int = 1) -> Path:
+def search_run(root: Path, k: object = 2, cycles: int = 1, sampling: str = "") -> Path:
     run = root / "search_0"
     (run / "alphas").mkdir(parents=True)
     for cycle in range(cycles):
@@ -25,7 +25,7 @@ def search_run(root: Path, k: object = 2, cycles: int = 1) -> Path:
         (run / "alphas" / f"cycle_{cycle}.json").write_text(json.dumps(alphas))
     (run / ".hydra").mkdir()
     (run / ".hydra" / "config.yaml").write_text(
-        f"search:\n  sampling:\n    k: {'null' if k is None else k}\noptim:\n  arch:\n    lr: 0.024\n")
+        f"search:\n  sampling:\n    k: {'null' if k is None else k}\n{sampling}optim:\n  arch:\n    lr: 0.024\n")
     return run
 
 
@@ -94,9 +94,12 @@ def test_k_given_on_the_command_line_wins_over_the_config(tmp_path: Path) -> Non
     ("no alphas", "holds no cycle_<c>.json; pass search run dirs that ended a cycle"),
     ("every op", "computes every op at every step (search.sampling.k: null): nothing to balance"),
     ("no config", "is missing or names no search.sampling.k; pass --k"),
+    ("threshold", "samples with a weight threshold or without Gumbel noise, which this does not model"),
+    ("no gumbel", "samples with a weight threshold or without Gumbel noise, which this does not model"),
 ])
 def test_bad_runs_exit_2_with_one_line(tmp_path: Path, capsys, case, message) -> None:
-    run = search_run(tmp_path, k=None if case == "every op" else 2)
+    sampling = {"threshold": "    weight_threshold: 0.1\n", "no gumbel": "    gumbel: false\n"}.get(case, "")
+    run = search_run(tmp_path, k=None if case == "every op" else 2, sampling=sampling)
     if case == "no alphas":
         for path in (run / "alphas").iterdir():
             path.unlink()
