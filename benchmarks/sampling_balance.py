@@ -56,7 +56,8 @@ def cell_balance(edges: Sequence[Sequence[float]], primitives: Sequence[str], k:
         strongest.append(chances[best])
         others += [chances[op] for op, p in enumerate(probs)
                    if op != best and p > 0.0 and primitives[op] != NO_WEIGHTS]
-        uniform.append(min(k, sum(p > 0.0 for p in probs)) / sum(p > 0.0 for p in probs))
+        unpruned = sum(p > 0.0 for p in probs)
+        uniform.append(min(k, unpruned) / unpruned)
     return {"strongest": sum(strongest) / len(strongest),
             "others_mean": sum(others) / len(others) if others else float("nan"),
             "others_min": min(others) if others else float("nan"),
