@@ -527,6 +527,18 @@ def test_search_space_rules_follow_the_overrides(tmp_path):
     assert not any(op in POOL_OPS for g in cells.values() for op, _ in g.normal)
 
 
+
+def test_an_op_list_override_reaches_the_random_cells(tmp_path):
+    # the seventh candidate change: the DARTS space without dil_conv_5x5, given as a list of op names
+    ops = [op for op in PRIMITIVE_SETS["darts"] if op != "dil_conv_5x5"]
+    plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--smoke", "--search-override",
+                                             f"search_space.primitives=[{','.join(ops)}]", "--randoms", "8"]))
+    rules = bench.search_space_rules(plan)
+    assert rules.primitives == tuple(ops) and rules.config["search_space"]["primitives"] == ops
+    cells = bench.fixed_cells(plan, rules)["random"]
+    used = {op for g in cells.values() for op, _ in g.normal + g.reduce}
+    assert "dil_conv_5x5" not in used and "dil_conv_3x3" in used
+
 # ----------------------------------------------------------------------------- statistics and entropy
 def test_arm_stats_means_and_missing_firing_rates():
     runs = [{"test_acc": 0.6, "params_m": 1.0, "firing_rate_mean": 0.1},
