@@ -4,7 +4,7 @@
 
 The run directory (outputs/train/<date>_<time>/) gets checkpoints/last.pt and best.pt, tb/
 (TensorBoard) and metrics.json (written once training ends, with ``pending`` naming the SNN and energy evaluations
-still to come, and again when they are done). ``resume=<run_dir>`` continues a stopped run. Exit codes: see
+still to come, and again as each is done). ``resume=<run_dir>`` continues a stopped run. Exit codes: see
 aso_se/run/app.py.
 """
 from aso_se.run import early_signals

@@ -5,10 +5,10 @@ scalars every ``trainer.log_every_n_steps`` steps and ``on_epoch_end(is_best)`` 
 tested; ``save`` is its timed checkpoint and the entry point's save at a stop. Here they become
 TensorBoard scalars and histograms, ``checkpoints/last.pt`` at every ``trainer.checkpoint_every_n_epochs``-th
 epoch's end and the last, and
-``checkpoints/best.pt`` when the test accuracy is the best so far. ``finish`` writes metrics.json twice:
-once training ends, with its figures and ``pending`` (the evaluations still to come), so a machine lost during
-them keeps the training's result; then with the exact SNN's evaluation for a QANN (all ranks share it) and the
-energy per image, without ``pending``. Only rank 0 writes.
+``checkpoints/best.pt`` when the test accuracy is the best so far. ``finish`` writes metrics.json as each stage
+ends: once training ends, with its figures and ``pending`` (the evaluations still to come), so a machine lost during
+them keeps the training's result; for a QANN again after the exact SNN's evaluation (all ranks share it), pending
+the energy; then with the energy per image, without ``pending``. Only rank 0 writes.
 """
 from __future__ import annotations
 
@@ -109,6 +109,8 @@ class TrainCallbacks:
                                        spikes_per_step=cfg.snn_spikes_per_step,
                                        first_timesteps=cfg.snn_first_timesteps))
             run.raise_if_stopped()
+            if ctx.is_main:  # the SNN's figures kept should the host go before the energy report ends
+                self._save_metrics(metrics, pending=["energy"])
         if not ctx.is_main:
             return
         metrics.update(energy_metrics(network, full_test, device=ctx.device, board=self.board, step=step,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from aso_se.run import train_callbacks
 from aso_se.run.checkpoint import load_checkpoint
 from aso_se.train import snn_eval
 from aso_se.train.retrain import Retrainer
@@ -145,6 +146,21 @@ def test_sigterm_during_the_snn_evaluation_stops_it_and_resume_redoes_only_the_e
     assert metrics["test_acc"] == trained["test_acc"] and "energy_per_image_uj" in metrics
     assert "retrain epoch" not in (run_dir / "train.log").read_text().split("resumed from")[-1]  # no training
 
+
+
+def test_a_host_lost_during_the_energy_report_keeps_the_snn_figures(
+        run_app: RunApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """neuron=st_bif_qann: metrics.json is written again once the SNN is evaluated, so a run that dies in the
+    energy report (here: the report raises) keeps the SNN's figures with only the energy pending."""
+    def energy_dies(*args, **kwargs):
+        raise RuntimeError("the host went away")
+
+    monkeypatch.setattr(train_callbacks, "energy_metrics", energy_dies)
+    with pytest.raises(RuntimeError, match="the host went away"):
+        run_app("train", *SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann", "hydra.run.dir=run")
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["pending"] == ["energy"] and "energy_per_image_uj" not in metrics
+    assert 0 <= metrics["snn_test_acc"] <= 1 and metrics["snn_timesteps"] >= 1 and len(metrics["history"]) == 1
 
 def test_a_resume_may_change_the_snn_evaluation_knobs_alone(run_app: RunApp, tmp_path: Path) -> None:
     """snn_max_timesteps, snn_first_timesteps, snn_eval_samples, snn_eval_dtype and snn_spikes_per_step only change
