@@ -7,11 +7,14 @@ Reads RUN_DIR/train.log (every ``retrain epoch`` line, and the ``SNN:`` line whe
 RUN_DIR/.hydra/config.yaml, and counts the parameters by building the network on the CPU (the data set's class
 folders give its number of classes). The log rounds its figures (accuracies to 4 digits). What it cannot give
 (firing rates, energy, CPU time) is left out and named in ``pending``, and ``recovered_from`` says where the figures
-came from. A log without its last epoch is refused, and an existing metrics.json is never overwritten.
+came from. A log without its last epoch is refused, and an existing metrics.json is never overwritten, only
+completed: one whose SNN evaluation is still ``pending`` (the host went during it or, before train.py wrote the SNN's
+figures at once, during the energy report) gains the log's ``SNN:`` line, with ``snn_recovered_from``.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from datetime import datetime
@@ -100,12 +103,32 @@ def rebuild(run_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
             "pending": [*pending, "energy", "firing_rates"], "recovered_from": "train.log"}
 
 
+def fill_snn(run_dir: Path) -> dict[str, Any]:
+    """The run's metrics.json with its pending SNN figures taken from the log's ``SNN:`` line."""
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    if "snn" not in metrics.get("pending", []):
+        raise UserInputError(f"{run_dir / 'metrics.json'} exists with no SNN evaluation pending; this tool only fills "
+                             "in a lost metrics.json or its pending SNN figures")
+    snn = read_log(run_dir / "train.log").get("snn")
+    if snn is None:
+        raise UserInputError(f"{run_dir / 'train.log'} holds no SNN line; resume the run (train.py resume={run_dir}) "
+                             "to evaluate its SNN")
+    return {**metrics, **snn, "pending": [stage for stage in metrics["pending"] if stage != "snn"],
+            "snn_recovered_from": "train.log"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, help="a retrain run dir holding train.log and .hydra/config.yaml")
     parser.add_argument("overrides", nargs="*", help="key=value changes to the run's config, e.g. data.root=...")
     args = parser.parse_args(argv)
     try:
+        if (args.run_dir / "metrics.json").exists():
+            metrics = fill_snn(args.run_dir)
+            save_json(metrics, args.run_dir / "metrics.json")
+            print(f"{args.run_dir / 'metrics.json'}: SNN {metrics['snn_test_acc']} after {metrics['snn_timesteps']} "
+                  f"steps, from train.log; pending {', '.join(metrics['pending']) or 'nothing'}")
+            return 0
         metrics = rebuild(args.run_dir, args.overrides)
     except (UserInputError, FileNotFoundError) as error:
         print(f"metrics_from_log: {error}", file=sys.stderr)

@@ -53,3 +53,27 @@ def test_a_log_without_its_last_epoch_is_refused(finished_qann_run, tmp_path, ca
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "1 of 2 epochs" in err and "resume=" in err
     assert not (run / "metrics.json").exists()
+
+
+def test_a_pending_snn_is_filled_in_from_the_log(finished_qann_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    written = json.loads((finished_qann_run / "metrics.json").read_text())
+    trained = {key: value for key, value in written.items() if not key.startswith("snn_")}
+    run.mkdir()
+    (run / "train.log").write_text((finished_qann_run / "train.log").read_text())
+    (run / "metrics.json").write_text(json.dumps({**trained, "pending": ["snn", "energy"]}))
+    assert metrics_from_log.main([str(run)]) == 0
+    filled = json.loads((run / "metrics.json").read_text())
+    assert filled["snn_test_acc"] == pytest.approx(written["snn_test_acc"], abs=1e-4)
+    assert filled["snn_timesteps"] == written["snn_timesteps"] and filled["snn_silent"] == written["snn_silent"]
+    assert filled["pending"] == ["energy"] and filled["snn_recovered_from"] == "train.log"
+    assert filled["history"] == written["history"] and "pending energy" in capsys.readouterr().out
+
+    without_snn = "".join(line for line in (finished_qann_run / "train.log").read_text().splitlines(keepends=True)
+                          if "SNN:" not in line)
+    (run / "train.log").write_text(without_snn)
+    (run / "metrics.json").write_text(json.dumps({**trained, "pending": ["snn", "energy"]}))
+    assert metrics_from_log.main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no SNN line" in err and "resume=" in err
+    assert json.loads((run / "metrics.json").read_text())["pending"] == ["snn", "energy"]
