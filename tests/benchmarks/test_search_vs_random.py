@@ -527,7 +527,6 @@ def test_search_space_rules_follow_the_overrides(tmp_path):
     assert not any(op in POOL_OPS for g in cells.values() for op, _ in g.normal)
 
 
-
 def test_an_op_list_override_reaches_the_random_cells(tmp_path):
     # the seventh candidate change: the DARTS space without dil_conv_5x5, given as a list of op names
     ops = [op for op in PRIMITIVE_SETS["darts"] if op != "dil_conv_5x5"]
@@ -538,6 +537,7 @@ def test_an_op_list_override_reaches_the_random_cells(tmp_path):
     cells = bench.fixed_cells(plan, rules)["random"]
     used = {op for g in cells.values() for op, _ in g.normal + g.reduce}
     assert "dil_conv_5x5" not in used and "dil_conv_3x3" in used
+
 
 # ----------------------------------------------------------------------------- statistics and entropy
 def test_arm_stats_means_and_missing_firing_rates():

@@ -147,7 +147,6 @@ def test_sigterm_during_the_snn_evaluation_stops_it_and_resume_redoes_only_the_e
     assert "retrain epoch" not in (run_dir / "train.log").read_text().split("resumed from")[-1]  # no training
 
 
-
 def test_a_host_lost_during_the_energy_report_keeps_the_snn_figures(
         run_app: RunApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """neuron=st_bif_qann: metrics.json is written again once the SNN is evaluated, so a run that dies in the
@@ -161,6 +160,7 @@ def test_a_host_lost_during_the_energy_report_keeps_the_snn_figures(
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["pending"] == ["energy"] and "energy_per_image_uj" not in metrics
     assert 0 <= metrics["snn_test_acc"] <= 1 and metrics["snn_timesteps"] >= 1 and len(metrics["history"]) == 1
+
 
 def test_a_resume_may_change_the_snn_evaluation_knobs_alone(run_app: RunApp, tmp_path: Path) -> None:
     """snn_max_timesteps, snn_first_timesteps, snn_eval_samples, snn_eval_dtype and snn_spikes_per_step only change
