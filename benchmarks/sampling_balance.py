@@ -8,6 +8,7 @@ trained) with the chance that it is among the first k draws. From each run's ``a
 edge; pruned ops 0), per cell type and over the edges: the mean chance that the edge's strongest op is computed, the
 mean and the lowest chance of each other op with weights (neither ``none`` nor pruned), and that of a uniform α
 (k / unpruned ops). The chances hold at the cycle's end, where α has moved most; an op computed less often trains less.
+Beside them, the derivation's margin: by how much, on average, each edge's strongest non-none op leads the next one.
 """
 from __future__ import annotations
 
@@ -48,9 +49,12 @@ def inclusion(probs: Sequence[float], k: int) -> list[float]:
 
 def cell_balance(edges: Sequence[Sequence[float]], primitives: Sequence[str], k: int) -> dict[str, float]:
     """Over one cell type's edges: the strongest op's, the other weighted ops' (mean, lowest) and a uniform α's
-    chance to be computed in a step."""
-    strongest, others, uniform = [], [], []
+    chance to be computed in a step; and the derivation's margin, the mean lead of each edge's strongest non-none op
+    over its runner-up (how firmly α picks the op the cell gets)."""
+    strongest, others, uniform, leads = [], [], [], []
     for probs in edges:
+        candidates = sorted((p for op, p in enumerate(probs) if primitives[op] != NO_WEIGHTS), reverse=True)
+        leads.append(candidates[0] - candidates[1] if len(candidates) > 1 else candidates[0])
         chances = inclusion(probs, k)
         best = max(range(len(probs)), key=probs.__getitem__)  # ties: the earlier op
         strongest.append(chances[best])
@@ -62,7 +66,8 @@ def cell_balance(edges: Sequence[Sequence[float]], primitives: Sequence[str], k:
             "others_mean": sum(others) / len(others) if others else float("nan"),
             "others_min": min(others) if others else float("nan"),
             "uniform": sum(uniform) / len(uniform),
-            "strongest_probability": sum(max(probs) for probs in edges) / len(edges)}
+            "strongest_probability": sum(max(probs) for probs in edges) / len(edges),
+            "op_lead": sum(leads) / len(leads)}
 
 
 def run_balance(run_dir: Path, k: int | None = None) -> dict[str, Any]:
@@ -95,12 +100,13 @@ def run_balance(run_dir: Path, k: int | None = None) -> dict[str, Any]:
 
 def report(balances: dict[str, dict[str, Any]]) -> str:
     lines = ["| run | cycle | cell | strongest op's max prob (mean) | strongest computed | others computed: mean "
-             "(lowest) | uniform α |", "|---|---:|---|---:|---:|---:|---:|"]
+             "(lowest) | uniform α | op lead (mean) |", "|---|---:|---|---:|---:|---:|---:|---:|"]
     for run, balance in balances.items():
         for cycle, cells in balance["cycles"].items():
             for cell, b in cells.items():
                 lines.append(f"| {run} | {cycle} | {cell} | {b['strongest_probability']:.2f} | {b['strongest']:.2f} "
-                             f"| {b['others_mean']:.2f} ({b['others_min']:.2f}) | {b['uniform']:.2f} |")
+                             f"| {b['others_mean']:.2f} ({b['others_min']:.2f}) | {b['uniform']:.2f} "
+                             f"| {b['op_lead']:.3f} |")
     return "\n".join(lines)
 
 

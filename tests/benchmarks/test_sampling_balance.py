@@ -77,6 +77,8 @@ def test_a_run_reports_each_cycle_and_cell_from_its_own_k(tmp_path: Path, capsys
     assert normal["others_min"] == pytest.approx(min(others))
     assert normal["uniform"] == pytest.approx((2 / 5 + 2 / 5 + 2 / 4) / 3)
     assert normal["strongest_probability"] == pytest.approx((0.7 + 0.2 + 0.4) / 3)
+    # the non-none ops' leads: 0.7 - 0.1, 0.2 - 0.2 (a tie), 0.4 - 0.3 (a pruned op is 0, not a runner-up here)
+    assert normal["op_lead"] == pytest.approx((0.6 + 0.0 + 0.1) / 3)
     assert normal["strongest"] > normal["uniform"] > normal["others_mean"]
     table = capsys.readouterr().out.splitlines()
     assert len(table) == 2 + 2 * 2 and table[2].startswith(f"| {run} | 0 | normal | 0.43 |")
