@@ -20,17 +20,23 @@ import functools
 import gc
 import re
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from aso_se.data import CIFARData
-from aso_se.parallel.distributed import DistributedContext
-from aso_se.train.retrain import Retrainer
-from benchmarks.bench_quantizer import use_bwd_config
-from kernels.quantizer import triton as quantizer_triton
-from search_space.network import build_network
-from search_space.neurons import NeuronFactory
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: the packages live beside benchmarks/
+    sys.path.insert(0, str(REPO))
+
+from aso_se.data import CIFARData  # noqa: E402
+from aso_se.parallel.distributed import DistributedContext  # noqa: E402
+from aso_se.train.retrain import Retrainer  # noqa: E402
+from benchmarks.bench_quantizer import use_bwd_config  # noqa: E402
+from kernels.quantizer import triton as quantizer_triton  # noqa: E402
+from search_space.network import build_network  # noqa: E402
+from search_space.neurons import NeuronFactory  # noqa: E402
 
 # GPU kernel classes, first match wins (names of cuDNN, cuBLAS, ATen and our Triton kernels).
 KERNEL_CLASSES = [

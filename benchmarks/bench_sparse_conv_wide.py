@@ -12,15 +12,21 @@ L2 before every call; both eager). Then, in fp16, the dispatcher (`SparseConv2d`
 "auto", called eagerly: it runs cuDNN) against `F.conv2d`, with the paths it took.
 """
 import datetime
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
-from benchmarks.bench_sparse_conv import relative_error, spikes
-from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts, sparse_conv2d
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: the packages live beside benchmarks/
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_sparse_conv import relative_error, spikes  # noqa: E402
+from kernels.sparse_conv import SparseConv2d, path_counts, reset_path_counts, sparse_conv2d  # noqa: E402
 
 WIDTHS = (256, 512, 1024, 2048)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}

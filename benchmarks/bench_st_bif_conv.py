@@ -38,15 +38,20 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 
-from benchmarks.bench_sparse_conv import capture, copy_bandwidth_gbs, graph_us, median_us, relative_error
-from kernels import dependent_launch
-from kernels.sparse_conv import DensityTracker, capture_warmup, path_counts, reset_path_counts, sparse_conv2d
-from kernels.st_bif import level_bounds, st_bif_multistep, st_bif_multistep_with_block_map
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: the packages live beside benchmarks/
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_sparse_conv import capture, copy_bandwidth_gbs, graph_us, median_us, relative_error  # noqa: E402
+from kernels import dependent_launch  # noqa: E402
+from kernels.sparse_conv import DensityTracker, capture_warmup, path_counts, reset_path_counts, sparse_conv2d  # noqa: E402
+from kernels.st_bif import level_bounds, st_bif_multistep, st_bif_multistep_with_block_map  # noqa: E402
 
 STEPS, BATCH, CHANNELS, SIZE = 4, 64, 128, 32
 SILENT_PLANES = (0.9, 0.5, 0.0)

@@ -14,13 +14,19 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from aso_se.search import supernet as supernet_module
-from benchmarks.bench_search_step import Row, make_engine, per_term_sum, step_times_ms, synchronize
-from kernels.st_bif import STBIFNeuron
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: the packages live beside benchmarks/
+    sys.path.insert(0, str(REPO))
+
+from aso_se.search import supernet as supernet_module  # noqa: E402
+from benchmarks.bench_search_step import Row, make_engine, per_term_sum, step_times_ms, synchronize  # noqa: E402
+from kernels.st_bif import STBIFNeuron  # noqa: E402
 
 # Ops that only make a view or an allocation: host work, but no kernel launch.
 NO_KERNEL = frozenset(f"aten.{name}" for name in (

@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
+from pathlib import Path
 
 import torch
 
-from aso_se.data import MNIST5kData
-from search_space.ops import DARTS_PRIMITIVES
-from search_space.space import SearchSpace
-from tests.aso_se.helpers import make_engine, tiny_supernet
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: the packages (and tests/, for its helpers) live beside benchmarks/
+    sys.path.insert(0, str(REPO))
+
+from aso_se.data import MNIST5kData  # noqa: E402
+from search_space.ops import DARTS_PRIMITIVES  # noqa: E402
+from search_space.space import SearchSpace  # noqa: E402
+from tests.aso_se.helpers import make_engine, tiny_supernet  # noqa: E402
 
 SPACE = SearchSpace(DARTS_PRIMITIVES)
 NEURONS = (("relu", 1), ("st_bif_qann", 1), ("st_bif", 2), ("lif", 2))
