@@ -7,7 +7,7 @@ costs more than cuDNN's GPU time, and the sparse kernels for a call captured in 
 crossover (calibration.py) says they win at the density its call site measured before. Eager calls inside
 `capture_warmup()` calibrate their shape and measure that density; other eager calls do not
 calibrate (but the first after a capture that found its shape uncalibrated). Unsupported calls
-(channels_last input among them) take the dense path on every backend. Every call counts its path in
+(channels_last input among them) take the dense path on every backend. Every eager call counts its path in
 `PATH_COUNTS`; what "auto" remembers between calls is `STATE`.
 """
 from __future__ import annotations
@@ -85,6 +85,8 @@ class PathCounts:
         self._counts: collections.Counter[str] = collections.Counter()
 
     def count(self, path: str, calls: int = 1) -> None:
+        if torch.compiler.is_compiling():  # traced, the count would guard the graph on it: a recompile per call
+            return
         self._counts[path] += calls
 
     def snapshot(self) -> dict[str, int]:

@@ -402,6 +402,26 @@ def test_auto_on_cpu_is_exactly_conv2d():
     assert path_counts() == {"dense:cpu": 1}
 
 
+def test_compiled_module_does_not_recompile_on_its_path_count():
+    """Under torch.compile the path counter is not traced: a counted call would guard the graph on the count's
+    value, and every call would compile again. The first call picks the module's route (one more frame)."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    conv = SparseConv2d(3, 5, 3, padding=1, backend="torch")
+    x = torch.randn(2, 3, 7, 9, generator=torch.Generator().manual_seed(1))
+    frames = CompileCounter()
+    compiled = torch.compile(conv, backend=frames)
+    reset_path_counts()
+    outputs = [compiled(x) for _ in range(5)]
+    assert frames.frame_count == 2
+    for y in outputs:
+        torch.testing.assert_close(y, F.conv2d(x, conv.weight, conv.bias, 1, 1))
+    eager_counts = path_counts()
+    conv(x)
+    assert sum(path_counts().values()) == sum(eager_counts.values()) + 1  # eager calls still count
+
+
 @pytest.mark.parametrize("weight_shape,groups,stride", [
     ((6, 3, 3, 3), 2, 1),  # grouped, not depthwise
     ((5, 6, 7, 7), 1, 1),  # k = 7
