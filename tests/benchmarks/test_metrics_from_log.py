@@ -29,8 +29,8 @@ def test_the_rebuilt_metrics_equal_the_written_ones_to_the_logs_rounding(finishe
     rebuilt = json.loads((run / "metrics.json").read_text())
     assert rebuilt["params_m"] == written["params_m"] and rebuilt["genotype"] == written["genotype"]
     assert rebuilt["epochs"] == written["epochs"] == len(rebuilt["history"]) == 2
-    for key in ("test_acc", "test_loss", "best_test_acc", "snn_test_acc"):
-        assert rebuilt[key] == pytest.approx(written[key], abs=1e-4), key
+    for key in ("test_acc", "test_loss", "best_test_acc", "snn_test_acc"):  # the log's 4 significant digits
+        assert rebuilt[key] == pytest.approx(written[key], rel=5e-4, abs=1e-4), key
     for old, new in zip(written["history"], rebuilt["history"]):
         assert new["epoch"] == old["epoch"] and new["train_loss"] == pytest.approx(old["train_loss"], rel=1e-3)
     assert rebuilt["snn_timesteps"] == written["snn_timesteps"] and rebuilt["snn_silent"] == written["snn_silent"]
