@@ -7,15 +7,12 @@
 #   CUDA_VISIBLE_DEVICES=2,3 RUN=/tmp/run/relu ... bash benchmarks/full_retrain_cifar10.sh neuron=relu
 #   CUDA_VISIBLE_DEVICES=0 RUN=/tmp/run/one ... bash benchmarks/full_retrain_cifar10.sh trainer.precision=fp16
 # GENOTYPE=<name or genotype.json> retrains another cell (default DARTS_V2), e.g. a searched-vs-random arm.
-# CARRY=<dir>: after the piece, the run dir goes there gzip-compressed in 15 MiB parts (without best.pt and older
-# last.*.pt) for another machine, where the next piece with the same RUN and CARRY unpacks it first (resume from a
-# copied run dir; uncompressed parts unpack too).
+# CARRY=<dir>: after the piece, the run dir goes there in 15 MiB parts (benchmarks/carry_run_dir.sh) for another
+# machine, where the next piece with the same RUN and CARRY unpacks it first (resume from a copied run dir). A
+# snapshot while it runs: bash benchmarks/carry_run_dir.sh pack "$RUN" <dir>.
 set -uo pipefail
 name=$(basename "$RUN")
-if [ -n "${CARRY:-}" ] && [ ! -d "$RUN" ] && ls "$CARRY/$name.tar.part-"* > /dev/null 2>&1; then
-  mkdir -p "$(dirname "$RUN")" && cat "$CARRY/$name.tar.part-"* | gzip -dcf | tar -xf - -C "$(dirname "$RUN")"
-  echo "$name: run dir unpacked from $CARRY"
-fi
+if [ -n "${CARRY:-}" ]; then bash "$(dirname "$0")/carry_run_dir.sh" unpack "$CARRY" "$RUN" || exit 1; fi
 if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
   GPUS=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
 else
@@ -38,9 +35,4 @@ fi
 timeout -s TERM --preserve-status "${STOP_S:-400}" "${launch[@]}" train.py "${args[@]}" > "$log" 2>&1
 echo "$name exit $?"
 grep -E "retrain epoch|SNN|energy|error|SIGTERM|resume" "$log" | tail -n 12
-if [ -n "${CARRY:-}" ]; then
-  mkdir -p "$CARRY" && rm -f "$CARRY/$name.tar.part-"*
-  tar -cf - -C "$(dirname "$RUN")" --exclude=best.pt --exclude='last.*.pt' "$name" | gzip -1 \
-    | split -b 15M - "$CARRY/$name.tar.part-"
-  ls -l "$CARRY"
-fi
+if [ -n "${CARRY:-}" ]; then bash "$(dirname "$0")/carry_run_dir.sh" pack "$RUN" "$CARRY"; fi
