@@ -8,7 +8,7 @@ usage() { echo "usage: carry_run_dir.sh pack <run dir> <carry dir> | unpack <car
 [ $# -eq 3 ] || usage
 case "$1" in
   pack)
-    run=${2%/} carry=$3 name=$(basename "${2%/}")
+    run=${2%/} carry=$3; name=$(basename "$run")
     [ -d "$run" ] || { echo "carry_run_dir.sh: no run dir $run (nothing packed; give the dir train.py wrote)" >&2; exit 1; }
     mkdir -p "$carry" || exit 1
     # Parts go to a fresh folder first, so a failed pack leaves the last good parts in place.
@@ -25,7 +25,7 @@ case "$1" in
     ls -l "$carry/$name.tar.part-"*
     ;;
   unpack)
-    carry=$2 run=${3%/} name=$(basename "${3%/}")
+    carry=$2 run=${3%/}; name=$(basename "$run")
     if [ -d "$run" ] || ! ls "$carry/$name.tar.part-"* > /dev/null 2>&1; then exit 0; fi
     mkdir -p "$(dirname "$run")" && tmp=$(mktemp -d "$(dirname "$run")/.$name.XXXXXX") || exit 1
     # Into a fresh folder first, so parts cut short leave no half run dir that a resume would trust.
