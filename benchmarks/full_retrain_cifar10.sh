@@ -10,6 +10,7 @@
 # CARRY=<dir>: after the piece, the run dir goes there in 15 MiB parts (benchmarks/carry_run_dir.sh) for another
 # machine, where the next piece with the same RUN and CARRY unpacks it first (resume from a copied run dir). A
 # snapshot while it runs: bash benchmarks/carry_run_dir.sh pack "$RUN" <dir>.
+# A device call that waits on it detached ends with bash benchmarks/wait_and_snapshot.sh <s> <dir> <DONE file> -- "$RUN".
 set -uo pipefail
 name=$(basename "$RUN")
 if [ -n "${CARRY:-}" ]; then bash "$(dirname "$0")/carry_run_dir.sh" unpack "$CARRY" "$RUN" || exit 1; fi
