@@ -7,7 +7,9 @@ costs more than cuDNN's GPU time, and the sparse kernels for a call captured in 
 crossover (calibration.py) says they win at the density its call site measured before. Eager calls inside
 `capture_warmup()` calibrate their shape and measure that density; other eager calls do not
 calibrate (but the first after a capture that found its shape uncalibrated). Unsupported calls
-(channels_last input among them) take the dense path on every backend. Every eager call counts its path in
+(channels_last input among them) take the dense path on every backend; under torch.compile "auto" is F.conv2d
+(its decisions read timings and densities back at run time, which Dynamo cannot trace; "triton" compiles the sparse
+kernels). Every eager call counts its path in
 `PATH_COUNTS`; what "auto" remembers between calls is `STATE`.
 """
 from __future__ import annotations
@@ -375,6 +377,8 @@ def _calibrated(state: DispatchState, call: ConvCall, signature: tuple, plan: _P
 def _run_auto(call: ConvCall) -> torch.Tensor:
     if not on_gpu(call.x):
         return _dense(call, "dense:cpu")
+    if torch.compiler.is_compiling():  # its plans rest on timings and densities read back at run time: untraceable
+        return _dense(call, "dense:compiled")
     state = STATE
     signature = _signature(call)
     plan = _plan(state, call, signature)

@@ -76,12 +76,15 @@ class SparseConv2d(nn.Conv2d):
         used: by the sparse path only ("triton", or an "auto" call captured where it wins)."""
         if self.backend == "triton":
             return x.is_cuda or interpreted()
-        if self.backend != "auto" or not dispatch.on_gpu(x) or not dispatch.capturing_sparse():
+        if (self.backend != "auto" or not dispatch.on_gpu(x) or torch.compiler.is_compiling()
+                or not dispatch.capturing_sparse()):
             return False
         return dispatch.captured_call_wants_block_map(x, self.weight, self.stride, self.padding, self.dilation,
                                                       self.groups, self.density)
 
     def forward(self, x: torch.Tensor, block_map: BlockMap | torch.Tensor | None = None) -> torch.Tensor:
+        if self.backend == "auto" and torch.compiler.is_compiling():  # as in dispatch: "auto" runs cuDNN compiled
+            return dense_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
         key = (x.shape, x.stride(), x.dtype, x.device, self.weight.dtype, self.backend,
                torch.is_autocast_enabled(x.device.type))
         route = self._route

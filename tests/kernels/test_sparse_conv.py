@@ -655,6 +655,35 @@ def test_auto_eager_calls_run_cudnn_without_calibrating(fake_gpu):
     assert fake_gpu.calibrations == [] and path_counts() == {"dense:eager": EAGER_SAMPLE_EVERY + 1}
 
 
+@pytest.mark.parametrize("calibrated", [False, True])
+@pytest.mark.parametrize("as_module", [False, True])
+def test_auto_under_torch_compile_runs_cudnn_in_one_graph(fake_gpu, monkeypatch, as_module, calibrated):
+    """"auto" decides from densities and timings measured at run time, which Dynamo cannot trace (a shape
+    calibrated where the sparse path wins samples its density with a read-back): compiled, it runs the dense
+    conv in one graph, measuring and calibrating nothing; the same layer's eager calls still dispatch."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(sparse_dispatch, "EAGER_SAMPLE_EVERY", 1)  # every eager call of a calibrated shape samples
+    x, weight, bias = half_silent_batch()
+    conv = SparseConv2d(6, 5, 3, padding=1, backend="auto")
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+        conv.bias.copy_(bias)
+    fn = conv if as_module else (lambda v: sparse_conv2d(v, weight, bias, 1, 1))
+    if calibrated:
+        with capture_warmup():
+            fn(x)
+    calibrations, tracker = len(fake_gpu.calibrations), conv.density if as_module else None
+    compiled = torch.compile(fn, backend="eager", fullgraph=True)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), F.conv2d(x, weight, bias, 1, 1), rtol=0, atol=0)
+    assert len(fake_gpu.calibrations) == calibrations == int(calibrated)
+    if tracker is not None:
+        assert tracker._calls == int(calibrated)  # the compiled calls sampled nothing
+    reset_path_counts()
+    fn(x)
+    assert taken() == {"dense:eager": 1}
+
+
 def test_warm_up_calibrates_once_and_measures_then_the_capture_goes_sparse(fake_gpu):
     x, weight, bias = half_silent_batch()
     tracker = DensityTracker()
