@@ -10,7 +10,8 @@
 # CARRY=<dir>: after the piece, the run dir goes there in 15 MiB parts (benchmarks/carry_run_dir.sh) for another
 # machine, where the next piece with the same RUN and CARRY unpacks it first (resume from a copied run dir). A
 # snapshot while it runs: bash benchmarks/carry_run_dir.sh pack "$RUN" <dir>.
-# A device call that waits on it detached ends with bash benchmarks/wait_and_snapshot.sh <s> <dir> <DONE file> -- "$RUN".
+# Detached, so it outlives the device call: bash benchmarks/detach.sh <DONE file> <log> -- env RUN=... bash $0 ...;
+# each call then ends with bash benchmarks/wait_and_snapshot.sh <s> <dir> <DONE file> -- "$RUN".
 set -uo pipefail
 name=$(basename "$RUN")
 if [ -n "${CARRY:-}" ]; then bash "$(dirname "$0")/carry_run_dir.sh" unpack "$CARRY" "$RUN" || exit 1; fi

@@ -3,6 +3,7 @@
 # then snapshots each run dir into the carry dir (benchmarks/carry_run_dir.sh pack), so a job that died at once ends
 # the call at once and a host that goes back before the next call leaves the last snapshot behind.
 #   bash benchmarks/wait_and_snapshot.sh <max seconds> <carry dir> <done file>... -- <run dir>...
+# Start each job with bash benchmarks/detach.sh <done file> <log> -- <command>..., which writes its done file.
 # Exit 0: every job is done; 3: some still run (call again); 1: a snapshot failed (its old parts kept).
 set -uo pipefail
 usage() { echo "usage: wait_and_snapshot.sh <max seconds> <carry dir> <done file>... -- <run dir>..." >&2; exit 2; }
