@@ -15,7 +15,7 @@ setsid nohup bash -c '"${@:3}" > "$2" 2>&1; echo $? > "$1"' detach "$done_file" 
 pid=$!
 # Returns only once the job leads its own session: a call that ends sooner would still take it down.
 for _ in $(seq 500); do
-  [ "$(ps -o sid= -p "$pid" | tr -d ' ')" = "$pid" ] && break
+  stat=$(cat "/proc/$pid/stat" 2> /dev/null) && read -r _ _ _ sid _ <<< "${stat##*) }" && [ "$sid" = "$pid" ] && break
   kill -0 "$pid" 2> /dev/null || break  # already over (its status is in the done file)
   sleep 0.01
 done
