@@ -22,9 +22,9 @@ checkpoints/ and tb/ can be carried to another machine, where ``--resume`` runs 
 there start again). ``--searches-only`` stops after the searches; a retrain run dir made by hand (e.g. on several GPUs
 with torchrun, the same config for every cell) in DIR/retrain/<cell>_seed<s> counts as finished once it holds its
 metrics.json. ``--searches-from FULL`` retrains the finished searches of the benchmark in FULL instead of searching:
-the same cells under another budget. ``--progress`` runs nothing: it reports DIR's finished retrains, the missing
-ones (with the last logged epoch of those that have a train.log), the verdict so far and how far apart the searched
-cells in DIR/genotypes/ are.
+the same cells under another budget. ``--cells-only`` writes only the cells fixed before any search (DIR/genotypes/).
+``--progress`` runs nothing: it reports DIR's finished retrains, the missing ones (with the last logged epoch of those
+that have a train.log), the verdict so far and how far apart the searched cells in DIR/genotypes/ are.
 """
 from __future__ import annotations
 
@@ -486,15 +486,26 @@ def darts_v2_mean(arms: Mapping[str, Sequence[Mapping[str, Any]]]) -> float | No
     return statistics.fmean(accuracies) if accuracies else None
 
 
-def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False) -> dict[str, Any] | None:
-    """Runs the searches, then the retrains of every cell, and returns the summary (also written to plan.out).
-    ``searches_only``: stops once every cell's genotype is in DIR/genotypes/ (None; --resume goes on later)."""
+def write_fixed_cells(plan: Plan) -> list[str]:
+    """Writes the cells known before any search to DIR/genotypes/ and returns their names. A cell already there must
+    be the one these flags draw: a benchmark's registered random cells are never replaced."""
     rules = search_space_rules(plan)
     sources = []
     for cells in fixed_cells(plan, rules).values():
         for source, genotype in cells.items():
-            save_json(json.loads(genotype.to_json()), plan.out / "genotypes" / f"{source}.json")
+            path, cell = plan.out / "genotypes" / f"{source}.json", json.loads(genotype.to_json())
+            if path.is_file() and json.loads(path.read_text()) != cell:
+                raise UserInputError(f"{path} holds another cell than these flags draw; pass the flags the benchmark "
+                                     "was started with, or a new --out")
+            save_json(cell, path)
             sources.append(source)
+    return sources
+
+
+def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False) -> dict[str, Any] | None:
+    """Runs the searches, then the retrains of every cell, and returns the summary (also written to plan.out).
+    ``searches_only``: stops once every cell's genotype is in DIR/genotypes/ (None; --resume goes on later)."""
+    sources = write_fixed_cells(plan)
     search = search_sweep(plan)
     if plan.searches_from is not None:
         copy_searches(plan.searches_from, search.run_dirs())
@@ -683,6 +694,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--searches-only", action="store_true",
                         help="stop once the searches ran and every cell is in DIR/genotypes/; --resume (without this "
                              "flag) retrains them later, skipping retrain run dirs that hold their metrics.json")
+    parser.add_argument("--cells-only", action="store_true",
+                        help="run nothing: write the cells known before any search (random, references, floor) to "
+                             "DIR/genotypes/, e.g. to register a change's random cells before its searches")
     parser.add_argument("--progress", action="store_true",
                         help="run nothing: report DIR's finished retrains, the missing ones and the verdict so far "
                              "(DIR/progress.json, progress.md; rank_correlation.py reads progress.json too)")
@@ -729,6 +743,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      "--out of a started benchmark with the flags it ran with")
             report_progress(plan)
             print((plan.out / "progress.md").read_text(), end="")
+            return 0
+        if args.cells_only:
+            names = write_fixed_cells(plan)
+            print(f"cells written to {plan.out / 'genotypes'}: {', '.join(names)}")
             return 0
         if plan.out.exists() and any(plan.out.iterdir()) and not args.resume:
             raise UserInputError(f"--out {plan.out} is not empty; pass a new directory (runs are never overwritten) "

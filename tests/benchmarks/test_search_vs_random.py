@@ -391,6 +391,39 @@ def test_a_run_of_another_cell_than_its_genotype_file_is_refused(smoke, tmp_path
     assert not (out / "progress.json").exists()
 
 
+SEVEN_OPS = "search_space.primitives=[none,max_pool_3x3,avg_pool_3x3,skip_connect,sep_conv_3x3,sep_conv_5x5,dil_conv_3x3]"
+
+
+def test_cells_only_registers_a_changes_random_cells_and_never_replaces_them(tmp_path, capsys):
+    """--cells-only: the cells fixed before any search, drawn under the search overrides (here a space without
+    dil_conv_5x5 and no pool in the normal cell), with no search or retrain; the same flags again change nothing,
+    other flags are refused with one line and leave the registered cells as they were."""
+    out = tmp_path / "seventh"
+    flags = ["--out", str(out), "--smoke", "--randoms", "3", "--search-override", SEVEN_OPS,
+             "--search-override", "search.evolution.max_normal_pools=0"]
+    assert bench.main([*flags, "--cells-only"]) == 0
+    assert "cells written" in capsys.readouterr().out
+    assert sorted(path.name for path in out.iterdir()) == ["genotypes"]
+    written = {path.stem: path.read_text() for path in (out / "genotypes").glob("*.json")}
+    assert sorted(written) == sorted(["random_0", "random_1", "random_2", "DARTS_V2", "PC_DARTS", "POOR_POOL_SKIP"])
+    space = ("none", "max_pool_3x3", "avg_pool_3x3", "skip_connect", "sep_conv_3x3", "sep_conv_5x5", "dil_conv_3x3")
+    for seed in range(3):
+        cell = Genotype.from_json(written[f"random_{seed}"])
+        assert {op for op, _ in cell.normal + cell.reduce} <= set(space)
+        assert not {op for op, _ in cell.normal} & set(POOL_OPS)
+    seventh_randoms = {path.stem: path.read_text() for path in (out / "genotypes").glob("random_*.json")}
+    assert bench.main(["--out", str(tmp_path / "darts"), "--smoke", "--randoms", "3", "--cells-only"]) == 0
+    assert any((tmp_path / "darts" / "genotypes" / f"{name}.json").read_text() != text
+               for name, text in seventh_randoms.items())  # the overrides reached the draw
+    assert bench.main([*flags, "--cells-only"]) == 0  # the same flags: the same cells
+    assert {path.stem: path.read_text() for path in (out / "genotypes").glob("*.json")} == written
+    capsys.readouterr()
+    assert bench.main(["--out", str(out), "--smoke", "--randoms", "3", "--cells-only"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds another cell than these flags draw" in err and "random_" in err
+    assert {path.stem: path.read_text() for path in (out / "genotypes").glob("*.json")} == written
+
+
 def test_progress_needs_a_started_benchmark(tmp_path, capsys):
     assert bench.main(["--out", str(tmp_path / "none"), "--smoke", "--progress"]) == 2
     assert "holds no benchmark (no genotypes/ or search/)" in capsys.readouterr().err
