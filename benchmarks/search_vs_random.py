@@ -486,10 +486,9 @@ def darts_v2_mean(arms: Mapping[str, Sequence[Mapping[str, Any]]]) -> float | No
     return statistics.fmean(accuracies) if accuracies else None
 
 
-def write_fixed_cells(plan: Plan) -> list[str]:
+def write_fixed_cells(plan: Plan, rules: SpaceRules) -> list[str]:
     """Writes the cells known before any search to DIR/genotypes/ and returns their names. A cell already there must
     be the one these flags draw: a benchmark's registered random cells are never replaced."""
-    rules = search_space_rules(plan)
     sources = []
     for cells in fixed_cells(plan, rules).values():
         for source, genotype in cells.items():
@@ -505,7 +504,8 @@ def write_fixed_cells(plan: Plan) -> list[str]:
 def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False) -> dict[str, Any] | None:
     """Runs the searches, then the retrains of every cell, and returns the summary (also written to plan.out).
     ``searches_only``: stops once every cell's genotype is in DIR/genotypes/ (None; --resume goes on later)."""
-    sources = write_fixed_cells(plan)
+    rules = search_space_rules(plan)
+    sources = write_fixed_cells(plan, rules)
     search = search_sweep(plan)
     if plan.searches_from is not None:
         copy_searches(plan.searches_from, search.run_dirs())
@@ -745,7 +745,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print((plan.out / "progress.md").read_text(), end="")
             return 0
         if args.cells_only:
-            names = write_fixed_cells(plan)
+            names = write_fixed_cells(plan, search_space_rules(plan))
             print(f"cells written to {plan.out / 'genotypes'}: {', '.join(names)}")
             return 0
         if plan.out.exists() and any(plan.out.iterdir()) and not args.resume:

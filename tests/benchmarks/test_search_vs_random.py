@@ -391,7 +391,8 @@ def test_a_run_of_another_cell_than_its_genotype_file_is_refused(smoke, tmp_path
     assert not (out / "progress.json").exists()
 
 
-SEVEN_OPS = "search_space.primitives=[none,max_pool_3x3,avg_pool_3x3,skip_connect,sep_conv_3x3,sep_conv_5x5,dil_conv_3x3]"
+SEVEN_OPS = ("search_space.primitives=[none,max_pool_3x3,avg_pool_3x3,skip_connect,sep_conv_3x3,sep_conv_5x5,"
+             "dil_conv_3x3]")
 
 
 def test_cells_only_registers_a_changes_random_cells_and_never_replaces_them(tmp_path, capsys):
