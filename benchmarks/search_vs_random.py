@@ -489,16 +489,15 @@ def darts_v2_mean(arms: Mapping[str, Sequence[Mapping[str, Any]]]) -> float | No
 def write_fixed_cells(plan: Plan, rules: SpaceRules) -> list[str]:
     """Writes the cells known before any search to DIR/genotypes/ and returns their names. A cell already there must
     be the one these flags draw: a benchmark's registered random cells are never replaced."""
-    sources = []
-    for cells in fixed_cells(plan, rules).values():
-        for source, genotype in cells.items():
-            path, cell = plan.out / "genotypes" / f"{source}.json", json.loads(genotype.to_json())
-            if path.is_file() and json.loads(path.read_text()) != cell:
-                raise UserInputError(f"{path} holds another cell than these flags draw; pass the flags the benchmark "
-                                     "was started with, or a new --out")
-            save_json(cell, path)
-            sources.append(source)
-    return sources
+    cells = {plan.out / "genotypes" / f"{source}.json": json.loads(genotype.to_json())
+             for arm in fixed_cells(plan, rules).values() for source, genotype in arm.items()}
+    for path, cell in cells.items():  # all checked before any is written
+        if path.is_file() and json.loads(path.read_text()) != cell:
+            raise UserInputError(f"{path} holds another cell than these flags draw; pass the flags the benchmark "
+                                 "was started with, or a new --out")
+    for path, cell in cells.items():
+        save_json(cell, path)
+    return [path.stem for path in cells]
 
 
 def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False) -> dict[str, Any] | None:
