@@ -35,9 +35,9 @@ def call_then_kill_its_processes(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_job_and_its_done_file_survive_the_end_of_the_call(tmp_path: Path) -> None:
-    done, log, started = tmp_path / "out" / "DONE", tmp_path / "out" / "job.log", tmp_path / "started"
+    done, log = tmp_path / "out" / "DONE", tmp_path / "out" / "job.log"
     # Still running when the call's processes are killed: the job waits for the kill to be over.
-    job = f"touch {started}; sleep 1.5; echo trained; exit 3"
+    job = "sleep 1.5; echo trained; exit 3"
     result = call_then_kill_its_processes(str(done), str(log), "--", "bash", "-c", job)
     assert result.returncode == 0, result.stderr
     assert not done.exists()
@@ -57,8 +57,7 @@ def test_arguments_with_spaces_reach_the_command_unchanged(tmp_path: Path) -> No
 def test_an_old_done_file_is_removed_at_the_start(tmp_path: Path) -> None:
     done, log = tmp_path / "DONE", tmp_path / "job.log"
     done.write_text("0\n")
-    started = tmp_path / "started"
-    result = call_then_kill_its_processes(str(done), str(log), "--", "bash", "-c", f"touch {started}; sleep 2")
+    result = call_then_kill_its_processes(str(done), str(log), "--", "bash", "-c", "sleep 2")
     assert result.returncode == 0
     assert not done.exists() or not done.read_text().strip(), "a DONE file from an earlier job was kept"
     assert wait_for(done, 30)
