@@ -6,7 +6,7 @@ import torch
 
 from kernels.pool3x3 import pool3x3, pool3x3_reference
 
-SHAPES = [(2, 16, 7, 5), (1, 3, 1, 1), (3, 20, 6, 9), (1, 65, 4, 3), (2, 1, 8, 8)]
+SHAPES = [(2, 16, 7, 5), (1, 3, 1, 1), (1, 20, 6, 9), (1, 65, 4, 3), (2, 1, 8, 8)]
 TOLERANCE = {torch.float32: (1e-6, 1e-6), torch.bfloat16: (1e-2, 1e-2), torch.float16: (1e-3, 1e-3)}
 
 
