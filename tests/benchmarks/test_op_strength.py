@@ -2,6 +2,8 @@
 the supernet's test accuracy, and the cell DARTS's rule derives from those strengths."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -26,11 +28,10 @@ def judged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
          "search.evolution.max_skip_connect=null", f"hydra.run.dir={run}"],  # no cap: DARTS's plain rule
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert searched.returncode == 0, searched.stderr[-2000:]
-    printed = subprocess.run([sys.executable, str(REPO / "benchmarks" / "op_strength.py"), "--run", str(run),
-                              "--images", "20", "--device", "cpu"], cwd=REPO, capture_output=True, text=True,
-                             timeout=300)
-    assert printed.returncode == 0, printed.stderr[-2000:]
-    return run, json.loads((run / "op_strength.json").read_text()), printed.stdout
+    printed = io.StringIO()  # in-process: spares a start-up (test_benchmark_scripts runs each script as one)
+    with contextlib.redirect_stdout(printed):
+        assert op_strength.main(["--run", str(run), "--images", "20", "--device", "cpu"]) == 0
+    return run, json.loads((run / "op_strength.json").read_text()), printed.getvalue()
 
 
 def test_each_edge_given_its_alpha_argmax_op_is_the_base_path(judged):
