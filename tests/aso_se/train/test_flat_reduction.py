@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -17,12 +16,14 @@ from search_space.network import build_network
 from search_space.neurons import NeuronFactory
 from tests.aso_se.train.ddp_runs import assert_trains_as_ddp
 
+PRECISIONS_AND_REDUCTIONS = [(p, r) for p in ("fp32", "fp16") for r in ("ddp", "after_backward")]
 
-def _train(rank: int, world_size: int, init_file: str, out_dir: str, channels_last: bool, precision: str) -> None:
+
+def _train(rank: int, world_size: int, init_file: str, out_dir: str, channels_last: bool) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
-        for reduction in ("ddp", "after_backward"):  # one process group, both ways
+        for precision, reduction in PRECISIONS_AND_REDUCTIONS:  # one process group for all: one spawn's start-up
             torch.manual_seed(5 + rank)  # each rank its own initial weights: both modes start from rank 0's
             network = build_network("DARTS_V2", neuron=NeuronFactory("st_bif_qann", timesteps=1), channels=4,
                                     layers=3, num_classes=10, auxiliary=True, image_size=16)
@@ -41,16 +42,18 @@ def _train(rank: int, world_size: int, init_file: str, out_dir: str, channels_la
                 loss, _ = trainer.eager_step(trainer._to_device(images), labels)
                 losses.append(float(loss))
             trainer.evaluate([(torch.randn(4, 3, 16, 16, generator=generator), torch.arange(4))])
-            torch.save({"losses": losses, "state": network.state_dict()}, f"{out_dir}/{reduction}{rank}.pt")
+            torch.save({"losses": losses, "state": network.state_dict()}, f"{out_dir}/{precision}_{reduction}{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_flat_reduction_trains_as_ddp(tmp_path: Path, precision: str) -> None:
+def test_flat_reduction_trains_as_ddp_in_fp32_and_fp16(tmp_path: Path) -> None:
     channels_last = True  # the flat buffer's views take the weights' NHWC strides (NCHW is the plain case)
-    mp.spawn(_train, args=(2, str(tmp_path / "rendezvous"), str(tmp_path), channels_last, precision), nprocs=2,
-             join=True)
-    runs = {reduction: [torch.load(tmp_path / f"{reduction}{rank}.pt", weights_only=True) for rank in range(2)]
-            for reduction in ("ddp", "after_backward")}
-    assert_trains_as_ddp(runs["ddp"], runs["after_backward"], rtol=1e-5, atol=1e-6)
+    mp.spawn(_train, args=(2, str(tmp_path / "rendezvous"), str(tmp_path), channels_last), nprocs=2, join=True)
+    for precision in ("fp32", "fp16"):
+        runs = {reduction: [torch.load(tmp_path / f"{precision}_{reduction}{rank}.pt", weights_only=True)
+                            for rank in range(2)] for reduction in ("ddp", "after_backward")}
+        try:
+            assert_trains_as_ddp(runs["ddp"], runs["after_backward"], rtol=1e-5, atol=1e-6)
+        except AssertionError as error:
+            raise AssertionError(f"{precision}: {error}") from error
