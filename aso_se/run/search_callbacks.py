@@ -87,7 +87,7 @@ class SearchCallbacks:
         summary = {k: info[k] for k in _EPOCH_SUMMARY if k in info}
         if engine.device.type == "cuda":
             summary["gpu_memory_gib"] = torch.cuda.max_memory_allocated(engine.device) / 2**30
-            # What the process holds: graph_ops searches filled an H200 while the allocated peak read 31 GiB.
+            # What the process holds, graph pools included; the allocated peak can stay far below it (RESULTS.md).
             summary["gpu_reserved_gib"] = torch.cuda.max_memory_reserved(engine.device) / 2**30
         self.progress.end_epoch(_epoch_title(info), summary)
         paths = PATH_COUNTS.snapshot_and_reset()  # the sparse-conv dispatcher's calls of this epoch

@@ -52,7 +52,7 @@ def test_max_pool_ties_send_the_gradient_to_the_first_largest_tap_as_pytorch(str
 def test_launches_of_several_programs_with_either_gradient_layout_equal_float64_cpu_pools(shape, kind, stride,
                                                                                           grad_format):
     # SHAPES above take one or a few programs (BLOCK elements each); these take 2 to 5 a launch, the last one partial
-    # (kept that few: the interpreter runs a program in ~0.1 s), with the upstream gradient in either layout
+    # (kept that few: each program is slow under the interpreter), with the upstream gradient in either layout
     # (randn_like of a channels_last output is channels_last; torch.randn(shape) is NCHW).
     x = torch.randn(shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     want_x = x.clone().requires_grad_()
