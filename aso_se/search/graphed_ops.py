@@ -22,6 +22,10 @@ is not fixed yet, when the op has no weights (pools, identity: one or two kernel
 its output differs from its slot's other ops', or its first call (a warm-up: cuDNN's autotuner and Triton's
 compiler must not run inside a capture).
 A failed capture (logged) ends capturing: the ops not captured by then stay eager.
+
+A capture allocates from its slot's pool only: while it runs, the allocator cannot hand it memory cached for
+eager steps, nor free the pools of graphs already dropped (a grown supernet's predecessor). So before a capture,
+when the idle cache outgrows the device's free memory, the cache is released (``release_idle_cache``).
 """
 from __future__ import annotations
 
@@ -38,6 +42,17 @@ from kernels.sparse_conv.dispatch import dense_captures
 from search_space.neurons import SpikingNeuron
 
 logger = logging.getLogger(__name__)
+
+
+def release_idle_cache(device: torch.device) -> bool:
+    """Empties the CUDA allocator's cache when it holds more memory unused than the device has free (True if
+    so): a capture that follows could not use that memory otherwise, and would run out."""
+    free, _ = torch.cuda.mem_get_info(device)
+    idle = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if idle <= free:
+        return False
+    torch.cuda.empty_cache()
+    return True
 
 
 def _autocast_state() -> tuple[bool, torch.dtype]:
@@ -160,6 +175,7 @@ class OpGraphs:
         self.captured = 0   # graph pairs captured
         self.replays = 0    # op calls replayed from graphs
         self.failed = 0     # captures that failed
+        self.cache_releases = 0  # times the allocator's idle cache was released before a capture
 
     @contextlib.contextmanager
     def without_weight_grads(self) -> Iterator[None]:
@@ -274,6 +290,7 @@ class OpGraphs:
                 # The weights' gradients outlive the replay (the optimizer reads them after the whole backward):
                 # each op copies them into buffers of its own, outside the pool that other ops' graphs reuse.
                 grad_buffers = [torch.empty_like(p) for p in aliases.values()]
+                self.cache_releases += release_idle_cache(x.device)
                 forward.capture_begin(pool=slot.pool, capture_error_mode="thread_local")
                 try:
                     out = run(x_in)

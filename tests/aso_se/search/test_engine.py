@@ -70,6 +70,19 @@ def test_two_cycle_search_on_digits_yields_a_trainable_genotype() -> None:
     assert logits.shape == (2, 10)
 
 
+def test_growth_drops_the_old_supernets_op_graphs() -> None:
+    """Their memory pools must be freeable before the grown supernet captures its own (a GPU ran out otherwise)."""
+    engine, supernets = new_engine(), []
+
+    def on_epoch_end(engine: ASOSEEngine, info: dict) -> None:
+        if not supernets:
+            engine.supernet.use_op_graphs(True)  # as on CUDA with search.graph_ops=true (CPU ops stay eager)
+        supernets.append(engine.supernet)
+
+    engine.run(*loaders(), on_epoch_end=on_epoch_end)
+    assert supernets[0] is not engine.supernet and supernets[0].op_graphs is None
+
+
 def test_progressive_depth_grows_several_cells_a_cycle_up_to_max_cells() -> None:
     """The fifth candidate change's shape (RESULTS.md): three cycles, several cells per growth, the last growth cut
     to max_cells; the grown cells are normal ones between the reductions, and the genotype still comes out."""

@@ -6,7 +6,8 @@ import copy
 import pytest
 import torch
 
-from aso_se.search.graphed_ops import OpGraphs, StalePassError, _capturable
+from aso_se.search import graphed_ops
+from aso_se.search.graphed_ops import OpGraphs, StalePassError, _capturable, release_idle_cache
 from search_space.neurons import NeuronFactory, SpikingNeuron, set_firing_rate_recording
 from search_space.ops import DARTS_PRIMITIVES, OPS
 from search_space.space import SearchSpace
@@ -103,6 +104,20 @@ def test_a_copied_supernet_gets_graphs_of_its_own() -> None:
     assert isinstance(copied.op_graphs, OpGraphs) and copied.op_graphs is not supernet.op_graphs
     supernet.use_op_graphs(False)
     assert supernet.op_graphs is None
+
+
+@pytest.mark.parametrize(("free", "reserved", "allocated", "released"), [
+    (10, 100, 95, False), (10, 100, 89, True), (50, 60, 10, False), (0, 30, 30, False),
+])
+def test_the_idle_cache_is_released_before_a_capture_only_when_it_outgrows_free_memory(
+        monkeypatch, free: int, reserved: int, allocated: int, released: bool) -> None:
+    emptied = []
+    monkeypatch.setattr(graphed_ops.torch.cuda, "mem_get_info", lambda device: (free, 1000))
+    monkeypatch.setattr(graphed_ops.torch.cuda, "memory_reserved", lambda device: reserved)
+    monkeypatch.setattr(graphed_ops.torch.cuda, "memory_allocated", lambda device: allocated)
+    monkeypatch.setattr(graphed_ops.torch.cuda, "empty_cache", lambda: emptied.append(True))
+    assert release_idle_cache(torch.device("cuda", 0)) is released
+    assert emptied == ([True] if released else [])
 
 
 def run_search(digits, neuron: str, timesteps: int, graph_ops: bool, steps: int = 6, precision: str = "fp32"):
