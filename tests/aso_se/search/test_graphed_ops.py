@@ -219,6 +219,30 @@ def test_a_graphed_search_resumed_from_its_state_ends_like_the_uninterrupted_one
 
 
 @needs_cuda
+def test_a_graphed_search_across_a_growth_ends_like_the_eager_one(deterministic_cudnn) -> None:
+    """Two cycles with a growth between: the old supernet's graphs are dropped (their pools freed for the new
+    captures), the grown supernet captures its own, and the search ends as the eager one does."""
+    from aso_se.data import MNIST5kData
+
+    def search(graph_ops: bool):
+        supernet = tiny_supernet("st_bif", timesteps=2, space=DARTS_SPACE, channels=8, in_channels=1)
+        engine = make_engine(supernet, device="cuda", graph_ops=graph_ops, seed=3)
+        first = engine.supernet
+        genotype = engine.run(*MNIST5kData(max_train_samples=32).search_loaders(8, seed=0))
+        return engine, first, genotype
+
+    graphed, first, graphed_genotype = search(graph_ops=True)
+    eager, _, eager_genotype = search(graph_ops=False)
+    assert first is not graphed.supernet and first.op_graphs is None
+    graphs = graphed.supernet.op_graphs
+    assert graphs.captured > 0 and graphs.replays > 0 and graphs.failed == 0
+    assert graphed_genotype == eager_genotype
+    eager_state = eager.supernet.state_dict()
+    for name, value in graphed.supernet.state_dict().items():  # weights, α, BatchNorm statistics
+        torch.testing.assert_close(value, eager_state[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@needs_cuda
 def test_without_weight_grads_the_replays_give_the_eager_alpha_gradient_and_no_weight_gradient(
     digits, deterministic_cudnn
 ) -> None:
