@@ -89,7 +89,7 @@ class SearchCallbacks:
             summary["gpu_memory_gib"] = torch.cuda.max_memory_allocated(engine.device) / 2**30
             # What the process holds, graph pools included; the allocated peak can stay far below it (RESULTS.md).
             summary["gpu_reserved_gib"] = torch.cuda.max_memory_reserved(engine.device) / 2**30
-        graphs = engine.supernet.op_graphs if engine.graph_ops else None
+        graphs = engine.supernet.op_graphs
         if graphs is not None:  # op graph pairs so far, failed captures, cache releases before captures
             summary.update(graphs_captured=graphs.captured, graphs_failed=graphs.failed,
                            graph_cache_releases=graphs.cache_releases)

@@ -335,8 +335,7 @@ class ASOSEEngine:
             self.weights_scheduler.load_state_dict(old_scheduler.state_dict())
         for old, new in zip(old_optimizers, (self.weights_optimizer, self.arch_optimizer)):
             rebind_optimizer(old, new, old_net, grown, old_name, width_factor)
-        if grown is not old_net:
-            old_net.use_op_graphs(False)  # its graphs' pools become free for the grown supernet's captures
+        old_net.use_op_graphs(False)  # its graphs' pools become free for the grown supernet's captures
 
     # ----------------------------------------------------------------------------- helpers
     def _graph_ops_apply(self, supernet: SearchNetwork) -> bool:
