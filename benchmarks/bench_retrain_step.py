@@ -91,7 +91,7 @@ def time_row(args, row, device):
     batch = row[0]
     trainer = make_trainer(args, row, device)
     if args.compile:
-        trainer.model = torch.compile(trainer.model)
+        trainer.model = torch.compile(trainer.model, mode=args.compile_mode)
     trainer.network.drop_path_prob = 0.2 * 0.5
     trainer.model.train()
     inputs = torch.randn(batch, 3, 32, 32, device=device)
@@ -186,6 +186,8 @@ def main() -> None:
     parser.add_argument("--conv-backend", default="auto")
     parser.add_argument("--eager", dest="graph", action="store_false", help="eager steps instead of graph replays")
     parser.add_argument("--compile", action="store_true", help="torch.compile the network (Inductor) in every row")
+    parser.add_argument("--compile-mode", help="torch.compile's mode, e.g. reduce-overhead (its own CUDA graphs; "
+                        "use with --eager) or max-autotune-no-cudagraphs")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
@@ -210,8 +212,8 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"{datetime.date.today()} {name}, torch {torch.__version__}; {args.genotype} {args.layers}x{args.channels} "
           f"{args.neuron}, aux, drop-path, {'graph replay' if args.graph else 'eager'}, "
-          f"conv_backend={args.conv_backend}{', torch.compile' if args.compile else ''}, quantizer backward "
-          f"{quantizer_bwd_config()}")
+          f"conv_backend={args.conv_backend}{f', torch.compile mode={args.compile_mode}' if args.compile else ''}, "
+          f"quantizer backward {quantizer_bwd_config()}")
     print("| batch | precision | layout | node sums | ms / step | images/s | peak GiB | loss |\n"
           "|---:|---|---|---|---:|---:|---:|---:|")
     first = None

@@ -70,6 +70,8 @@ def takes_sliced_gradients(a: Tensor, b: Tensor, scale_a: Tensor | None, scale_b
                            backend: str = "auto") -> bool:
     """Whether the kernels take these terms (scaled or not), whose backward reads a gradient that is a channel slice
     (e.g. of a cell's concatenation) in place and hands the terms theirs in the terms' layout."""
+    if torch.compiler.is_compiling():  # traced, the reference's ops are what Inductor fuses
+        return False
     return use_triton(backend, "drop_path_sum", a.device, _problem(a, b, (scale_a, scale_b), timesteps))
 
 

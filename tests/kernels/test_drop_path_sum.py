@@ -223,3 +223,22 @@ def test_kernels_compile_for_a_hopper_gpu():
     process without TRITON_INTERPRET), which refuses what the interpreter let through once (a constexpr branch
     returning a scalar where the other returned a block)."""
     compile_for_hopper(COMPILE_FOR_HOPPER)
+
+
+def test_compiled_sums_take_the_reference_that_inductor_fuses():
+    """Under torch.compile the node sum traces as the reference's ops, in one graph, and equals them."""
+    shape = (6, 5, 7, 3)
+    a, b = terms(shape, torch.float32, channels_last=True, seed=4)
+    scale_a, scale_b = scales(shape[0], "ab", seed=5)
+    grad = torch.randn(shape, generator=torch.Generator().manual_seed(6))
+
+    def node(a, b):
+        return drop_path_sum(a, b, scale_a, scale_b, backend="triton")
+
+    compiled = torch.compile(node, fullgraph=True, backend="aot_eager")
+    a_c, b_c = a.clone().requires_grad_(), b.clone().requires_grad_()
+    out = compiled(a_c, b_c)
+    out.backward(grad)
+    want = run("reference", a, b, scale_a, scale_b, 1, grad)
+    for g, w in zip((out.detach(), a_c.grad, b_c.grad), want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
