@@ -7,7 +7,8 @@ sum; one reads the gradient and writes both terms' gradients.
 
 ``drop_path_sum(a, b, scale_a, scale_b, timesteps)`` = ``a · scale_a[b] + b · scale_b[b]`` per sample b of the
 ``[T*B, ...]`` terms (a scale shared by a sample's T steps; None: the term unscaled). On CUDA ("auto") the
-kernels run when both terms share dtype and a dense layout (contiguous or channels_last); elsewhere PyTorch's ops.
+kernels run when both terms share dtype and a dense layout (contiguous or channels_last); elsewhere, and under
+torch.compile (which fuses them), PyTorch's ops.
 ``concat_node_sums(parts)`` is a cell's output, ``torch.cat`` of its nodes along channels, with the nodes that
 nothing else reads passed as their terms: the kernels write their sums straight into their channels of the
 result, and read their gradients there (no node tensor, no copy of it either way).
