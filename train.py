@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from aso_se.run import app
+from aso_se.run.finetune_stage import finetune_settings, run_finetune
 from aso_se.run.train_callbacks import TrainCallbacks
 from aso_se.train.retrain import Retrainer
 
@@ -29,6 +30,7 @@ def main(cfg: DictConfig) -> None:
         app.check_timesteps(data, neuron)
         network = instantiate(cfg.model.network)(genotype, neuron=neuron, num_classes=data.num_classes,
                                                  in_channels=data.in_channels, image_size=data.image_size)
+        finetune = finetune_settings(run, network)
         trainer = Retrainer(
             network, optimizer=instantiate(cfg.optim.optimizer), scheduler=instantiate(cfg.optim.scheduler),
             epochs=cfg.epochs, auxiliary_weight=cfg.model.auxiliary_weight, drop_path_prob=cfg.model.drop_path_prob,
@@ -45,7 +47,9 @@ def main(cfg: DictConfig) -> None:
                            save_checkpoint=callbacks.save):
             callbacks.save()
             run.raise_if_stopped()
-        callbacks.finish(data)
+        metrics = callbacks.finish(data, later=("snn_finetune",) if finetune.epochs else ())
+        if finetune.epochs:  # spike-domain fine-tuning of the QANN's binary SNN at T
+            run_finetune(run, board, finetune, callbacks, metrics, data, train_loader, test_loader)
 
 
 if __name__ == "__main__":

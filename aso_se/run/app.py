@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -58,6 +59,7 @@ from aso_se.parallel.distributed import (
 from aso_se.parallel.stuck_rank import StuckRankWatchdog
 from aso_se.run import checkpoint, early_signals, gpu_slots
 from aso_se.run.os_signals import describe_handler, os_handler
+from aso_se.train.snn_finetune import FinetuneSettings
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype, load_genotype
 
@@ -72,10 +74,12 @@ ELASTIC_MARKERS = Path("outputs") / ".torchelastic"
 # (``+data.root=<dir>``: the default config a resume composes, mnist5k's, has no root).
 MACHINE_KEYS = ("data.root", "data.num_workers")
 # ... and how train.py evaluates the exact SNN at the end: evaluation only, the training is unchanged.
+# A finished QANN run may also be resumed to fine-tune its SNN, or to fine-tune it for longer.
 EVALUATION_KEYS = ("snn_max_timesteps", "snn_first_timesteps", "snn_eval_samples", "snn_eval_dtype",
-                   "snn_spikes_per_step")
+                   "snn_spikes_per_step", "snn_finetune.epochs")
 # Evaluation settings newer than some saved runs: their defaults, so that those runs resume (and re-evaluate).
-NEWER_EVALUATION_DEFAULTS = {"snn_spikes_per_step": 1, "snn_first_timesteps": None}
+NEWER_EVALUATION_DEFAULTS = {"snn_spikes_per_step": 1, "snn_first_timesteps": None,
+                             "snn_finetune": asdict(FinetuneSettings())}
 RESUME_KEYS = MACHINE_KEYS + EVALUATION_KEYS
 # Where a multirun's jobs run (``+sweep=local_gpus`` and its ``sweep.*`` keys): the launcher's, not the run's config,
 # so a resume takes them too (benchmarks continue unfinished runs through the same launcher).
