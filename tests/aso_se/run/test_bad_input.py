@@ -92,10 +92,14 @@ def test_search_optimizer_given_to_train(run_app: RunApp) -> None:
     ("snn_spikes_per_step=0", ["snn_spikes_per_step=0", "positive integer"]),
     ("snn_first_timesteps=0", ["snn_first_timesteps=0", "null", "positive integer"]),
     pytest.param("snn_eval_dtype=float16", ["snn_eval_dtype='float16'", "float32", "float64"], marks=pytest.mark.slow),
+    ("snn_finetune.timesteps=0", ["snn_finetune.timesteps=0", "positive integer"]),
+    ("snn_finetune.surrogate=tanh", ["snn_finetune.surrogate='tanh'", "sigmoid, atan or rectangular"]),
+    ("neuron=relu snn_finetune.epochs=1", ["snn_finetune.epochs=1", "neuron=st_bif_qann", "snn_finetune.epochs=0"]),
 ])
 def test_bad_snn_setting_stops_the_retrain_before_it_trains(override: str, fragments: list[str], run_app: RunApp,
                                                            tmp_path: Path) -> None:
-    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "neuron=st_bif_qann", override, "hydra.run.dir=run")
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "neuron=st_bif_qann", *override.split(),
+                           "hydra.run.dir=run")
     assert code == app.EXIT_BAD_INPUT
     assert_one_line(stderr, *fragments)
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the first epoch
