@@ -59,11 +59,13 @@ def finetune_trainer(qann: nn.Module, settings: FinetuneSettings, *, optimizer: 
                      channels_last: bool = False, label_smoothing: float = 0.0) -> Retrainer:
     """A Retrainer of ``qann``'s SNN at ``settings.timesteps`` (the QANN is left as it is)."""
     snn = trainable_snn(qann, settings.timesteps, settings.surrogate)
-    return Retrainer(snn, optimizer=functools.partial(optimizer, lr=settings.lr),
+    trainer = Retrainer(snn, optimizer=functools.partial(optimizer, lr=settings.lr),
                      scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=settings.epochs),
                      epochs=settings.epochs, auxiliary_weight=0.0, drop_path_prob=0.0, grad_clip=grad_clip,
                      precision=precision, ctx=ctx, log_every_n_steps=log_every_n_steps, cuda_graph=cuda_graph,
                      channels_last=channels_last, label_smoothing=label_smoothing)
+    trainer.label = f"SNN fine-tune (T = {settings.timesteps})"
+    return trainer
 
 
 def finetuned_metrics(trainer: Retrainer, settings: FinetuneSettings, batches: Iterable[tuple[Tensor, Tensor]], *,
