@@ -1,5 +1,6 @@
 """benchmarks/report.py: RESULTS.md is what the result rows and the template give, and the tables read the rows."""
 import csv
+import re
 
 import pytest
 
@@ -45,3 +46,14 @@ def test_a_rows_file_with_other_columns_is_refused(tmp_path):
         csv.writer(out).writerow(["case", "value"])
     with pytest.raises(ValueError, match="expected"):
         read_rows(path)
+
+
+def test_the_readmes_links_into_results_md_name_its_sections():
+    def anchor(heading: str) -> str:  # GitHub's: lower case, punctuation dropped, spaces to hyphens
+        return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+    results = report.REPORT.read_text().splitlines()
+    anchors = {anchor(line.lstrip("#")) for line in results if line.startswith("#")}
+    readme = (report.HERE.parent / "README.md").read_text()
+    links = re.findall(r"benchmarks/RESULTS\.md#([\w\-]+)", readme)
+    assert links and set(links) <= anchors, set(links) - anchors

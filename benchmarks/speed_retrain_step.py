@@ -1,4 +1,4 @@
-"""Benchmark: the full-size retrain step (DARTS_V2, 20 cells x 36 channels, aux head, drop-path) and its input.
+"""Speed case retrain_step: the full-size retrain step (DARTS_V2, 20 × 36, aux head, drop-path) and its input.
 
 Where the step's time goes, row by row in one process: each row builds the network afresh (same seed) and
 runs ``Retrainer``'s own step, captured in a CUDA graph as ``train.py cuda_graph=true`` does (or eager),
@@ -7,9 +7,11 @@ Then the input pipelines alone: the host DataLoader (JPEG decode + augmentation 
 device pipeline (``data.augment_on_device``), images/s each. ``--profile`` adds GPU time per kernel
 class (convs, norms, quantizer, pools, elementwise, ...) of the first row's eager step.
 
-    python benchmarks/bench_retrain_step.py --data /tmp/cifar10 --rows 96:fp32:nchw,96:fp32:cl,256:bf16:cl
-    python benchmarks/bench_retrain_step.py --rows 1024:fp16:cl:torch,1024:fp16:cl:cat,1024:fp16:cl   # node sums
-    python benchmarks/bench_retrain_step.py --tiny      # CPU smoke run of the script itself
+    python benchmarks/speed.py --case retrain_step --data /tmp/cifar10 --rows 96:fp32:nchw,96:fp32:cl,256:bf16:cl
+    python benchmarks/speed.py --case retrain_step --rows 1024:fp16:cl:torch,1024:fp16:cl   # node sums: ops vs kernel
+    python benchmarks/speed.py --case retrain_step --tiny    # CPU smoke run of the case itself (no rows)
+
+Each row's step time, images/s and peak memory become result rows.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ if str(REPO) not in sys.path:  # run as a script: the packages live beside bench
 from aso_se.data import CIFARData  # noqa: E402
 from aso_se.parallel.distributed import DistributedContext  # noqa: E402
 from aso_se.train.retrain import Retrainer  # noqa: E402
-from benchmarks.bench_quantizer import use_bwd_config  # noqa: E402
+from benchmarks.rows import Measurement  # noqa: E402
 from kernels.quantizer import triton as quantizer_triton  # noqa: E402
 from search_space.network import build_network  # noqa: E402
 from search_space.neurons import NeuronFactory  # noqa: E402
@@ -173,8 +175,8 @@ def loader_rates(args, device):
         print(f"| {name} | {rate:,.0f} | {setup:.1f} |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> list[Measurement]:
+    parser = argparse.ArgumentParser(prog="speed.py --case retrain_step", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="96:fp32:nchw,96:fp32:cl,256:fp32:cl,256:bf16:cl",
                         help="batch:precision:layout[:sum], layout nchw or cl (channels_last); sum: the nodes' "
                              "drop-path sums on auto (our kernel, the default), cat (our kernel, nodes then torch.cat) "
@@ -197,11 +199,7 @@ def main() -> None:
     parser.add_argument("--loader-batch", type=int, default=256)
     parser.add_argument("--loader-batches", type=int, default=60)
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: 3 cells x 4 channels, 2 steps")
-    parser.add_argument("--quantizer-bwd", metavar="BLOCK:WARPS:PROGRAMS_PER_SM",
-                        help="the quantizer backward's launch configuration in every row (bench_quantizer.py)")
-    args = parser.parse_args()
-    if args.quantizer_bwd:
-        use_bwd_config(*map(int, args.quantizer_bwd.split(":")))
+    args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.tiny:
         args.layers, args.channels, args.rows = 3, 4, "4:fp32:nchw,4:fp32:cl:torch,4:fp32:cl:cat"
@@ -216,13 +214,18 @@ def main() -> None:
           f"quantizer backward {quantizer_bwd_config()}")
     print("| batch | precision | layout | node sums | ms / step | images/s | peak GiB | loss |\n"
           "|---:|---|---|---|---:|---:|---:|---:|")
-    first = None
+    first, measured = None, []
     for row in rows:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         trainer, seconds, memory, loss = time_row(args, row, device)
         print(f"| {' | '.join(map(str, row))} | {seconds * 1e3:.1f} | {row[0] / seconds:,.0f} | {memory:.1f} | "
               f"{loss:.3f} |", flush=True)
+        what = (f"{args.genotype} {args.layers}×{args.channels} {args.neuron}, batch {row[0]}, {row[1]}, {row[2]}, "
+                f"node sums {row[3]}, {'CUDA graph' if args.graph and device.type == 'cuda' else 'eager'}")
+        measured += [Measurement("retrain_step", f"{what}: step", round(seconds * 1e3, 1), "ms"),
+                     Measurement("retrain_step", f"{what}: throughput", round(row[0] / seconds), "images/s"),
+                     Measurement("retrain_step", f"{what}: peak memory", round(memory, 1), "GiB")]
         first = first or row
         del trainer
         gc.collect()  # a trainer's graph and its memory pool sit in reference cycles
@@ -232,6 +235,7 @@ def main() -> None:
         profile_row(make_trainer(args, first, device), first, device)
     if args.data:
         loader_rates(args, device)
+    return measured
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""benchmarks/snn_latency.py on a smoke QANN run: one row per spikes-per-step, the same final accuracy,
+"""benchmarks/snn.py (the SNN suite) on a smoke QANN run: one row per spikes-per-step, the same final accuracy,
 fewer steps with graded spikes, and bad input refused."""
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from benchmarks import snn_latency as bench
+from benchmarks import snn as bench
+from benchmarks.rows import read_rows
 from tests.aso_se.run.helpers import SMOKE, run_in_process
 
 
@@ -30,7 +31,8 @@ def relu_run(tmp_path_factory):
 def test_graded_spikes_reach_the_same_accuracy_in_fewer_steps(qann_run, relu_run, tmp_path, capsys):
     out = tmp_path / "out"
     assert bench.main(["--run", str(qann_run), "--spikes-per-step", "1,15", "--samples", "20",
-                       "--batch-size", "10", "--out", str(out), "--relu-run", str(relu_run)]) == 0
+                       "--batch-size", "10", "--out", str(out), "--relu-run", str(relu_run), "--case", "smoke",
+                       "--rows-out", str(tmp_path / "rows.csv")]) == 0
     report = json.loads((out / "snn_latency.json").read_text())
     binary, graded = report["rows"]
     assert report["images"] == 20 and (binary["spikes_per_step"], graded["spikes_per_step"]) == (1, 15)
@@ -47,7 +49,13 @@ def test_graded_spikes_reach_the_same_accuracy_in_fewer_steps(qann_run, relu_run
     assert 0 < relu["energy_uj"]["skip_zero"] < relu["energy_uj"]["dense"] and 0 <= relu["test_acc"] <= 1
     assert relu["energy_uj"]["unit_sops"] == relu["energy_uj"]["skip_zero"]  # real activations: no spikes to read
     stdout = capsys.readouterr().out.splitlines()
-    assert stdout[2].startswith("| 1 |") and stdout[-1].startswith("ReLU network")
+    assert stdout[2].startswith("| 1 |") and stdout[-2].startswith("ReLU network")
+    rows = {row["metric"]: row for row in read_rows(tmp_path / "rows.csv")}  # the suite's result rows
+    assert stdout[-1] == f"{len(rows)} rows appended to {tmp_path / 'rows.csv'}"
+    assert {row["case"] for row in rows.values()} == {"smoke"}
+    assert float(rows["15 spikes per step, T = 1: accuracy"]["value"]) == round(100 * graded["qann_accuracy"], 2)
+    assert rows["1 spike per step (binary ST-BIF): steps to silence"]["value"] == str(binary["timesteps_to_silence"])
+    assert float(rows["ReLU ANN: energy per image, dense MACs"]["value"]) == round(relu["energy_uj"]["dense"], 1)
     assert (out / "snn_latency.md").read_text().startswith("| spikes per step |")
     assert (out / "snn_latency.png").stat().st_size > 0
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -66,9 +74,9 @@ def test_bad_input_is_refused(qann_run, relu_run, tmp_path, capsys):
         bench.main(["--run", str(qann_run), "--spikes-per-step", "two"])
     assert "--spikes-per-step 'two'" in capsys.readouterr().err
     assert bench.main(["--run", str(qann_run), "--spikes-per-step", "0", "--samples", "10",
-                       "--out", str(tmp_path)]) == 2
+                       "--out", str(tmp_path), "--rows-out", ""]) == 2
     assert "spikes_per_step=0" in capsys.readouterr().err
-    assert bench.main(["--run", str(tmp_path / "nowhere")]) == 2
+    assert bench.main(["--run", str(tmp_path / "nowhere"), "--rows-out", ""]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert bench.main(["--run", str(relu_run), "--samples", "10", "--out", str(tmp_path)]) == 2
+    assert bench.main(["--run", str(relu_run), "--samples", "10", "--out", str(tmp_path), "--rows-out", ""]) == 2
     assert "trained neuron=relu; pass a neuron=st_bif_qann run" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Benchmark: one ASO-SE search step (one α step + one weight step) and its peak memory.
+"""Speed case search_step: one ASO-SE search step (one α step + one weight step) and its peak memory.
 
 One supernet layout (8 cells, C = 16, batch 64, T = 4, 32x32 CIFAR-10, DARTS's 8 ops and optimizers) and
 the same inputs for every row of ``ROWS``: from DARTS's all-op MixedOp with LIF (the hand-written baseline)
@@ -7,8 +7,10 @@ Each row: median wall time of ``--steps`` synced steps after ``--warmup``, peak 
 profiled step the CUDA kernels, their GPU time and the host syncs. ``--anchor`` also runs the
 hand-written DARTS supernet script in this process.
 
-    python benchmarks/bench_search_step.py --images /tmp/cifar10/train [--anchor .gpu/anchors/darts_snn_supernet.py]
-    python benchmarks/bench_search_step.py --tiny     # CPU smoke run of the script itself
+    python benchmarks/speed.py --case search_step --images /tmp/cifar10/train [--anchor <darts_snn_supernet.py>]
+    python benchmarks/speed.py --case search_step --tiny    # CPU smoke run of the case itself (no rows)
+
+Each row's step time, images/s and peak memory become result rows.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import functools
 import gc
 import importlib.util
 import statistics
+import sys
 import time
 import traceback
 import unittest.mock
@@ -30,12 +33,16 @@ import triton
 from PIL import Image
 from torchvision.transforms.functional import normalize, pil_to_tensor
 
+if __package__ in (None, ""):  # run as a script: the repository on the path, for `benchmarks.rows`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from aso_se.search import supernet as supernet_module
 from aso_se.search.arch_params import SamplingConfig
 from aso_se.search.engine import ASOSEEngine
 from aso_se.search.mixed_op import sum_terms
 from aso_se.search.schedule import SearchSchedule
 from aso_se.search.supernet import build_supernet
+from benchmarks.rows import Measurement
 from kernels.sparse_conv import SparseConv2d
 from search_space.neurons import NeuronFactory, set_firing_rate_recording
 from search_space.ops import DARTS_PRIMITIVES, UnitAffineBatchNorm2d
@@ -191,7 +198,7 @@ def profile_step(step, device: torch.device, top_kernels: int = 0) -> tuple[int,
     def record(message, category, filename, lineno, file=None, line=None) -> None:
         if "synchroniz" in str(message):  # where in our code: the innermost repo frame that is not this file
             frames = [f for f in traceback.extract_stack()[:-1]
-                      if f.filename.startswith(REPO) and not f.filename.endswith("bench_search_step.py")]
+                      if f.filename.startswith(REPO) and not f.filename.endswith("speed_search_step.py")]
             sites.append(f"{frames[-1].filename}:{frames[-1].lineno}" if frames else f"{filename}:{lineno}")
 
     with warnings.catch_warnings():
@@ -294,8 +301,9 @@ def run_anchor(path: Path) -> None:
     print(f"ANCHOR | hand-written DARTS supernet: ReLU T=1 {relu_ms:.1f} ms, LIF T=4 {lif_ms:.1f} ms", flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> list[Measurement]:
+    parser = argparse.ArgumentParser(prog="speed.py --case search_step", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=Path, default=None, help="CIFAR-10 train/ folder (class subfolders of JPEGs)")
     parser.add_argument("--anchor", type=Path, default=None,
                         help="the hand-written DARTS supernet script (darts_snn_supernet.py), run in-process")
@@ -306,7 +314,7 @@ def main() -> None:
     parser.add_argument("--top-kernels", type=int, default=0, help="print each row's N costliest CUDA kernels")
     parser.add_argument("--host-ops", type=int, default=0, help="print each row's N ops with the most host time")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: C=4, 3 cells, batch 2, 1 step")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.channels, args.layers = (4, 3) if args.tiny else (16, 8)
     if args.tiny:
         args.batch = 2
@@ -368,6 +376,11 @@ def main() -> None:
         denominator = denominator or best
         if numerator in by_name and denominator in by_name and by_name[denominator][key] > 0:
             print(f"RATIO | {label}: {by_name[numerator][key] / by_name[denominator][key]:.2f}x ({denominator})")
+    note = f"{args.layers} cells, C = {args.channels}, batch {args.batch} per split"
+    columns = (("step", "ms", "ms", 1), ("throughput", "images_per_s", "images/s", 0),
+               ("peak memory", "peak_gib", "GiB", 2))
+    return [Measurement("search_step", f"{result['row']}: {what}", round(result[key], digits), unit, note)
+            for result in results for what, key, unit, digits in columns]
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""How many steps a trained QANN's SNN needs, with binary or graded ST-BIF spikes (issue #45).
+"""The SNN suite: how many steps a trained QANN's SNN needs, with binary or graded ST-BIF spikes, and its energy.
 
-    python benchmarks/snn_latency.py --run outputs/train/<run> --spikes-per-step 1,2,4,15 --samples 1000 \
-        [--relu-run outputs/train/<the same cell trained with neuron=relu>]
+    python benchmarks/snn.py --run outputs/train/<run> --spikes-per-step 1,2,4,15 --samples 1000 \
+        [--relu-run outputs/train/<the same cell trained with neuron=relu>] [--case <network>]
 
 Loads the run's best.pt and config, converts the QANN once per spikes-per-step m (graded_st_bif.py;
 m = 1 is ST-BIF), and reports the accuracy after 1, 2, 4, ... steps, the steps to silence (where the
@@ -10,7 +10,8 @@ search_space/energy.py's three conventions: dense MACs for any multi-bit input (
 conv's output); MACs over its non-zero entries only (skip_zero_macs); and that with a graded input's
 one-spike entries as accumulates (unit_spikes_as_sops). ``--relu-run`` adds the ReLU network's accuracy and
 energy on all three. Writes <out>/snn_latency.json and .md, the accuracy against T as a picture
-(snn_latency.png) and as TensorBoard scalars (<out>/tb: ``snn_latency/accuracy_m<m>`` at step T).
+(snn_latency.png) and as TensorBoard scalars (<out>/tb: ``snn_latency/accuracy_m<m>`` at step T), and appends
+the accuracy at each T, the steps to silence and the dense energy as result rows to --rows-out (benchmarks/rows.py).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from aso_se.run.checkpoint import load_checkpoint
+from benchmarks.rows import RESULTS, Measurement, append_rows
 from search_space.energy import count_energy
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype
@@ -92,6 +94,26 @@ def relu_row(run_dir: Path, data_root: str | None, images: torch.Tensor) -> dict
     metrics = json.loads((run_dir / "metrics.json").read_text())
     return {"run": str(run_dir), "test_acc": metrics["test_acc"],
             "energy_uj": energy_uj(network.to(images.device).eval(), images)}
+
+
+def measurements(case: str, rows: list[dict[str, Any]], relu: dict[str, Any] | None) -> list[Measurement]:
+    """Result rows: per m, the accuracy at each T measured, the steps to silence and the energy per image (dense)."""
+    found = []
+    for row in rows:
+        m = row["spikes_per_step"]
+        spikes = "1 spike per step (binary ST-BIF)" if m == 1 else f"{m} spikes per step"
+        found += [Measurement(case, f"{spikes}, T = {t}: accuracy", round(100 * acc, 2), "%")
+                  for t, acc in row["accuracy_at"].items()]
+        found.append(Measurement(case, f"{spikes}: steps to silence", row["timesteps_to_silence"], "steps",
+                                 "" if row["silent"] else "still firing at --max-timesteps"))
+        found += [Measurement(case, f"{spikes}, T = {t}: energy per image, dense MACs", round(energy["dense"], 1),
+                              "µJ", f"{ENERGY_BATCH} test images") for t, energy in row["energy_uj_at"].items()]
+    found.append(Measurement(case, "QANN: accuracy", round(100 * rows[0]["qann_accuracy"], 2), "%"))
+    if relu is not None:
+        found += [Measurement(case, "ReLU ANN, same cell: accuracy", round(100 * relu["test_acc"], 2), "%"),
+                  Measurement(case, "ReLU ANN: energy per image, dense MACs", round(relu["energy_uj"]["dense"], 1),
+                              "µJ", f"{ENERGY_BATCH} test images")]
+    return found
 
 
 def table(rows: list[dict[str, Any]], relu: dict[str, Any] | None) -> str:
@@ -163,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-root", default=None, help="where this machine keeps the run's data set")
     parser.add_argument("--out", type=Path, default=None, help="folder for snn_latency.json/.md (default: the run)")
     parser.add_argument("--relu-run", type=Path, default=None, help="the same cell trained with neuron=relu")
+    parser.add_argument("--case", default="snn_latency", help="the rows' case, e.g. binary_8x16 (names the network)")
+    parser.add_argument("--rows-out", default=str(RESULTS / "snn.csv"),
+                        help="the result rows file ('' writes none; binary spikes at low T: results/binary_snn.csv)")
     args = parser.parse_args(argv)
     try:
         values = [int(v) for v in args.spikes_per_step.split(",")]
@@ -188,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     write_tensorboard(out, rows, relu)
     plot(out / "snn_latency.png", rows, relu, f"{args.run.name}: SNN accuracy against time steps")
     print(table(rows, relu))
+    if args.rows_out:
+        count = append_rows(Path(args.rows_out), measurements(args.case, rows, relu))
+        print(f"{count} rows appended to {args.rows_out}")
     return 0
 
 
