@@ -1,7 +1,7 @@
 """What the benchmarks that run search.py and train.py share: the Hydra overrides they check and compose,
 their stages as Hydra multiruns (``python search.py -m ...`` on a launcher plugin), and reading a run dir back.
 
-search_vs_random.py, qann_vs_relu.py, sparse_end_to_end.py and energy_pareto.py import it; it is a
+search_vs_random.py, qann_vs_relu.py and energy_pareto.py (the accuracy suite) import it; it is a
 library, not a script (each script puts the repository on sys.path before importing it).
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ from kernels.sparse_conv.prescan import tile_activity, window_activity, window_b
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Tile sizes; `benchmarks/bench_sparse_conv.py --sweep` times alternatives on the GPU."""
+    """Tile sizes; the sweep of benchmarks/bench_sparse_conv.py (git history, 3b7d88c) timed alternatives on the GPU."""
 
     forward_pixels: int = 128  # output pixels per forward program (the GEMM's M), a power of two
     forward_block_k: int = 16  # active input channels per tl.dot (its K): little padding when few are active
