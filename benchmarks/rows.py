@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import os
 import shlex
 import subprocess
 import sys
@@ -39,8 +40,8 @@ def _git_commit() -> str:
                                 check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                                capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    except (OSError, subprocess.CalledProcessError):  # a copy of the tree without .git: the commit it was made from
+        return os.environ.get("ASO_SE_COMMIT", "unknown")
     return f"{commit}+dirty" if dirty else commit  # a dirty tree is not the commit: say so
 
 

@@ -175,7 +175,47 @@ def plot(path: Path, rows: list[dict[str, Any]], relu: dict[str, Any] | None, ti
     figure.savefig(path, dpi=120)
 
 
+def metrics_rows(case: str, run: Path, relu_run: Path | None, note: str = "") -> list[Measurement]:
+    """Rows from a finished train.py run's metrics.json (its QANN, its exact binary SNN at the reported steps, the
+    fine-tuned SNN where ``snn_finetune`` ran) and the ReLU run of the same cell: what every retrain records."""
+    def read(path: Path) -> dict[str, Any]:
+        try:
+            metrics = json.loads((path / "metrics.json").read_text())
+        except (OSError, ValueError) as error:
+            raise UserInputError(f"{path}/metrics.json is unreadable ({error}); pass a finished run") from error
+        if metrics.get("pending"):
+            raise UserInputError(f"{path} has not finished {metrics['pending']}; resume it first")
+        return metrics
+
+    metrics, rows = read(run), []
+    rows.append(Measurement(case, "QANN test accuracy", 100 * metrics["test_acc"], "%", note))
+    for t, accuracy in metrics.get("snn_acc_at_t", {}).items():
+        rows.append(Measurement(case, f"converted SNN, T = {t}", 100 * accuracy, "%", note))
+    if "snn_timesteps" in metrics:
+        rows.append(Measurement(case, "converted SNN, steps to silence", metrics["snn_timesteps"], "steps", note))
+    finetune = metrics.get("snn_finetune")
+    if finetune:
+        how = f"{finetune['epochs']} epochs of BPTT at T = {finetune['timesteps']}, lr {finetune['lr']}"
+        for t, accuracy in finetune["acc_at_t"].items():
+            rows.append(Measurement(case, f"fine-tuned SNN, T = {t}", 100 * accuracy, "%", f"{how}; {note}"))
+        rows.append(Measurement(case, f"fine-tuned SNN energy per image, T = {finetune['timesteps']}",
+                                finetune["energy_per_image_uj"], "µJ", note))
+        rows.append(Measurement(case, f"fine-tuned SNN training, T = {finetune['timesteps']}: throughput",
+                                finetune["train_images_per_second"], "images/s", note))
+    rows.append(Measurement(case, "QANN training: throughput", metrics["train_images_per_second"], "images/s", note))
+    if relu_run is not None:
+        relu = read(relu_run)
+        rows.append(Measurement(case, "ReLU ANN test accuracy", 100 * relu["test_acc"], "%", note))
+        rows.append(Measurement(case, "ReLU ANN energy per image (dense MACs)", relu["energy_per_image_uj"], "µJ",
+                                note))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--from-metrics" in argv:
+        return main_from_metrics(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", type=Path, required=True, help="a train.py run dir of a neuron=st_bif_qann run")
     parser.add_argument("--spikes-per-step", default="1,2,4", help="comma-separated m values (1: binary ST-BIF)")
@@ -216,6 +256,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.rows_out:
         count = append_rows(Path(args.rows_out), measurements(args.case, rows, relu))
         print(f"{count} rows appended to {args.rows_out}")
+    return 0
+
+
+def main_from_metrics(argv: list[str]) -> int:
+    """``--from-metrics --run <QANN run> [--relu-run <run>] --case <name>``: rows from the runs' metrics.json."""
+    parser = argparse.ArgumentParser(description="result rows from finished train.py runs' metrics.json")
+    parser.add_argument("--from-metrics", action="store_true", required=True)
+    parser.add_argument("--run", type=Path, required=True, help="a finished neuron=st_bif_qann train.py run")
+    parser.add_argument("--relu-run", type=Path, default=None, help="the same cell trained with neuron=relu")
+    parser.add_argument("--case", required=True, help="the rows' case, e.g. darts_v2_8x16_level4_seed0")
+    parser.add_argument("--note", default="", help="the budget: network, epochs, images, seed")
+    parser.add_argument("--rows-out", default=str(RESULTS / "binary_snn.csv"), help="the result rows file")
+    args = parser.parse_args(argv)
+    try:
+        rows = metrics_rows(args.case, args.run, args.relu_run, args.note)
+    except UserInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for row in rows:
+        print(f"{row.case} | {row.metric} | {row.value:.4g} {row.unit}")
+    if args.rows_out:
+        print(f"{append_rows(Path(args.rows_out), rows)} rows appended to {args.rows_out}")
     return 0
 
 
