@@ -61,10 +61,9 @@ from kernels.sparse_conv.triton import (
     depthwise_activity,
     forward_lists,
     sparse_conv_fwd,
-    sparse_conv_wgrad,
     sparse_depthwise_fwd,
-    sparse_depthwise_wgrad,
 )
+from kernels.sparse_conv.wgrad import sparse_conv_wgrad, sparse_depthwise_wgrad
 
 log = logging.getLogger("bench_sparse_conv")
 BATCH, CHANNELS, SIZE = 256, 128, 32

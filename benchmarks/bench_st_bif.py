@@ -28,9 +28,9 @@ from triton.testing import do_bench
 
 from kernels import native
 from kernels.st_bif import STBIFNeuron, level_bounds, st_bif_multistep
+from kernels.st_bif.plan import LaunchConfig, st_bif_bwd, st_bif_fwd
 from kernels.st_bif.reference import st_bif_loop, st_bif_reference
 from kernels.st_bif.surrogates import SURROGATES
-from kernels.st_bif.triton import LaunchConfig, st_bif_bwd, st_bif_fwd
 from search_space.neurons.st_bif_qann import QuantizedActivation
 
 NEURON_SHAPE = (64, 128, 32, 32)
