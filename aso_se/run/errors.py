@@ -18,9 +18,9 @@ Exit codes (documented in the README):
 An interrupted run exits with 128 + signal, as shells do, so ``search.py && train.py`` does not
 go on to retrain from a search that was stopped.
 
-Every message a user reads when a run ends early is written here, once; `aso_se.run.guard` turns
-the exceptions into their exit codes. Imports nothing heavy: the stop signals' module uses it before
-the entry points' slow imports.
+The lines a started run ends with (a stop, NaN/Inf, out of memory, a failed write, a lost rank) are
+written here, once, with what the run has kept; `aso_se.run.guard` turns the exceptions into their exit
+codes. Bad input is `search_space.errors.UserInputError`, raised where the input is checked.
 """
 from __future__ import annotations
 

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from aso_se.run.lifecycle import Run
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype, load_genotype
-
-if TYPE_CHECKING:
-    from aso_se.run.lifecycle import Run
 
 log = logging.getLogger(__name__)
 
