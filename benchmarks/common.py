@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import yaml
 
-from aso_se.run.app import CHECKPOINT, RESUME_KEYS, is_launcher_override
+from aso_se.run.paths import CHECKPOINT
+from aso_se.run.resume import RESUME_KEYS, is_launcher_override
 from search_space.errors import UserInputError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -35,8 +35,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aso_se.run.checkpoint import load_checkpoint, tensor_digest  # noqa: E402
+from aso_se.run.checkpoint import load_checkpoint  # noqa: E402
 from aso_se.run.search_callbacks import alpha_digest  # noqa: E402
+from aso_se.run.tensor_checks import tensor_digest  # noqa: E402
 from benchmarks.rows import RESULTS, Measurement, append_rows  # noqa: E402
 
 SMOKE = {
@@ -99,7 +100,7 @@ def _stopped_gracefully(process: subprocess.Popen, log: Path, checkpoint: Path, 
     if code == 128 + signal.SIGTERM and received and error_line and saved:
         outcome = "graceful"
     elif code == 128 + signal.SIGTERM and "SIGTERM received while starting" in text and error_line:
-        outcome = "graceful while starting"  # nothing to save yet (aso_se/run/early_signals.py)
+        outcome = "graceful while starting"  # nothing to save yet (aso_se/run/stop_signals.py)
     elif code in (128 + signal.SIGTERM, -signal.SIGTERM) and not received:
         outcome = "SILENT"
     else:

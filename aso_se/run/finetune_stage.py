@@ -13,10 +13,10 @@ from typing import Any
 from hydra.utils import instantiate
 from torch import nn
 
-from aso_se.errors import TrainingDiverged
 from aso_se.monitor.tensorboard import TensorBoardLogger
-from aso_se.run.app import Run
-from aso_se.run.checkpoint import first_non_finite
+from aso_se.run.errors import non_finite_weights
+from aso_se.run.lifecycle import Run
+from aso_se.run.tensor_checks import first_non_finite
 from aso_se.run.train_callbacks import TrainCallbacks
 from aso_se.train.retrain import Retrainer
 from aso_se.train.snn_eval import is_qann
@@ -60,8 +60,7 @@ class FinetuneCallbacks:
         bad = first_non_finite({"model": trainer.network.state_dict(),
                                 "optimizer": trainer.optimizer.state_dict()["state"]})
         if bad is not None:
-            raise TrainingDiverged(f"snn_finetune: {bad} became NaN/Inf by global step {trainer.global_step} (not "
-                                   "saved): lower snn_finetune.lr or use trainer.precision=fp32")
+            raise non_finite_weights(bad, trainer.global_step, lower="snn_finetune.lr")
         self.run.save({"genotype": self.qann.genotype.to_json(), "trainer": self.qann.trainer.state_dict(),
                        "snn_trainer": trainer.state_dict()}, background=background)
 

@@ -16,10 +16,11 @@ import logging
 import signal
 from typing import Any
 
-from aso_se.errors import TrainingDiverged
 from aso_se.monitor.tensorboard import TensorBoardLogger
-from aso_se.run.app import Interrupted, Run
-from aso_se.run.checkpoint import first_non_finite, save_json, tensor_digest
+from aso_se.run.atomic_write import save_json
+from aso_se.run.errors import Interrupted, non_finite_weights
+from aso_se.run.lifecycle import Run
+from aso_se.run.tensor_checks import first_non_finite, tensor_digest
 from aso_se.train.energy_report import energy_metrics
 from aso_se.train.retrain import Retrainer
 from aso_se.train.snn_eval import check_snn_settings, is_qann, snn_metrics
@@ -72,8 +73,7 @@ class TrainCallbacks:
         bad = first_non_finite({"model": trainer.network.state_dict(),
                                 "optimizer": trainer.optimizer.state_dict()["state"]})
         if bad is not None:
-            raise TrainingDiverged(f"{bad} became NaN/Inf by global step {trainer.global_step} (not saved): "
-                                   f"lower optim.optimizer.lr or use trainer.precision=fp32")
+            raise non_finite_weights(bad, trainer.global_step, lower="optim.optimizer.lr")
         self.run.save({"genotype": self.genotype.to_json(), "trainer": self.trainer.state_dict()},
                       background=background)
         if is_best:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aso_se.run import app
+from aso_se.run import lifecycle
 from aso_se.run.checkpoint import load_checkpoint
 from aso_se.train.retrain import Retrainer
 from tests.aso_se.run.helpers import SMOKE, RunApp
@@ -27,11 +27,11 @@ class NodeLost(BaseException):
 @pytest.fixture
 def timed_saves(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """(epoch, step_in_epoch) of every timed save of the retrain."""
-    runs: list[app.Run] = []
+    runs: list[lifecycle.Run] = []
     saves: list[tuple[int, int]] = []
-    real_enter, real_fit = app.Run.__enter__, Retrainer.fit
+    real_enter, real_fit = lifecycle.Run.__enter__, Retrainer.fit
 
-    def enter(self: app.Run) -> app.Run:
+    def enter(self: lifecycle.Run) -> lifecycle.Run:
         runs.append(self)
         return real_enter(self)
 
@@ -47,7 +47,7 @@ def timed_saves(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
         kwargs["save_checkpoint"] = save
         return real_fit(self, *args, **kwargs)
 
-    monkeypatch.setattr(app.Run, "__enter__", enter)
+    monkeypatch.setattr(lifecycle.Run, "__enter__", enter)
     monkeypatch.setattr(Retrainer, "fit", fit)
     return saves
 
@@ -96,7 +96,7 @@ def test_the_interval_in_minutes(run_app: RunApp, monkeypatch: pytest.MonkeyPatc
                                  saves: list[tuple[int, int]]) -> None:
     """A clock that moves 11 minutes per reading: 10 is due after every step, null never."""
     readings = iter(range(10**6))
-    monkeypatch.setattr(app.time, "monotonic", lambda: 660.0 * next(readings))
+    monkeypatch.setattr(lifecycle.time, "monotonic", lambda: 660.0 * next(readings))
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", f"trainer.checkpoint_every_min={minutes}")
     assert code == 0, stderr
     assert timed_saves == saves
