@@ -57,6 +57,7 @@ from aso_se.parallel.distributed import (
 )
 from aso_se.parallel.stuck_rank import StuckRankWatchdog
 from aso_se.run import checkpoint, early_signals, gpu_slots
+from aso_se.run.checkpoint_policy import CheckpointPolicy
 from aso_se.run.os_signals import describe_handler, os_handler
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype, load_genotype
@@ -298,8 +299,8 @@ class Run:
     group, seeds, and handlers for ``trainer.stop_signals`` that only raise a stop flag (the
     training loop polls `should_stop` after each step, then the entry point saves and raises
     `Interrupted`; a second Ctrl-C quits at once). Loader workers ignore those signals, so a
-    signal to the whole process group stops the run the same way. `checkpoint_due` tells the
-    loops when ``trainer.checkpoint_every_min`` has passed since the last save. On exit: loader
+    signal to the whole process group stops the run the same way. ``checkpoints``, the run's
+    `CheckpointPolicy`, tells the loops' callbacks when to save. On exit: loader
     workers and the process group are shut down and an expected failure (bad input, NaN/Inf,
     out of memory, a failed write, the stop) exits with its one line.
     """
@@ -321,10 +322,8 @@ class Run:
         self._previous_worker_signals: tuple[int, ...] | None = None
         self._started = time.perf_counter()
         self._cpu_started = _cpu_seconds()
-        self._saved_at = time.monotonic()
         self._writer = checkpoint.CheckpointWriter()
-        self._checkpoint_every_s: float | None = None
-        self._every_n_epochs = 1
+        self.checkpoints = CheckpointPolicy()  # the run's own, from its trainer config, once it starts
         self._watchdog: StuckRankWatchdog | None = None
 
     @property
@@ -361,21 +360,13 @@ class Run:
         if trainer.precision not in allowed:
             raise UserInputError(f"trainer.precision={trainer.precision} is not supported by {self.entry_point}.py; "
                                  f"use {' or '.join(allowed)}")
-        self._checkpoint_every_s = _checkpoint_interval_s(trainer.get("checkpoint_every_min"))
-        every = trainer.get("checkpoint_every_n_epochs", 1)
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise UserInputError(f"trainer.checkpoint_every_n_epochs={every!r} must be an integer >= 1; fix "
-                                 f"trainer.checkpoint_every_n_epochs")
-        self._every_n_epochs = every
-        keep = trainer.get("keep_checkpoints", 1)
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise UserInputError(f"trainer.keep_checkpoints={keep!r} must be an integer >= 1 (last.pt and the "
-                                 f"ones saved before it); fix trainer.keep_checkpoints")
+        self.checkpoints = CheckpointPolicy.from_config(trainer)
         peer_timeout_s = trainer.get("peer_timeout_s", 300)
         if isinstance(peer_timeout_s, bool) or not isinstance(peer_timeout_s, (int, float)) or peer_timeout_s <= 0:
             raise UserInputError(f"trainer.peer_timeout_s={peer_timeout_s!r} must be a positive number of seconds; "
                                  f"fix trainer.peer_timeout_s")
         self.ctx = init_distributed(ddp=trainer.ddp, device=trainer.device, peer_timeout_s=float(peer_timeout_s))
+        self.checkpoints.timed = self.ctx.is_main  # rank 0 alone writes checkpoints
         torch.backends.cudnn.benchmark = bool(trainer.get("cudnn_benchmark", False))
         self.run_dir = broadcast_from_main(self.run_dir, self.ctx)
         if self.ctx.is_main and not self.resumed:
@@ -547,18 +538,6 @@ class Run:
                             signal.Signals(signum).name, describe_handler(replacement))
                 signal.signal(signum, self._on_signal)
 
-    def epoch_checkpoint_due(self, epoch: int, *, last: bool = False) -> bool:
-        """Whether the end of ``epoch`` (counted from 1) saves ``checkpoints/last.pt``: every
-        ``trainer.checkpoint_every_n_epochs`` epochs and the ``last`` one (a stop saves anyway)."""
-        return last or epoch % self._every_n_epochs == 0
-
-    def checkpoint_due(self) -> bool:
-        """True (on rank 0) once ``trainer.checkpoint_every_min`` has passed since the last save
-        of ``checkpoints/last.pt``: the loops then save their state as at a stop (mid-epoch)."""
-        if self._checkpoint_every_s is None or (self.ctx is not None and not self.ctx.is_main):
-            return False
-        return time.monotonic() - self._saved_at >= self._checkpoint_every_s
-
     def raise_if_stopped(self) -> None:
         """After the final save: report the stop (exit 128 + signal)."""
         if self._signum is not None:
@@ -625,12 +604,12 @@ class Run:
             return
         self._keep_stop_handlers()
         config = OmegaConf.to_container(self.cfg, resolve=True)
-        keep = self.cfg.trainer.get("keep_checkpoints", 1) if path is None else 1  # last.pt's history only
+        keep = self.checkpoints.keep if path is None else 1  # last.pt's history only
         self._writer.save({"config": config, "wall_time_s": self.wall_time_s,
                            "cpu_time_s": self.cpu_time_s, "world_size": self.ctx.world_size, **state},
                           path or self.checkpoint_path, kind=self.entry_point, keep=keep, background=background)
         if path is None:
-            self._saved_at = time.monotonic()
+            self.checkpoints.saved()
 
     @property
     def wall_time_s(self) -> float:
@@ -675,16 +654,6 @@ def _stop_signals(names: Any) -> tuple[int, ...]:
                                  f"use e.g. SIGTERM, SIGINT, SIGUSR1, SIGUSR2 or SIGHUP")
         signums.append(int(signum))
     return tuple(dict.fromkeys(signums))
-
-
-def _checkpoint_interval_s(minutes: Any) -> float | None:
-    """``trainer.checkpoint_every_min`` in seconds (None: checkpoints at epoch ends only)."""
-    if minutes is None:
-        return None
-    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or minutes <= 0:
-        raise UserInputError(f"trainer.checkpoint_every_min={minutes} must be a positive number of "
-                             f"minutes; or null to save at epoch ends only")
-    return float(minutes) * 60.0
 
 
 def genotype_to_train(run: Run) -> Genotype:

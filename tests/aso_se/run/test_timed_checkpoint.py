@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from aso_se.loop import LoopCallbacks
 from aso_se.run import app
 from aso_se.run.checkpoint import load_checkpoint
 from aso_se.train.retrain import Retrainer
@@ -27,27 +28,19 @@ class NodeLost(BaseException):
 @pytest.fixture
 def timed_saves(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """(epoch, step_in_epoch) of every timed save of the retrain."""
-    runs: list[app.Run] = []
     saves: list[tuple[int, int]] = []
-    real_enter, real_fit = app.Run.__enter__, Retrainer.fit
+    real_fit = Retrainer.fit
 
-    def enter(self: app.Run) -> app.Run:
-        runs.append(self)
-        return real_enter(self)
-
-    def fit(self: Retrainer, *args, **kwargs) -> bool:
-        # train.py's save(is_best=False) writes last.pt as at a stop; wired here if train.py does not.
-        inner = kwargs.get("save_checkpoint") or (lambda: kwargs["on_epoch_end"](False))
+    def fit(self: Retrainer, *args, callbacks: LoopCallbacks, **kwargs) -> bool:
+        inner = callbacks.save_checkpoint
 
         def save() -> None:
             saves.append((self.epoch, self.step_in_epoch))
             inner()
 
-        kwargs.setdefault("checkpoint_due", runs[-1].checkpoint_due)
-        kwargs["save_checkpoint"] = save
-        return real_fit(self, *args, **kwargs)
+        callbacks.save_checkpoint = save
+        return real_fit(self, *args, callbacks=callbacks, **kwargs)
 
-    monkeypatch.setattr(app.Run, "__enter__", enter)
     monkeypatch.setattr(Retrainer, "fit", fit)
     return saves
 
