@@ -26,7 +26,7 @@ from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
 from aso_se.search import fast_math
 from aso_se.search.arch_params import SamplingConfig
 from aso_se.search.derive import supernet_genotype
-from aso_se.search.epoch_metrics import SearchMetrics
+from aso_se.search.epoch_metrics import EpochMetrics
 from aso_se.search.evolution import CycleResult, EvolutionConfig, prune_weak_ops, track_weak_ops
 from aso_se.search.firing_rates import recording_firing_rates
 from aso_se.search.schedule import Phase, PlanEntry, SearchSchedule
@@ -88,7 +88,7 @@ class ASOSEEngine:
         self._position = 0  # index of the current plan entry
         self._epoch_step = 0  # steps done in the current epoch
         self._global_step = 0
-        self.metrics = SearchMetrics(start_logits=self._stacked_logits())
+        self.metrics = EpochMetrics(start_logits=self._stacked_logits())
         self.genotypes: list[Genotype] = []
         self.temperature = schedule.temperature_start
         self._pending_rng: dict[str, Any] | None = None

@@ -38,7 +38,7 @@ def position(entry: PlanEntry) -> dict[str, Any]:
             "epoch_in_phase": entry.epoch_in_phase}
 
 
-class SearchMetrics:
+class EpochMetrics:
     """The step metrics on their way to the host and the running epoch's sums (see the module docstring).
 
     A step's metrics: cycle, phase, epoch, epoch_in_phase, step, global_step, lr, temperature, entropy_weight,
