@@ -6,27 +6,29 @@ The run directory (outputs/search/<date>_<time>/) gets genotype.json, search_met
 final α entropy), genotypes/cycle_<k>.json, strength.json (derive=strength; checkpoints/strength_paths.pt keeps a
 stopped judging's paths for its resume), checkpoints/last.pt, tb/
 (TensorBoard), search.log and Hydra's config; ``python train.py`` then retrains the newest genotype.json. Exit
-codes: see aso_se/run/app.py.
+codes: see aso_se/run/errors.py.
 """
-from aso_se.run import early_signals
+from aso_se.run import stop_signals
 
-early_signals.catch()  # before the slow imports: a SIGTERM during them is a stop, not a silent death
+stop_signals.catch_early()  # before the slow imports: a SIGTERM during them is a stop, not a silent death
 
 import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from aso_se.run import app
+from aso_se.run.guard import main_guard
+from aso_se.run.inputs import check_timesteps
+from aso_se.run.lifecycle import Run
 from aso_se.run.search_callbacks import SearchCallbacks
 from aso_se.search.strength import check_rule
 
 
 @hydra.main(config_path="conf", config_name="search", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    with app.Run(cfg, entry_point="search") as run:
+    with Run(cfg, entry_point="search") as run:
         cfg, ctx = run.cfg, run.ctx
         data, neuron, space = instantiate(cfg.data), instantiate(cfg.neuron), instantiate(cfg.search_space)
-        app.check_timesteps(data, neuron)
+        check_timesteps(data, neuron)
         derive = cfg.get("derive", "alpha")  # a run saved before derive= existed derives from α
         check_rule(derive, cfg.get("derive_images"), space.primitives)
         engine = instantiate(cfg.search, _convert_="object")(
@@ -49,4 +51,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    app.main_guard(main)
+    main_guard(main)

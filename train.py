@@ -5,30 +5,34 @@
 The run directory (outputs/train/<date>_<time>/) gets checkpoints/last.pt and best.pt, tb/
 (TensorBoard) and metrics.json (written once training ends, with ``pending`` naming the SNN and energy evaluations
 still to come, and again as each is done). ``resume=<run_dir>`` continues a stopped run. Exit codes: see
-aso_se/run/app.py.
+aso_se/run/errors.py.
 """
-from aso_se.run import early_signals
+from aso_se.run import stop_signals
 
-early_signals.catch()  # before the slow imports: a SIGTERM during them is a stop, not a silent death
+stop_signals.catch_early()  # before the slow imports: a SIGTERM during them is a stop, not a silent death
 
 import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from aso_se.run import app
+from aso_se.run.finetune_stage import finetune_settings, run_finetune
+from aso_se.run.guard import main_guard
+from aso_se.run.inputs import check_timesteps, genotype_to_train
+from aso_se.run.lifecycle import Run
 from aso_se.run.train_callbacks import TrainCallbacks
 from aso_se.train.retrain import Retrainer
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    with app.Run(cfg, entry_point="train") as run:
+    with Run(cfg, entry_point="train") as run:
         cfg, ctx = run.cfg, run.ctx
-        genotype = app.genotype_to_train(run)
+        genotype = genotype_to_train(run)
         data, neuron = instantiate(cfg.data), instantiate(cfg.neuron)
-        app.check_timesteps(data, neuron)
+        check_timesteps(data, neuron)
         network = instantiate(cfg.model.network)(genotype, neuron=neuron, num_classes=data.num_classes,
                                                  in_channels=data.in_channels, image_size=data.image_size)
+        finetune = finetune_settings(run, network)
         trainer = Retrainer(
             network, optimizer=instantiate(cfg.optim.optimizer), scheduler=instantiate(cfg.optim.scheduler),
             epochs=cfg.epochs, auxiliary_weight=cfg.model.auxiliary_weight, drop_path_prob=cfg.model.drop_path_prob,
@@ -43,8 +47,10 @@ def main(cfg: DictConfig) -> None:
         if not trainer.fit(train_loader, test_loader, callbacks=callbacks, should_stop=run.should_stop):
             callbacks.save_checkpoint()
             run.raise_if_stopped()
-        callbacks.finish(data)
+        metrics = callbacks.finish(data, later=("snn_finetune",) if finetune.epochs else ())
+        if finetune.epochs:  # spike-domain fine-tuning of the QANN's binary SNN at T
+            run_finetune(run, board, finetune, callbacks, metrics, data, train_loader, test_loader)
 
 
 if __name__ == "__main__":
-    app.main_guard(main)
+    main_guard(main)

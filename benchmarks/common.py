@@ -1,7 +1,7 @@
 """What the benchmarks that run search.py and train.py share: the Hydra overrides they check and compose,
 their stages as Hydra multiruns (``python search.py -m ...`` on a launcher plugin), and reading a run dir back.
 
-search_vs_random.py, qann_vs_relu.py, sparse_end_to_end.py and energy_pareto.py import it; it is a
+search_vs_random.py, qann_vs_relu.py and energy_pareto.py (the accuracy suite) import it; it is a
 library, not a script (each script puts the repository on sys.path before importing it).
 """
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import yaml
 
-from aso_se.run.app import CHECKPOINT, RESUME_KEYS, is_launcher_override
+from aso_se.run.paths import CHECKPOINT
+from aso_se.run.resume import RESUME_KEYS, is_launcher_override
 from search_space.errors import UserInputError
 
 REPO = Path(__file__).resolve().parents[1]

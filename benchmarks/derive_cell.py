@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: the packages live beside benchmarks/
     sys.path.insert(0, str(REPO))
 
-from aso_se.run.checkpoint import load_checkpoint, save_json  # noqa: E402
+from aso_se.run.atomic_write import save_json  # noqa: E402
+from aso_se.run.checkpoint import load_checkpoint  # noqa: E402
 from aso_se.search.derive import derive_genotype  # noqa: E402
 from aso_se.search.strength import parameter_free  # noqa: E402
 from aso_se.search.supernet import CELL_TYPES  # noqa: E402

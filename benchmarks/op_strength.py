@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: the packages live beside benchmarks/
     sys.path.insert(0, str(REPO))
 
-from aso_se.run.checkpoint import load_checkpoint, save_json  # noqa: E402
+from aso_se.run.atomic_write import save_json  # noqa: E402
+from aso_se.run.checkpoint import load_checkpoint  # noqa: E402
 from aso_se.search.derive import NONE_OP, supernet_genotype  # noqa: E402
 from aso_se.search.strength import cells_record, decided_edges, mixed_batches, strength_genotype, strengths  # noqa: E402
 from benchmarks.common import with_overrides  # noqa: E402

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: the packages live beside benchmarks/
     sys.path.insert(0, str(REPO))
 
-from aso_se.run.checkpoint import save_json  # noqa: E402
+from aso_se.run.atomic_write import save_json  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     SMOKE,
     Sweep,

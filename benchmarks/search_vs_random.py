@@ -47,7 +47,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: the packages live beside benchmarks/
     sys.path.insert(0, str(REPO))
 
-from aso_se.run.checkpoint import load_checkpoint, save_json  # noqa: E402
+from aso_se.run.atomic_write import save_json  # noqa: E402
+from aso_se.run.checkpoint import load_checkpoint  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     SMOKE,
     BenchmarkError,
@@ -64,7 +65,6 @@ from benchmarks.common import (  # noqa: E402
     run_sweeps,
     same_config,
 )
-from benchmarks.metrics_from_log import read_log  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 from search_space.genotypes import GENOTYPES, Genotype, random_genotype  # noqa: E402
 from search_space.ops import check_primitives  # noqa: E402
@@ -77,7 +77,7 @@ CIFAR10_RETRAIN_BUDGET = {"epochs": 30, "layers": 8, "channels": 16}
 # The named retrain budgets. proxy: the search's experiment on the supernet's size for 30 epochs. full: the
 # full-size retrain, experiment=cifar10_qann_fast (20 x 36, 180 epochs), one process (GPU) per run, so at its
 # recipe's global batch of 1,024 (its lr is for that batch), in fp16 (one GPU's fastest step; it learns like fp32,
-# RESULTS.md "Full-size retrain"); the searches stay experiment=cifar10_qann.
+# RESULTS.md "Accuracy against the anchors"); the searches stay experiment=cifar10_qann.
 BUDGETS = ("proxy", "full")
 FULL_TRAIN_EXPERIMENT, FULL_SEARCH_EXPERIMENT = "cifar10_qann_fast", "cifar10_qann"
 FULL_TRAIN_OVERRIDES = ("batch_size=1024", "trainer.precision=fp16")
@@ -230,7 +230,7 @@ def _state_entry(state: Mapping[str, torch.Tensor], suffix: str) -> torch.Tensor
 
 
 # Beside a finished search's genotype.json: what the benchmark reads of it, written on the first read. A run dir
-# with its small files alone (no checkpoints/, e.g. carried to another machine or session) is then still read.
+# with its small files alone (no checkpoints/, e.g. copied to another machine) is then still read.
 SEARCH_SUMMARY = "search_summary.json"
 
 
@@ -601,14 +601,21 @@ def report_progress(plan: Plan) -> dict[str, Any]:
     return progress
 
 
+RETRAIN_EPOCH_LINE = re.compile(r"retrain epoch (?P<epoch>\d+)/(?P<epochs>\d+) \| (?P<scalars>.*)$")
+
+
 def last_logged_epoch(run_dir: Path) -> dict[str, Any] | None:
     """An unfinished retrain's last epoch in its train.log (still training, or stopped to be resumed); None if none."""
     log = run_dir / "train.log"
-    logged = read_log(log) if log.is_file() else {"history": []}
-    if not logged["history"]:
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    logged = [found for line in lines if (found := RETRAIN_EPOCH_LINE.search(line))]
+    if not logged:
         return None
-    last = logged["history"][-1]
-    return {"epoch": int(last["epoch"]) + 1, "epochs": logged["epochs"], "test_acc": last.get("test_acc")}
+    last = max(logged, key=lambda found: int(found["epoch"]))  # a resumed piece logs on from its checkpoint
+    words = last["scalars"].split()
+    test_acc = dict(zip(words[::2], words[1::2])).get("test_acc")
+    return {"epoch": int(last["epoch"]), "epochs": int(last["epochs"]),
+            "test_acc": None if test_acc is None else float(test_acc)}
 
 
 SEARCH_EPOCH_LINE = re.compile(r"cycle (\d+) (\w+) \(epoch (\d+)\)")
@@ -630,14 +637,14 @@ def last_search_epoch(run_dir: Path) -> dict[str, Any] | None:
 
 
 def searching_line(searching: Mapping[str, Mapping[str, Any]]) -> str:
-    """The searches without a cell yet: where each stands (a search longer than one session, stopped to be resumed)."""
+    """The searches without a cell yet: where each stands (a search stopped to be resumed)."""
     stands = [f"{name} at epoch {logged['epoch']}/{logged['epochs']} (cycle {logged['cycle']}, {logged['phase']})"
               for name, logged in searching.items()]
     return f"Searching (last logged epoch): {'; '.join(stands)}." if stands else ""
 
 
 def training_line(in_training: Mapping[str, Mapping[str, Any]]) -> str:
-    """The unfinished retrains' last logged epochs: where a long protocol's arms stand between two sessions."""
+    """The unfinished retrains' last logged epochs: where a long protocol's arms stand while they train or wait."""
     stands = [f"{name} at epoch {logged['epoch']}/{logged['epochs']}"
               + ("" if logged["test_acc"] is None else f", test acc {logged['test_acc']:.4f}")
               for name, logged in in_training.items()]
@@ -645,7 +652,7 @@ def training_line(in_training: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def pending_line(runs: Sequence[Mapping[str, Any]]) -> str:
-    """The runs whose metrics.json lacks evaluations (their machine was lost during them): which, and why."""
+    """The runs whose metrics.json lacks evaluations (the run stopped before them): which, and why."""
     incomplete = [f"{Path(run['run_dir']).name} ({', '.join(run['pending'])}"
                   + (f"; figures rebuilt from its {run['recovered_from']}" if run.get("recovered_from") else "") + ")"
                   for run in runs if run.get("pending")]
@@ -698,10 +705,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "DIR/genotypes/, e.g. to register a change's random cells before its searches")
     parser.add_argument("--progress", action="store_true",
                         help="run nothing: report DIR's finished retrains, the missing ones and the verdict so far "
-                             "(DIR/progress.json, progress.md; rank_correlation.py reads progress.json too)")
+                             "(DIR/progress.json, progress.md)")
     parser.add_argument("--searches-from", type=Path, default=None, metavar="DIR",
                         help="retrain the finished searches of the benchmark in DIR instead of searching (the same "
-                             "seeds), e.g. a --budget full benchmark's cells at a proxy budget for rank_correlation.py")
+                             "seeds), e.g. a --budget full benchmark's cells at a proxy budget")
     parser.add_argument("--retrain-epochs", type=int, default=None,
                         help="default: the budget's (proxy 30, full 180; smoke: experiment=smoke's)")
     parser.add_argument("--retrain-layers", type=int, default=None,

@@ -1,6 +1,7 @@
-"""Stop search.py and train.py with SIGTERM at random moments, then resume them: no stop may be silent.
+"""The faults suite: stop search.py and train.py with SIGTERM at random moments, then resume them: none silent.
 
     python benchmarks/stop_resume_loop.py --trials 8 --seed 0 --out stops.jsonl [--data-root /tmp/cifar10]
+    for gpu in 0 1 2 3; do CUDA_VISIBLE_DEVICES=$gpu python benchmarks/stop_resume_loop.py --seed $gpu ... & done
 
 Each trial starts one run in its own process group (search or train, 0 or 12 loader workers, in turn),
 sends SIGTERM to the whole group (as `timeout`, Slurm and Ctrl-C do) at a random time after its start,
@@ -15,7 +16,8 @@ The phase the signal hit is read from the saved checkpoint (cycle / warm-up, sea
 retrain epoch and step). With ``--data-root`` the runs are CIFAR-10 sized for a GPU (the DARTS-size
 networks on a few thousand images so that every phase comes within a minute); without it, mnist5k
 smoke runs (the CPU test). One JSON line per trial goes to ``--out``; the summary is printed as
-a Markdown table. Run one loop per GPU (CUDA_VISIBLE_DEVICES) to use a multi-GPU machine.
+a Markdown table, and its counts (graceful stops, resumes at the saved step) are appended as result rows to
+``--rows-out`` (benchmarks/results/faults.csv). Run one loop per GPU (CUDA_VISIBLE_DEVICES) to use a multi-GPU machine.
 """
 from __future__ import annotations
 
@@ -33,8 +35,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aso_se.run.checkpoint import load_checkpoint, tensor_digest  # noqa: E402
+from aso_se.run.checkpoint import load_checkpoint  # noqa: E402
 from aso_se.run.search_callbacks import alpha_digest  # noqa: E402
+from aso_se.run.tensor_checks import tensor_digest  # noqa: E402
+from benchmarks.rows import RESULTS, Measurement, append_rows  # noqa: E402
 
 SMOKE = {
     "search": ["experiment=smoke", "logger=none", "search.schedule.warmup_epochs=1", "search.schedule.cycles=3",
@@ -96,7 +100,7 @@ def _stopped_gracefully(process: subprocess.Popen, log: Path, checkpoint: Path, 
     if code == 128 + signal.SIGTERM and received and error_line and saved:
         outcome = "graceful"
     elif code == 128 + signal.SIGTERM and "SIGTERM received while starting" in text and error_line:
-        outcome = "graceful while starting"  # nothing to save yet (aso_se/run/early_signals.py)
+        outcome = "graceful while starting"  # nothing to save yet (aso_se/run/stop_signals.py)
     elif code in (128 + signal.SIGTERM, -signal.SIGTERM) and not received:
         outcome = "SILENT"
     else:
@@ -158,6 +162,18 @@ def trial(index: int, rng: random.Random, *, work: Path, data_root: str | None, 
     return row
 
 
+def measurements(rows: list[dict]) -> list[Measurement]:
+    """The loop's counts as result rows: graceful stops, resumes at the saved step and digest, graceful second stops."""
+    resumed = [row for row in rows if "resume_matches" in row]
+    of = f"of {len(rows)}"
+    return [Measurement("stop_resume", "SIGTERM at random times: graceful stops",
+                        sum(row["outcome"].startswith("graceful") for row in rows), of),
+            Measurement("stop_resume", "resumes at the saved step and α/weights digest",
+                        sum(row["resume_matches"] is True for row in resumed), of),
+            Measurement("stop_resume", "resumed runs stopped gracefully by a second SIGTERM",
+                        sum(row.get("resume_stop") == "graceful" for row in resumed), of)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=8)
@@ -168,6 +184,7 @@ def main() -> None:
     parser.add_argument("--delay", type=float, nargs=2, default=(5.0, 60.0), help="signal time range after start (s)")
     parser.add_argument("--budget-s", type=float, default=None, help="start no trial after this many seconds")
     parser.add_argument("--stop-timeout-s", type=float, default=120.0)
+    parser.add_argument("--rows-out", default=str(RESULTS / "faults.csv"), help="result rows file ('': none)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     began, rows = time.monotonic(), []
@@ -187,6 +204,8 @@ def main() -> None:
         print(f"| {row['trial']} | {row['entry']} | {row['workers']} | {row['signal']} | {row.get('phase', '')} | "
               f"{row['exit']} | {row['outcome']} | {row.get('resume_matches', '')} | {row.get('resume_stop', '')} |")
     print(f"\noutcomes: {dict(Counter(row['outcome'] for row in rows))}")
+    if args.rows_out and rows:
+        print(f"{append_rows(Path(args.rows_out), measurements(rows))} rows appended to {args.rows_out}")
 
 
 if __name__ == "__main__":

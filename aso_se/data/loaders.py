@@ -53,7 +53,7 @@ def collate_time_first(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Ten
     return torch.stack(frames, dim=1), torch.tensor(labels)
 
 
-# Signals that workers of loaders built from now on ignore: a run's stop signals (aso_se.run.app.Run).
+# Signals that workers of loaders built from now on ignore: a run's stop signals (aso_se.run.stop_signals).
 _IGNORED_IN_WORKERS: tuple[int, ...] = ()
 _LOADERS: "weakref.WeakSet[EpochLoader]" = weakref.WeakSet()
 

@@ -1,10 +1,7 @@
-"""Checkpoint files that a crash, Ctrl-C or SIGKILL at any moment can never corrupt.
+"""Checkpoint files: their format, the history kept beside the newest, and every way one can be unusable.
 
-`save_checkpoint` writes to a temporary file beside the target, fsyncs it, renames it over the
-target (atomic on POSIX: a reader sees the old file or the new one, never a mix) and fsyncs the
-directory so that the rename itself is durable. A process killed mid-write leaves at most a
-stale ``.<name>.tmp`` that the next save overwrites; a write that fails (disk full, read-only
-directory) removes it and raises `CheckpointWriteError`, the previous file untouched.
+`save_checkpoint` writes through `aso_se.run.atomic_write` (a crash, Ctrl-C or SIGKILL at any moment
+leaves the old file or the new one, never a mix).
 
 `save_checkpoint(..., keep=n)` keeps the n - 1 previous files beside the newest (``last.1.pt`` the one
 before, ...), linked before the new file replaces the name, so a good state always has a name; and
@@ -23,8 +20,6 @@ model or engine it is restored into.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import pickle
 import shutil
@@ -33,10 +28,11 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
+from aso_se.run.atomic_write import one_line, write_atomically
 from aso_se.run.packed_tensors import loose_tensors_to_host, pack, unpack
 from search_space.errors import UserInputError
 
@@ -57,15 +53,6 @@ class UnreadableCheckpoint(CheckpointError):
         self.path, self.reason = path, reason
         super().__init__(f"checkpoint {path} is unreadable (truncated or corrupt: {reason}); "
                          f"resume from another run, or delete it to start again")
-
-
-class CheckpointWriteError(Exception):
-    """A checkpoint or result file could not be written (disk full, read-only or missing directory)."""
-
-    def __init__(self, path: Path, what: str, err: OSError) -> None:
-        self.path = path
-        super().__init__(f"could not write {what}{path}: {_one_line(err)}; free space or make "
-                         f"{path.parent} writable")
 
 
 def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str], *, kind: str, keep: int = 1) -> None:
@@ -135,8 +122,8 @@ def _host_payload(state: Mapping[str, Any], kind: str) -> dict[str, Any]:
 
 
 def _write_payload(payload: Mapping[str, Any], path: Path, keep: int) -> None:
-    _write_atomically(path, lambda f: torch.save(payload, f), what="checkpoint ",
-                      before_replace=lambda: _shift_history(path, keep))
+    write_atomically(path, lambda f: torch.save(payload, f), what="checkpoint ",
+                     before_replace=lambda: _shift_history(path, keep))
 
 
 def older(path: Path, age: int) -> Path:
@@ -194,40 +181,6 @@ def load_newest_readable(path: Path, *, kind: str, warn: Callable[[str], None],
     raise AssertionError("unreachable: the loop returns or raises")
 
 
-def save_json(obj: Any, path: str | os.PathLike[str]) -> None:
-    """Atomically write ``obj`` as indented JSON (genotypes, metrics)."""
-    _write_atomically(Path(path), lambda f: f.write(json.dumps(obj, indent=2).encode() + b"\n"))
-
-
-def _write_atomically(path: Path, write: Callable[[BinaryIO], object], what: str = "",
-                      before_replace: Callable[[], None] = lambda: None) -> None:
-    """Temp file beside ``path``, fsync, rename over ``path``, fsync the directory.
-
-    Any failure (an OSError becomes `CheckpointWriteError`; a second Ctrl-C propagates) removes
-    the temporary file, so a full disk is not left fuller and ``path`` keeps its previous content.
-    """
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        before_replace()
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except BaseException as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise CheckpointWriteError(path, what, err) from err
-        raise
-
-
 def load_checkpoint(path: str | os.PathLike[str], *, kind: str) -> dict[str, Any]:
     """Read a checkpoint written by `save_checkpoint` for ``kind``, onto the CPU."""
     path = Path(path)
@@ -238,7 +191,7 @@ def load_checkpoint(path: str | os.PathLike[str], *, kind: str) -> dict[str, Any
         # weights_only keeps loading safe: checkpoints hold only tensors and plain containers.
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-        raise UnreadableCheckpoint(path, _one_line(err)) from err
+        raise UnreadableCheckpoint(path, one_line(err)) from err
     header = payload.get(_HEADER_KEY) if isinstance(payload, dict) else None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path} is not an ASO-SE checkpoint; pass a file written by "
@@ -262,52 +215,5 @@ def restore_errors(path: str | os.PathLike[str]) -> Iterator[None]:
         raise
     except (RuntimeError, KeyError, ValueError, TypeError) as err:
         raise CheckpointError(f"checkpoint {path} does not fit this code or config "
-                              f"({_one_line(err)}); "
+                              f"({one_line(err)}); "
                               f"start a new run, or resume with the code that wrote it") from err
-
-
-def first_non_finite(states: Mapping[str, Any]) -> str | None:
-    """The name of the first floating tensor in ``states`` (nested dicts and lists) holding NaN or Inf,
-    else None; one host sync per device. A diverged step can leave a finite loss and Inf weights
-    behind it: saving them would overwrite the last good checkpoint."""
-    named: list[tuple[str, torch.Tensor]] = []
-
-    def walk(value: Any, name: str) -> None:
-        if isinstance(value, torch.Tensor):
-            if value.is_floating_point():
-                named.append((name, value))
-        elif isinstance(value, Mapping):
-            for key, item in value.items():
-                walk(item, f"{name}.{key}" if name else str(key))
-        elif isinstance(value, (list, tuple)):
-            for index, item in enumerate(value):
-                walk(item, f"{name}[{index}]")
-
-    walk(states, "")
-    for device in dict.fromkeys(tensor.device for _, tensor in named):
-        on_device = [(name, tensor) for name, tensor in named if tensor.device == device]
-        # One check of all of them at once (thousands of tensors in a search's state), then per tensor if it fails.
-        maxima = torch._foreach_norm([tensor for _, tensor in on_device if tensor.numel()], float("inf"))
-        if not maxima or bool(torch.isfinite(torch.stack(maxima)).all()):  # NaN and Inf propagate to the max
-            continue
-        finite = torch.stack([torch.isfinite(tensor).all() for _, tensor in on_device]).cpu()
-        return on_device[int((~finite).nonzero()[0])][0]
-    return None
-
-
-def tensor_digest(tensors: Mapping[str, torch.Tensor]) -> str:
-    """A short hash of named tensors' values (any device, dtype or layout): a resumed run logs the
-    one of its restored state, to be compared with the checkpoint's (benchmarks/stop_resume_loop.py)."""
-    digest = hashlib.sha1()
-    for name in sorted(tensors):
-        digest.update(name.encode())
-        digest.update(tensors[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()[:12]
-
-
-def _one_line(err: BaseException, limit: int = 300) -> str:
-    """The error's message on one line (torch puts the useful part on its second line)."""
-    text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
-    text = text or type(err).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-

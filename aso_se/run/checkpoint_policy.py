@@ -1,7 +1,8 @@
-"""When the search and the retrain save ``checkpoints/last.pt``, and how many of them are kept.
+"""When the search, the retrain and the spike-domain fine-tuning save ``checkpoints/last.pt``, and how many are kept.
 
-One policy serves both loops, from the ``trainer`` config: ``checkpoint_every_n_epochs`` (a save at the end of every
-n-th epoch, and of a retrain's last), ``checkpoint_every_min`` (a save mid-epoch once that long has passed since the
+One policy per run (``Run.checkpoints``) serves every loop, from the ``trainer`` config (checked here; built by
+``aso_se.run.trainer_settings``): ``checkpoint_every_n_epochs`` (a save at the end of every n-th epoch, and of a
+retrain's or fine-tuning's last), ``checkpoint_every_min`` (a save mid-epoch once that long has passed since the
 last save; null: epoch ends only) and ``keep_checkpoints`` (last.pt and the ones saved before it). A stop saves
 whatever the policy says.
 """

@@ -20,11 +20,13 @@ from typing import Any
 
 import torch
 
-from aso_se.errors import TrainingDiverged
 from aso_se.monitor.progress import EpochProgress
 from aso_se.monitor.tensorboard import TensorBoardLogger
-from aso_se.run.app import Run
-from aso_se.run.checkpoint import CheckpointError, first_non_finite, load_checkpoint, save_json, tensor_digest
+from aso_se.run.atomic_write import save_json
+from aso_se.run.checkpoint import CheckpointError, load_checkpoint
+from aso_se.run.errors import non_finite_weights
+from aso_se.run.lifecycle import Run
+from aso_se.run.tensor_checks import first_non_finite, tensor_digest
 from aso_se.search.engine import ASOSEEngine, SearchLoopCallbacks
 from aso_se.search.evolution import CycleResult
 from aso_se.search.strength import JudgingStopped, final_cell_by_strength, judging_key
@@ -135,8 +137,7 @@ class SearchCallbacks(SearchLoopCallbacks):
                                 "weights_optimizer": state["weights_optimizer"]["state"],
                                 "arch_optimizer": state["arch_optimizer"]["state"]})
         if bad is not None:
-            raise TrainingDiverged(f"{bad} became NaN/Inf by global step {engine.progress['global_step']} (not "
-                                   f"saved): lower the learning rate (optim) or use trainer.precision=fp32")
+            raise non_finite_weights(bad, engine.progress["global_step"], lower="the learning rate (optim)")
         self.run.save({"engine": state}, background=background)
 
     def derive_by_strength(self, alpha_genotype: Genotype, arch_loader: Any) -> Genotype:

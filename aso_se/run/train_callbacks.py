@@ -16,11 +16,12 @@ import logging
 import signal
 from typing import Any
 
-from aso_se.errors import TrainingDiverged
 from aso_se.loop import LoopCallbacks
 from aso_se.monitor.tensorboard import TensorBoardLogger
-from aso_se.run.app import Interrupted, Run
-from aso_se.run.checkpoint import first_non_finite, save_json, tensor_digest
+from aso_se.run.atomic_write import save_json
+from aso_se.run.errors import Interrupted, non_finite_weights
+from aso_se.run.lifecycle import Run
+from aso_se.run.tensor_checks import first_non_finite, tensor_digest
 from aso_se.train.energy_report import energy_metrics
 from aso_se.train.retrain import Retrainer
 from aso_se.train.snn_eval import check_snn_settings, is_qann, snn_metrics
@@ -79,8 +80,7 @@ class TrainCallbacks(LoopCallbacks):
         bad = first_non_finite({"model": trainer.network.state_dict(),
                                 "optimizer": trainer.optimizer.state_dict()["state"]})
         if bad is not None:
-            raise TrainingDiverged(f"{bad} became NaN/Inf by global step {trainer.global_step} (not saved): "
-                                   f"lower optim.optimizer.lr or use trainer.precision=fp32")
+            raise non_finite_weights(bad, trainer.global_step, lower="optim.optimizer.lr")
         self.run.save({"genotype": self.genotype.to_json(), "trainer": self.trainer.state_dict()},
                       background=background)
         if is_best:
@@ -92,8 +92,9 @@ class TrainCallbacks(LoopCallbacks):
                        "epoch": self.trainer.epoch, "test_acc": self.trainer.best_test_acc},
                       self.run.run_dir / "checkpoints" / "best.pt", background=background)
 
-    def finish(self, data: Any) -> None:
-        """``metrics.json`` (rank 0): the Retrainer's metrics, a QANN's exact SNN, the energy per image.
+    def finish(self, data: Any, later: tuple[str, ...] = ()) -> dict[str, Any]:
+        """``metrics.json`` (rank 0): the Retrainer's metrics, a QANN's exact SNN, the energy per image; returns them.
+        ``later``: the stages still to come after these (``pending`` until they end).
 
         Both evaluations read the full test set of ``data`` (a ClassificationData), not a rank's shard.
         Every rank runs its share of the SNN's batches (evaluate_snn sharded); rank 0 alone then
@@ -103,7 +104,7 @@ class TrainCallbacks(LoopCallbacks):
         network, step = trainer.network, trainer.global_step
         metrics = trainer.metrics()
         if ctx.is_main:  # the training's figures first: the evaluations below take minutes
-            self._save_metrics(metrics, pending=["snn", "energy"] if is_qann(network) else ["energy"])
+            self.save_metrics(metrics, pending=["snn", "energy", *later] if is_qann(network) else ["energy", *later])
         _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
         if is_qann(network):  # minutes on a CPU: a stop signal ends it (the last epoch is saved; resume redoes it)
             snn_test = full_test
@@ -112,20 +113,21 @@ class TrainCallbacks(LoopCallbacks):
                 _, snn_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
             metrics.update(snn_metrics(network, snn_test, device=ctx.device, max_timesteps=cfg.snn_max_timesteps,
                                        dtype=cfg.snn_eval_dtype, board=self.board, step=step,
-                                       before_batch=self._stop_all_ranks_together, sharded=ctx.distributed,
+                                       before_batch=self.stop_all_ranks_together, sharded=ctx.distributed,
                                        spikes_per_step=cfg.snn_spikes_per_step,
                                        first_timesteps=cfg.snn_first_timesteps))
             run.raise_if_stopped()
             if ctx.is_main:  # the SNN's figures kept should the host go before the energy report ends
-                self._save_metrics(metrics, pending=["energy"])
+                self.save_metrics(metrics, pending=["energy", *later])
         if not ctx.is_main:
-            return
+            return metrics
         metrics.update(energy_metrics(network, full_test, device=ctx.device, board=self.board, step=step,
                                       snn_timesteps=metrics.get("snn_timesteps"),
                                       spikes_per_step=cfg.snn_spikes_per_step))
-        self._save_metrics(metrics)
+        self.save_metrics(metrics, pending=list(later))
+        return metrics
 
-    def _save_metrics(self, metrics: dict[str, Any], pending: list[str] | None = None) -> None:
+    def save_metrics(self, metrics: dict[str, Any], pending: list[str] | None = None) -> None:
         run, cfg, ctx = self.run, self.run.cfg, self.run.ctx
         save_json({**metrics, "wall_time_s": run.wall_time_s, "cpu_time_s": run.cpu_time_s,
                    "genotype": self.genotype.to_json(), "world_size": ctx.world_size,
@@ -134,7 +136,7 @@ class TrainCallbacks(LoopCallbacks):
                    **({"pending": pending} if pending else {})},
                   run.run_dir / "metrics.json")
 
-    def _stop_all_ranks_together(self) -> None:
+    def stop_all_ranks_together(self) -> None:
         """Before each SNN batch: ``run.should_stop`` is collective, so every rank leaves at the same batch
         and none waits in the evaluation's reductions for one that stopped (exit 128 + signal)."""
         run = self.run

@@ -71,7 +71,7 @@ class ASOSEEngine:
         self.schedule, self.sampling, self.evolution = schedule, sampling, evolution
         self.precision, self.seed = precision, seed
         # channels_last: conv weights and image batches in NHWC memory, where cuDNN's batch norm and
-        # depthwise convs are several times faster than in NCHW (benchmarks/bench_norm_conv.py)
+        # depthwise convs are several times faster than in NCHW (benchmarks/bench_norm_conv.py, git 3b7d88c)
         self.memory_format = torch.channels_last if channels_last else torch.preserve_format
         # One generator for all Gumbel draws, seeded alike on every rank (aso_se.parallel.distributed).
         generator = torch.Generator(device=self.device).manual_seed(seed)

@@ -3,7 +3,7 @@
 Both read logits (α, ``-inf`` for pruned ops) through ``log_softmax``, never ``log(softmax(...))``,
 so tiny probabilities keep their precision and pruned ops contribute 0 with a zero (not NaN) gradient.
 They run eager: torch.compile of them cost 8.6 s + 1.3 s on a fresh H100 and saved nothing per call
-(benchmarks/bench_arch_math.py, RESULTS.md), a loss in every search we run.
+(benchmarks/bench_arch_math.py, in git history at 3b7d88c), a loss in every search we run.
 """
 from __future__ import annotations
 

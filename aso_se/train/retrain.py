@@ -127,6 +127,7 @@ class Retrainer:
                            else self._train_step)
         self.log_every = max(1, log_every_n_steps)
         self.progress = EpochProgress(enabled=ctx.is_main)
+        self.label = "retrain"  # what the progress bar and the epoch's log line call this training
         self.epoch = 0           # the epoch being (or next to be) trained
         self.step_in_epoch = 0   # steps of that epoch already trained (a stop mid-epoch)
         self.global_step = 0
@@ -180,7 +181,7 @@ class Retrainer:
             self.history.append(record)
             is_best = test["acc"] > self.best_test_acc
             self.best_test_acc = max(self.best_test_acc, test["acc"])
-            self.progress.end_epoch(f"retrain epoch {self.epoch + 1}/{self.epochs}",
+            self.progress.end_epoch(f"{self.label} epoch {self.epoch + 1}/{self.epochs}",
                                     {k: v for k, v in record.items() if k != "epoch"})
             self.epoch_conv_paths = PATH_COUNTS.snapshot_and_reset()
             self.conv_paths.update(self.epoch_conv_paths)
@@ -202,7 +203,7 @@ class Retrainer:
         self._epoch_images = int(carried[2]) if carried else 0
         sums = self._epoch_sums
         first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
-        self.progress.start_epoch(f"retrain epoch {self.epoch + 1}/{self.epochs}", total=steps,
+        self.progress.start_epoch(f"{self.label} epoch {self.epoch + 1}/{self.epochs}", total=steps,
                                   done=done)
         if self.graphed_step is not None and not self.capture_once:  # lr and drop-path changed: capture anew
             self.graphed_step.reset()

@@ -89,7 +89,7 @@ def _pool_bwd_kernel(g_ptr, idx_ptr, gx_ptr, E, H, W, OH, OW, C, STRIDE: tl.cons
 
 
 # Elements per program and warps: tiles of pixels x all channels (padded to a power of two) were many times
-# slower at the retrain's shapes (bench_pool3x3.py, RESULTS.md).
+# slower at the retrain's shapes (benchmarks/bench_pool3x3.py, in git history at 3b7d88c).
 BLOCK, NUM_WARPS = 512, 4
 MAX_ELEMENTS = 2**31 - 1  # the kernels index elements in int32
 

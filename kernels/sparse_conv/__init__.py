@@ -6,9 +6,9 @@ all of a model's), `capture_warmup` (marks the eager warm-up of a CUDA-graph cap
 `PATH_COUNTS`, how many calls took each path, read with `PATH_COUNTS.snapshot_and_reset()` by whoever logs
 them (`path_counts` and `reset_path_counts` are its older spelling).
 """
+from kernels.sparse_conv.density import DensityTracker
 from kernels.sparse_conv.dispatch import (
     PATH_COUNTS,
-    DensityTracker,
     PathCounts,
     capture_warmup,
     path_counts,

@@ -3,7 +3,7 @@ only calls that can take it: eager ones pay host work far above cuDNN's), measur
 shape on the running GPU and cached in memory and in a small JSON file.
 
 The sparse path's GPU time is, to first order, linear in the fraction of the dense work it does
-(`triton.work_fractions`), so an all-zero and a dense input give the line; the crossover is where
+(`density.work_fractions`), so an all-zero and a dense input give the line; the crossover is where
 it meets SAFETY x cuDNN's time (a model: densities in between are predicted, not timed).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import triton.testing
 
 from kernels.sparse_conv.function import conv_geometry, sparse_conv2d_forward
 from kernels.sparse_conv.prescan import block_activity, tile_activity
-from kernels.sparse_conv.triton import sparse_conv_wgrad, sparse_depthwise_wgrad
+from kernels.sparse_conv.wgrad import sparse_conv_wgrad, sparse_depthwise_wgrad
 
 logger = logging.getLogger(__name__)
 

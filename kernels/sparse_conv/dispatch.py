@@ -25,11 +25,12 @@ from kernels.backend import BACKENDS, check_backend
 from kernels.block_map import BlockMap
 from kernels.sparse_conv.calibration import Crossover, CrossoverCache, call_key, default_cache_file
 from kernels.sparse_conv.dense import dense_conv2d
+from kernels.sparse_conv.density import DensityTracker, work_fractions
 from kernels.sparse_conv.function import conv_geometry, sparse_conv2d_forward, sparse_conv2d_triton
 from kernels.sparse_conv.geometry import BLOCK, ConvGeometry, cdiv
 from kernels.sparse_conv.prescan import block_activity
 from kernels.sparse_conv.reference import sparse_conv2d_reference
-from kernels.sparse_conv.triton import interpreted, work_fractions
+from kernels.sparse_conv.triton import interpreted
 
 IntPair = int | tuple[int, int] | list[int]
 # Outside a warm-up, the eager calls of a site that can win when captured measure its density this
@@ -38,43 +39,6 @@ EAGER_SAMPLE_EVERY = 256
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DENSE_KERNELS, DEPTHWISE_KERNELS, STRIDES, DILATIONS = (1, 3, 5), (3, 5), (1, 2), (1, 2)
 SPARSE_CONV_BACKENDS = (*BACKENDS, "reference")
-
-
-class DensityTracker:
-    """The work fractions last measured at one call site, read back without a host sync."""
-
-    def __init__(self) -> None:
-        self.forward: float | None = None  # fraction of the dense forward work
-        self.wgrad: float | None = None  # fraction of the dense weight-gradient work
-        self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None
-        self._calls = 0
-
-    def __reduce__(self):  # copies and pickles start afresh: events and pinned buffers do not travel
-        return DensityTracker, ()
-
-    def poll(self) -> None:
-        """Take a finished measurement, if any (never waits)."""
-        if self._pending is not None and self._pending[1].query():
-            self.forward, self.wgrad = self._pending[0].tolist()
-            self._pending = None
-
-    def sample_due(self, every: int, now: bool = False) -> bool:
-        """Counts a call; true on every `every`-th call (the first included), or whenever `now`,
-        if no measurement is in flight."""
-        self._calls += 1
-        return (now or (self._calls - 1) % every == 0) and self._pending is None
-
-    def record(self, fractions: torch.Tensor) -> None:
-        """Reads `fractions` (forward, wgrad) back: a CUDA tensor asynchronously (`poll` takes it
-        once it has arrived), a CPU one at once."""
-        if not fractions.is_cuda:
-            self.forward, self.wgrad = fractions.tolist()
-            return
-        host = torch.empty(fractions.shape, dtype=fractions.dtype, pin_memory=True)
-        host.copy_(fractions, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self._pending = (host, event)
 
 
 class PathCounts:

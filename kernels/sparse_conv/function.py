@@ -12,14 +12,8 @@ import torch
 
 from kernels.sparse_conv.geometry import BLOCK, ConvGeometry
 from kernels.sparse_conv.prescan import block_activity, tile_activity
-from kernels.sparse_conv.triton import (
-    depthwise_activity,
-    forward_lists,
-    sparse_conv_fwd,
-    sparse_conv_wgrad,
-    sparse_depthwise_fwd,
-    sparse_depthwise_wgrad,
-)
+from kernels.sparse_conv.triton import depthwise_activity, forward_lists, sparse_conv_fwd, sparse_depthwise_fwd
+from kernels.sparse_conv.wgrad import sparse_conv_wgrad, sparse_depthwise_wgrad
 
 
 def conv_geometry(

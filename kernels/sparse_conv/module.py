@@ -10,13 +10,8 @@ from kernels.backend import check_backend
 from kernels.block_map import BlockMap
 from kernels.sparse_conv import dispatch
 from kernels.sparse_conv.dense import dense_conv2d
-from kernels.sparse_conv.dispatch import (
-    PATH_COUNTS,
-    SPARSE_CONV_BACKENDS,
-    DensityTracker,
-    fixed_dense_path,
-    sparse_conv2d,
-)
+from kernels.sparse_conv.density import DensityTracker
+from kernels.sparse_conv.dispatch import PATH_COUNTS, SPARSE_CONV_BACKENDS, fixed_dense_path, sparse_conv2d
 from kernels.sparse_conv.triton import interpreted
 
 

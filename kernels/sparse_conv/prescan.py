@@ -146,7 +146,7 @@ def _chunk(channels: int) -> int:
 def block_activity(x: torch.Tensor, elements: int = BLOCK_MAP_ELEMENTS,
                    num_warps: int = BLOCK_MAP_WARPS) -> torch.Tensor:
     """int8 [N, ceil(H/8), ceil(W/8), C]: 1 where the block of x holds a non-zero. `elements` (x
-    elements per program) and `num_warps` are tuning knobs for `bench_sparse_conv.py --sweep`."""
+    elements per program) and `num_warps` are tuning knobs (benchmarks/bench_sparse_conv.py --sweep, git 3b7d88c)."""
     batch, channels, height, width = x.shape
     block_rows, block_cols = cdiv(height, BLOCK), cdiv(width, BLOCK)
     blocks = torch.empty((batch, block_rows, block_cols, channels), device=x.device, dtype=torch.int8)

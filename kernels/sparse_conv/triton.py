@@ -1,13 +1,13 @@
-"""Stage-2 Triton kernels of the spike-sparse convolution on planar layouts (NCHW and its views),
-and its weight gradients. Stage 1 is `prescan.py`, or the block map of the ST-BIF kernel.
+"""Stage-2 Triton kernels of the spike-sparse convolution on planar layouts (NCHW and its views): the forward,
+and the tile sizes and launch helpers that the weight gradients (`wgrad.py`) share. Stage 1 is `prescan.py`,
+or the block map of the ST-BIF kernel.
 
   `_sparse_conv_fwd_kernel`       dense weights: an implicit GEMM (tl.dot) over the active channels
                                   of each output tile, listed in registers from the block map;
                                   stride-1 calls take `packed.py`'s forward (KernelConfig.packed).
   `_sparse_depthwise_fwd_kernel`  depthwise, row bands of whole planes; silent channels skipped.
-  `_sparse_conv_wgrad_kernel`, `_sparse_depthwise_wgrad_kernel`: split reductions over (sample,
-  8x8 tile) without atomics, silent inputs skipped. Grids depend on shapes only (graph-capturable);
-  run-time loop bounds are `while` loops (Triton 3.6's interpreter fails on range() there).
+
+Grids depend on shapes only (graph-capturable).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from kernels.sparse_conv.prescan import tile_activity, window_activity, window_b
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Tile sizes; `benchmarks/bench_sparse_conv.py --sweep` times alternatives on the GPU."""
+    """Tile sizes; the sweep of benchmarks/bench_sparse_conv.py (git history, 3b7d88c) timed alternatives on the GPU."""
 
     forward_pixels: int = 128  # output pixels per forward program (the GEMM's M), a power of two
     forward_block_k: int = 16  # active input channels per tl.dot (its K): little padding when few are active
@@ -50,7 +50,6 @@ class KernelConfig:
 
 
 DEFAULT_CONFIG = KernelConfig()
-_MAX_WGRAD_PARTIAL_BYTES = 8 << 20  # bound on the split reduction's scratch buffer
 # The depthwise forward unrolls its channel loop up to this many channel x tap bodies: longer
 # unrolled bodies compile for tens of seconds and run no faster.
 DEPTHWISE_UNROLL_TAPS = 100
@@ -58,7 +57,7 @@ DEPTHWISE_UNROLL_TAPS = 100
 
 # Conv parameters stay run-time values: specializing on them (Triton does for ints equal to 1)
 # would compile a variant per stride/padding/dilation combination without a faster kernel.
-_CONV_ARGS = ["stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w"]
+CONV_ARGS = ["stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w"]
 
 
 def interpreted() -> bool:
@@ -66,7 +65,7 @@ def interpreted() -> bool:
     return isinstance(_sparse_conv_fwd_kernel, InterpretedFunction)
 
 
-def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
+def dot_dtype(dtype: torch.dtype) -> tl.dtype:
     """Operand type of tl.dot: the input's own. Triton 3.6's interpreter multiplies the raw bit
     patterns of bf16 operands, so there bf16 is widened to fp32 (exact products, fp32 sums)."""
     if dtype == torch.bfloat16 and interpreted():
@@ -74,7 +73,7 @@ def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
     return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}[dtype]
 
 
-def _conv_args(geometry: ConvGeometry) -> tuple[int, ...]:
+def conv_args(geometry: ConvGeometry) -> tuple[int, ...]:
     rows, cols = geometry.rows, geometry.cols
     return (rows.stride, cols.stride, rows.padding, cols.padding, rows.dilation, cols.dilation)
 
@@ -102,7 +101,7 @@ def _tile_pixels(tile, tiles_w, out_h, out_w, TILE_H: tl.constexpr, TILE_W: tl.c
     return oh, ow, (oh < out_h) & (ow < out_w)
 
 
-@triton.jit(do_not_specialize=_CONV_ARGS)
+@triton.jit(do_not_specialize=CONV_ARGS)
 def _sparse_conv_fwd_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, blocks_ptr,
     in_channels, out_channels, height, width, out_h, out_w, tiles_w, block_rows, block_cols,
@@ -222,7 +221,7 @@ def sparse_conv_fwd(
             x, lists.blocks, weight, config.pack_active_pixels, config.pack_active_num_warps)
         return packed_conv_fwd(packed, index, count, weight_rows, bias, y, geometry, block_n=block_n,
                                num_stages=config.packed_num_stages, num_warps=config.forward_num_warps,
-                               dot_dtype=_dot_dtype(x.dtype))
+                               dot_dtype=dot_dtype(x.dtype))
     weight = weight.permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1)
     grid = (cdiv(geometry.out_channels, block_n), geometry.tiles, geometry.batch)
     blocks = lists.blocks
@@ -230,10 +229,10 @@ def sparse_conv_fwd(
         x, weight, bias if bias is not None else weight, y, blocks,
         geometry.in_channels, geometry.out_channels, rows.size, cols.size, rows.out_size, cols.out_size,
         cols.tiles, blocks.shape[1], blocks.shape[2], *x.stride(), *y.stride(), *weight.stride(),
-        *_conv_args(geometry),
+        *conv_args(geometry),
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
         BLOCK_K=config.forward_block_k, BLOCK_N=block_n, NUM_STAGES=config.forward_num_stages,
-        HAS_BIAS=bias is not None, DOT_DTYPE=_dot_dtype(x.dtype),
+        HAS_BIAS=bias is not None, DOT_DTYPE=dot_dtype(x.dtype),
         C_PAD=next_pow2(geometry.in_channels), BLOCK=BLOCK,
         MAX_BLOCKS_H=rows.max_blocks_per_tile, MAX_BLOCKS_W=cols.max_blocks_per_tile,
         num_warps=config.forward_num_warps,
@@ -269,7 +268,7 @@ def _depthwise_channel(x_ptr, w_ptr, bias_ptr, y_ptr, active_ptr, c, n, pair, oh
             tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=pix_ok, eviction_policy="evict_first")
 
 
-# Conv parameters are specialized here (unlike _CONV_ARGS elsewhere): stride, padding and dilation
+# Conv parameters are specialized here (unlike CONV_ARGS elsewhere): stride, padding and dilation
 # of 1 known at compile time make this kernel markedly faster, for a few more compiles.
 @triton.jit
 def _sparse_depthwise_fwd_kernel(
@@ -339,189 +338,10 @@ def sparse_depthwise_fwd(
     _sparse_depthwise_fwd_kernel[grid](
         x, weight, bias if bias is not None else weight, y, active,
         geometry.in_channels, rows.size, cols.size, rows.out_size, cols.out_size, cols.tiles,
-        *x.stride(), *y.stride(), *_conv_args(geometry),
+        *x.stride(), *y.stride(), *conv_args(geometry),
         KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
         BLOCK_C=block_c, HAS_BIAS=bias is not None, num_warps=config.depthwise_num_warps,
         EVEN=rows.out_size % rows.tile == 0 and cols.out_size % cols.tile == 0,
         UNROLL=block_c * rows.kernel * cols.kernel <= DEPTHWISE_UNROLL_TAPS,
     )
     return y
-
-
-# ---------------------------------------------------------------------------- weight gradient
-@triton.jit(do_not_specialize=_CONV_ARGS)
-def _sparse_conv_wgrad_kernel(
-    x_ptr, g_ptr, active_ptr, partial_ptr,
-    in_channels, out_channels, height, width, out_h, out_w, tiles, tiles_w, pairs,
-    sx_n, sx_c, sx_h, sx_w, sg_n, sg_c, sg_h, sg_w,
-    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    KH: tl.constexpr, KW: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
-    CHUNK_C: tl.constexpr, TAPS_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-):
-    # One program: a chunk of CHUNK_C input channels x all taps (rows) by BLOCK_N output
-    # channels, summed over its share of the (sample, tile) pairs; pairs where none of its
-    # channels is active are skipped, silent channels are not read.
-    co_blocks = tl.cdiv(out_channels, BLOCK_N)
-    c0 = (tl.program_id(0) // co_blocks) * CHUNK_C
-    offs_co = (tl.program_id(0) % co_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
-    co_ok = offs_co < out_channels
-    split = tl.program_id(1)
-    splits = tl.num_programs(1)
-    offs_r = tl.arange(0, TAPS_PAD * CHUNK_C)
-    tap = offs_r // CHUNK_C
-    ci = c0 + offs_r % CHUNK_C
-    r_ok = (tap < KH * KW) & (ci < in_channels)
-    kh = tap // KW
-    kw = tap % KW
-    offs_m = tl.arange(0, TILE_H * TILE_W)
-    acc = tl.zeros((TAPS_PAD * CHUNK_C, BLOCK_N), tl.float32)
-    pair = split
-    while pair < pairs:
-        r_active = r_ok & (tl.load(active_ptr + pair * in_channels + ci, mask=r_ok, other=0) != 0)
-        if tl.max(r_active.to(tl.int32), axis=0) > 0:
-            n = pair // tiles
-            tile = pair % tiles
-            oh = (tile // tiles_w) * TILE_H + offs_m // TILE_W
-            ow = (tile % tiles_w) * TILE_W + offs_m % TILE_W
-            pix_ok = (oh < out_h) & (ow < out_w)
-            g_ptrs = g_ptr + n.to(tl.int64) * sg_n + offs_co[None, :] * sg_c + oh[:, None] * sg_h + ow[:, None] * sg_w
-            g = tl.load(g_ptrs, mask=pix_ok[:, None] & co_ok[None, :], other=0.0)
-            ih = oh[:, None] * stride_h - pad_h + kh[None, :] * dil_h
-            iw = ow[:, None] * stride_w - pad_w + kw[None, :] * dil_w
-            a_ok = pix_ok[:, None] & r_active[None, :] & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
-            a_ptrs = x_ptr + n.to(tl.int64) * sx_n + ci[None, :] * sx_c + ih * sx_h + iw * sx_w
-            a = tl.load(a_ptrs, mask=a_ok, other=0.0)
-            acc = tl.dot(tl.trans(a).to(DOT_DTYPE), g.to(DOT_DTYPE), acc, input_precision="tf32")
-        pair += splits
-    out = partial_ptr + ((split * KH * KW + tap[:, None]) * in_channels + ci[:, None]) * out_channels + offs_co[None, :]
-    tl.store(out, acc, mask=r_ok[:, None] & co_ok[None, :])
-
-
-@triton.jit(do_not_specialize=_CONV_ARGS)
-def _sparse_depthwise_wgrad_kernel(
-    x_ptr, g_ptr, active_ptr, partial_ptr,
-    channels, height, width, out_h, out_w, tiles, tiles_w, pairs,
-    sx_n, sx_c, sx_h, sx_w, sg_n, sg_c, sg_h, sg_w,
-    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    KH: tl.constexpr, KW: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
-    TAPS_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
-):
-    offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_ok = offs_c < channels
-    split = tl.program_id(1)
-    splits = tl.num_programs(1)
-    taps = tl.arange(0, TAPS_PAD)
-    offs_m = tl.arange(0, TILE_H * TILE_W)
-    acc = tl.zeros((TAPS_PAD, BLOCK_C), tl.float32)
-    pair = split
-    while pair < pairs:
-        c_active = tl.load(active_ptr + pair * channels + offs_c, mask=c_ok, other=0) != 0
-        if tl.max(c_active.to(tl.int32), axis=0) > 0:
-            n = pair // tiles
-            tile = pair % tiles
-            oh = (tile // tiles_w) * TILE_H + offs_m // TILE_W
-            ow = (tile % tiles_w) * TILE_W + offs_m % TILE_W
-            pix_ok = (oh < out_h) & (ow < out_w)
-            g_ptrs = g_ptr + n.to(tl.int64) * sg_n + offs_c[None, :] * sg_c + oh[:, None] * sg_h + ow[:, None] * sg_w
-            g = tl.load(g_ptrs, mask=pix_ok[:, None] & c_active[None, :], other=0.0).to(tl.float32)
-            x_base = x_ptr + n.to(tl.int64) * sx_n + offs_c[None, :] * sx_c
-            for kh in tl.static_range(KH):
-                ih = oh * stride_h - pad_h + kh * dil_h
-                row_ok = pix_ok & (ih >= 0) & (ih < height)
-                for kw in tl.static_range(KW):
-                    iw = ow * stride_w - pad_w + kw * dil_w
-                    ok = (row_ok & (iw >= 0) & (iw < width))[:, None] & c_active[None, :]
-                    xv = tl.load(x_base + ih[:, None] * sx_h + iw[:, None] * sx_w, mask=ok, other=0.0)
-                    tap_sum = tl.sum(g * xv.to(tl.float32), axis=0)
-                    acc += tl.where(taps[:, None] == kh * KW + kw, tap_sum[None, :], 0.0)
-        pair += splits
-    out = partial_ptr + (split * KH * KW + taps[:, None]) * channels + offs_c[None, :]
-    tl.store(out, acc, mask=(taps < KH * KW)[:, None] & c_ok[None, :])
-
-
-def _wgrad_chunk(geometry: ConvGeometry, config: KernelConfig) -> int:
-    """Input channels per weight-gradient program: rows = (padded taps) x channels."""
-    return max(1, config.wgrad_rows // next_pow2(geometry.taps))
-
-
-def _split_count(x: torch.Tensor, programs: int, pairs: int, partial_bytes_per_split: int) -> int:
-    """How many ways the (sample, tile) reduction is split: enough programs to fill the GPU,
-    within the scratch-buffer bound."""
-    target = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 2
-    by_memory = max(1, _MAX_WGRAD_PARTIAL_BYTES // partial_bytes_per_split)
-    return max(1, min(cdiv(target, programs), pairs, by_memory))
-
-
-def sparse_conv_wgrad(
-    x: torch.Tensor, grad_y: torch.Tensor, geometry: ConvGeometry, active: torch.Tensor,
-    weight_dtype: torch.dtype, config: KernelConfig = DEFAULT_CONFIG,
-) -> torch.Tensor:
-    """dL/dW [C_out, C_in, KH, KW] for dense weights, from the active (sample, tile, channel)s."""
-    rows, cols = geometry.rows, geometry.cols
-    taps, c_in, c_out = geometry.taps, geometry.in_channels, geometry.out_channels
-    chunk = _wgrad_chunk(geometry, config)
-    block_n = min(config.wgrad_block_n, max(16, next_pow2(c_out)))
-    programs = cdiv(c_in, chunk) * cdiv(c_out, block_n)
-    pairs = geometry.batch * geometry.tiles
-    splits = _split_count(x, programs, pairs, taps * c_in * c_out * 4)
-    partial = torch.empty((splits, taps, c_in, c_out), device=x.device, dtype=torch.float32)
-    _sparse_conv_wgrad_kernel[(programs, splits)](
-        x, grad_y, active, partial,
-        c_in, c_out, rows.size, cols.size, rows.out_size, cols.out_size, geometry.tiles, cols.tiles, pairs,
-        *x.stride(), *grad_y.stride(), *_conv_args(geometry),
-        KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
-        CHUNK_C=chunk, TAPS_PAD=next_pow2(taps), BLOCK_N=block_n,
-        DOT_DTYPE=_dot_dtype(x.dtype),
-        num_warps=config.wgrad_num_warps,
-    )
-    grad_w = partial.sum(dim=0).view(rows.kernel, cols.kernel, c_in, c_out).permute(3, 2, 0, 1)
-    return grad_w.to(weight_dtype).contiguous()
-
-
-def sparse_depthwise_wgrad(
-    x: torch.Tensor, grad_y: torch.Tensor, geometry: ConvGeometry, active: torch.Tensor,
-    weight_dtype: torch.dtype, config: KernelConfig = DEFAULT_CONFIG,
-) -> torch.Tensor:
-    """dL/dW [C, 1, KH, KW] for depthwise weights, reading only active (sample, tile, channel)s."""
-    rows, cols = geometry.rows, geometry.cols
-    taps, channels = geometry.taps, geometry.in_channels
-    block_c = min(config.depthwise_wgrad_block_c, next_pow2(channels))
-    programs = cdiv(channels, block_c)
-    pairs = geometry.batch * geometry.tiles
-    splits = _split_count(x, programs, pairs, taps * channels * 4)
-    partial = torch.empty((splits, taps, channels), device=x.device, dtype=torch.float32)
-    _sparse_depthwise_wgrad_kernel[(programs, splits)](
-        x, grad_y, active, partial,
-        channels, rows.size, cols.size, rows.out_size, cols.out_size, geometry.tiles, cols.tiles, pairs,
-        *x.stride(), *grad_y.stride(), *_conv_args(geometry),
-        KH=rows.kernel, KW=cols.kernel, TILE_H=rows.tile, TILE_W=cols.tile,
-        TAPS_PAD=next_pow2(taps), BLOCK_C=block_c, num_warps=config.depthwise_num_warps,
-    )
-    grad_w = partial.sum(dim=0).view(rows.kernel, cols.kernel, channels).permute(2, 0, 1).unsqueeze(1)
-    return grad_w.to(weight_dtype).contiguous()
-
-
-# ------------------------------------------------------------------------ dispatcher's measure
-def _any_per_chunk(active: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Fraction of the (sample, tile, chunk of `chunk` channels) groups of `active` [N, tiles, C]
-    with any active channel."""
-    padded = torch.nn.functional.pad(active, (0, -active.shape[2] % chunk))
-    return padded.view(*active.shape[:2], -1, chunk).amax(dim=3).float().mean()
-
-
-def work_fractions(x: torch.Tensor, blocks: torch.Tensor, geometry: ConvGeometry,
-                   config: KernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
-    """float32 [2] on the device: the fraction of the dense work that the forward and the
-    weight-gradient kernels do on input x with block map `blocks` (what their run time is
-    linear in). `geometry` has the 8x8 tiles of the weight-gradient kernels."""
-    wgrad_chunk = _wgrad_chunk(geometry, config)
-    wgrad = _any_per_chunk(tile_activity(blocks, geometry)[0], wgrad_chunk)
-    if geometry.is_depthwise:  # each silent channel of a tile is skipped on its own
-        forward = depthwise_activity(x, blocks, geometry, config)[1].float().mean()
-    else:
-        count = forward_counts(x, forward_lists(x, blocks, geometry, config))
-        block_k = config.forward_block_k
-        forward = torch.div(count + block_k - 1, block_k, rounding_mode="floor").float().mean()
-        forward = forward / cdiv(geometry.in_channels, block_k)
-    return torch.stack([forward, wgrad])

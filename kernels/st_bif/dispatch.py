@@ -14,9 +14,9 @@ from kernels.memory_order import in_storage_order, storage_order
 from kernels.native.spec import raw_stream
 
 from .function import STBIFFunction, st_bif_triton
+from .plan import Plan, block_map_of, get_plan
 from .reference import st_bif_reference
 from .surrogates import get_surrogate
-from .triton import Plan, block_map_of, get_plan
 from .validation import check_bounds, check_sequence, check_threshold
 
 

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from kernels.block_map import BlockMap
 
-from .triton import Plan, backward, forward, get_plan, st_bif_bwd, st_bif_fwd
+from .plan import Plan, backward, forward, get_plan, st_bif_bwd, st_bif_fwd
 
 
 @torch.library.custom_op("aso_se::st_bif_forward", mutates_args=())

@@ -159,7 +159,7 @@ def test_searches_only_stops_before_the_retrains_on_a_carried_dir(smoke, tmp_pat
 
 def test_searches_from_another_benchmark_retrains_its_cells_without_searching(smoke, tmp_path, capsys):
     """--searches-from DIR: that benchmark's finished searches are this one's (copied without checkpoints), so a
-    proxy-budget benchmark retrains the cells of a full-budget one (rank_correlation.py pairs them); a search that
+    proxy-budget benchmark retrains the cells of a full-budget one (to compare the two budgets' rankings); a search that
     DIR has not finished is refused before any run."""
     source, _ = smoke
     out = tmp_path / "proxy"
@@ -341,7 +341,7 @@ def test_searched_needs_is_the_mean_over_all_retrains_solved_for_the_missing() -
 
 def test_progress_counts_a_two_process_run_rebuilt_from_its_log_and_names_what_it_lacks(smoke, tmp_path, capsys):
     """A reference arm trained by torchrun on 2 processes at half the batch each (one global batch), whose machine
-    was lost before its energy report (metrics_from_log.py's metrics.json: energy pending, no CPU time)."""
+    was lost before its energy report (a metrics.json rebuilt from its log: energy pending, no CPU time)."""
     out = tmp_path / "two-process"
     shutil.copytree(smoke[0], out, ignore=shutil.ignore_patterns("summary.*"))
     run = out / "retrain" / "DARTS_V2_seed0"

@@ -14,7 +14,7 @@ from kernels.native import build as native_build
 from kernels.native.arguments import FIXED, argument_slots, native_kernel
 from kernels.native.spec import UNAVAILABLE, roles
 from kernels.st_bif import st_bif_multistep
-from kernels.st_bif.triton import get_plan
+from kernels.st_bif.plan import get_plan
 
 SIGNATURE = {"x_ptr": "*fp32", "out_ptr": "*bf16", "state_ptr": "constexpr", "theta_ptr": "*fp32",
              "n": "i32", "stride": "i64", "one": "constexpr", "flag": "i1", "T": "constexpr"}

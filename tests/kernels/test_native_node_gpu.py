@@ -10,7 +10,7 @@ from kernels.native.spec import NativeSpec
 from kernels.quantizer import quantize
 from kernels.st_bif import STBIFNeuron, st_bif_multistep
 from kernels.st_bif.function import STBIFFunction
-from kernels.st_bif.triton import get_plan
+from kernels.st_bif.plan import get_plan
 from search_space.neurons.st_bif_qann import QuantizedActivation
 
 pytestmark = [

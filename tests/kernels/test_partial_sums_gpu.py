@@ -5,7 +5,7 @@ import torch
 
 from kernels.partial_sums import _SCRATCH, partials_and_counter
 from kernels.st_bif import st_bif_multistep
-from kernels.st_bif.triton import bwd_config
+from kernels.st_bif.plan import bwd_config
 from tests.kernels.test_partial_sums import _sum_kernel
 
 pytestmark = [

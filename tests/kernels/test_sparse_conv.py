@@ -21,12 +21,14 @@ from kernels.sparse_conv import (
     sparse_conv2d,
 )
 from kernels.sparse_conv import calibration as sparse_calibration
+from kernels.sparse_conv import density as sparse_density
 from kernels.sparse_conv import dispatch as sparse_dispatch
 from kernels.sparse_conv import packed as sparse_packed
 from kernels.sparse_conv import prescan as sparse_prescan
 from kernels.sparse_conv import triton as sparse_triton
 from kernels.sparse_conv.calibration import Crossover, CrossoverCache, _crossing, crossover_from_timings
-from kernels.sparse_conv.dispatch import EAGER_SAMPLE_EVERY, DensityTracker, channels_innermost
+from kernels.sparse_conv.density import DensityTracker
+from kernels.sparse_conv.dispatch import EAGER_SAMPLE_EVERY, channels_innermost
 from kernels.sparse_conv.function import conv_geometry
 from kernels.sparse_conv.reference import block_activity, sparse_conv2d_reference, tile_activity
 
@@ -364,7 +366,7 @@ def test_work_fractions_follow_the_activity(kind, memory):
     geometry = conv_geometry(x, weight, [1, 1], [1, 1], [1, 1], groups)
 
     def fractions(x_: torch.Tensor) -> list[float]:
-        return sparse_triton.work_fractions(x_, sparse_prescan.block_activity(x_), geometry).tolist()
+        return sparse_density.work_fractions(x_, sparse_prescan.block_activity(x_), geometry).tolist()
 
     assert fractions(x) == [1.0, 1.0] and fractions(torch.zeros_like(x)) == [0.0, 0.0]
 
@@ -692,7 +694,7 @@ def test_warm_up_calibrates_once_and_measures_then_the_capture_goes_sparse(fake_
             assert torch.equal(sparse_conv2d(x, weight, bias, 1, 1, tracker=tracker), F.conv2d(x, weight, bias, 1, 1))
     assert len(fake_gpu.calibrations) == 1 and path_counts() == {"dense:eager": 3, "probe": 3}
     geometry = conv_geometry(x, weight, [1, 1], [1, 1], [1, 1], 1)
-    measured = sparse_triton.work_fractions(x, sparse_prescan.block_activity(x), geometry).tolist()
+    measured = sparse_density.work_fractions(x, sparse_prescan.block_activity(x), geometry).tolist()
     assert [tracker.forward, tracker.wgrad] == measured and measured[0] == 0.5
     reset_path_counts()
     fake_gpu.capturing = True

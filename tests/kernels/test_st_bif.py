@@ -5,8 +5,8 @@ from spikingjelly.activation_based import functional as sj_functional
 from torch import nn
 
 from kernels.st_bif import SURROGATES, STBIFNeuron, level_bounds, st_bif_multistep
+from kernels.st_bif.plan import st_bif_fwd
 from kernels.st_bif.reference import st_bif_reference
-from kernels.st_bif.triton import st_bif_fwd
 
 POS_MAX, NEG_MIN = 3, -4
 # T = 1; odd/prime sizes; 4-D and 5-D; T > the kernels' chunk of 8 steps (two-pass backward).

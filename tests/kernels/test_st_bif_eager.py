@@ -12,9 +12,9 @@ from kernels.memory_order import storage_order
 from kernels.st_bif import STBIFNeuron, st_bif_multistep
 from kernels.st_bif import dispatch as st_bif_dispatch
 from kernels.st_bif.function import _st_bif_forward_op
+from kernels.st_bif.plan import get_plan, st_bif_fwd
 from kernels.st_bif.reference import st_bif_reference
 from kernels.st_bif.surrogates import SURROGATES
-from kernels.st_bif.triton import get_plan, st_bif_fwd
 
 POS_MAX, NEG_MIN = 3, -4
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -273,7 +273,7 @@ _FAKE_GPU = textwrap.dedent('''
     jit.JITFunction.run = run_without_compiling
 
     import kernels.backend
-    import kernels.st_bif.triton as kt
+    import kernels.st_bif.plan as kt
     from kernels.st_bif import st_bif_multistep, st_bif_multistep_with_block_map
     kernels.backend.triton_can_run = lambda device: True
     kt._check_triton_input = lambda x_seq: None

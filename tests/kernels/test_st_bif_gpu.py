@@ -9,9 +9,9 @@ import copy
 import pytest
 import torch
 
-from benchmarks.tf32_spiking_training import tiny_network
 from kernels import native
 from kernels.st_bif import SURROGATES, STBIFNeuron
+from tests.aso_se.train.tiny_spiking_network import tiny_network
 from tests.kernels.test_st_bif import DTYPES, GRAD_X_TOL, OUT_TOL, SHAPES, random_sequence, reference_and_triton
 
 pytestmark = [
@@ -56,7 +56,7 @@ def module_run(neuron, x_seq, grad_out):
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
 def test_every_neuron_call_of_a_network_matches_reference(channels_last):
-    """The tiny spiking DARTS_V2 (T = 2) of benchmarks/tf32_spiking_training.py on CUDA: each neuron's own forward
+    """The tiny spiking DARTS_V2 (T = 2) of tiny_spiking_network.py on CUDA: each neuron's own forward
     and backward (three calls, so the C++ node, once built, runs the last) equal a copy's with backend "torch" on
     the same input and output gradient."""
     native.wait()

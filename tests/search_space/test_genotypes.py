@@ -198,7 +198,7 @@ def test_random_genotype_keeps_the_normal_pool_cap_and_draws_as_before_without_i
     assert not any(op in POOL_OPS for g in draws for op, _ in g.normal)
     assert any(op in POOL_OPS for g in draws for op, _ in g.reduce)  # the reduction cell is not capped
     # without the cap the draws are those of the committed full-budget benchmark's random cells
-    committed = Path(__file__).resolve().parents[2] / "benchmarks/results/search_vs_random_full_cifar10/genotypes"
+    committed = Path(__file__).resolve().parents[2] / "benchmarks/results/genotypes"
     assert all(random_genotype(DARTS, 4, random.Random(seed), 2, max_normal_pools=None)
                == load_genotype(committed / f"random_{seed}.json") for seed in range(3))
     with pytest.raises(UserInputError, match="avg_pool_3x3, max_pool_3x3 is available.*raise max_normal_pools"):

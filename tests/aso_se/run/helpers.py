@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from aso_se.run import early_signals
+from aso_se.run import stop_signals
 
 REPO = Path(__file__).resolve().parents[3]
 SMOKE = ["experiment=smoke", "logger=none"]
@@ -23,9 +23,9 @@ def run_in_process(entry_point: str, *overrides: str, cwd: Path) -> int:
     Usable from fixtures of any scope (the function-scoped ``run_app`` adds the captured stderr).
     """
     script = str(REPO / f"{entry_point}.py")
-    # The entry point catches stop signals first thing (early_signals); a run that fails before its Run
+    # The entry point catches stop signals first thing (stop_signals.catch_early); a run that fails before its Run
     # takes over would leave that handler in this process.
-    handlers = {signum: signal.getsignal(signum) for signum in early_signals.STOP_SIGNALS}
+    handlers = {signum: signal.getsignal(signum) for signum in stop_signals.STOP_SIGNALS}
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.chdir(cwd)
         monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
@@ -38,7 +38,7 @@ def run_in_process(entry_point: str, *overrides: str, cwd: Path) -> int:
             os.environ.pop("HYDRA_FULL_ERROR", None)
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
-            early_signals.take()
+            stop_signals.take_early()
     return 0
 
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from aso_se.run import checkpoint
-from aso_se.run.checkpoint import CheckpointWriteError, CheckpointWriter, history, load_checkpoint
+from aso_se.run.atomic_write import CheckpointWriteError
+from aso_se.run.checkpoint import CheckpointWriter, history, load_checkpoint
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aso_se.run import app
+from aso_se.run import errors
 from aso_se.run.checkpoint import load_checkpoint, save_checkpoint
 from tests.aso_se.run.helpers import SMOKE, RunApp, nan_from_call
 
@@ -43,7 +43,7 @@ def damaged_copy(finished_search: Path, tmp_path: Path) -> Path:
 def test_bad_search_override(override: str, fragments: list[str], run_app: RunApp,
                              tmp_path: Path) -> None:
     code, stderr = run_app("search", *SMOKE, override)
-    assert code == app.EXIT_BAD_INPUT
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, *fragments)
     assert not (tmp_path / "no").exists()  # a mistyped resume dir is never created
 
@@ -56,14 +56,14 @@ def test_bad_search_override(override: str, fragments: list[str], run_app: RunAp
 def test_a_final_derivation_it_cannot_apply_stops_the_search_before_it_starts(
         overrides: list[str], fragments: list[str], run_app: RunApp, tmp_path: Path) -> None:
     code, stderr = run_app("search", *SMOKE, *overrides, f"hydra.run.dir={tmp_path / 'run'}")
-    assert code == app.EXIT_BAD_INPUT
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, *fragments)
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the first epoch
 
 
 def test_bad_logger_setting(run_app: RunApp) -> None:
     code, stderr = run_app("search", *SMOKE, "logger=tensorboard", "logger.alpha_figure_every_n_epochs=0")
-    assert code == app.EXIT_BAD_INPUT
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, "alpha_figure_every_n_epochs=0", "an int >= 1")
 
 
@@ -77,14 +77,14 @@ def test_bad_genotype_file(text: str, fragments: list[str], run_app: RunApp,
                            tmp_path: Path) -> None:
     (tmp_path / "genotype.json").write_text(text)
     code, stderr = run_app("train", *SMOKE, "genotype=genotype.json")
-    assert code == app.EXIT_BAD_INPUT
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, *fragments)
     assert (tmp_path / "genotype.json").read_text() == text
 
 
 def test_search_optimizer_given_to_train(run_app: RunApp) -> None:
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "search_optim=darts")
-    assert code == app.EXIT_BAD_INPUT
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, "Could not override 'search_optim'", "optim=retrain")
 
 
@@ -92,11 +92,15 @@ def test_search_optimizer_given_to_train(run_app: RunApp) -> None:
     ("snn_spikes_per_step=0", ["snn_spikes_per_step=0", "positive integer"]),
     ("snn_first_timesteps=0", ["snn_first_timesteps=0", "null", "positive integer"]),
     pytest.param("snn_eval_dtype=float16", ["snn_eval_dtype='float16'", "float32", "float64"], marks=pytest.mark.slow),
+    ("snn_finetune.timesteps=0", ["snn_finetune.timesteps=0", "positive integer"]),
+    ("snn_finetune.surrogate=tanh", ["snn_finetune.surrogate='tanh'", "sigmoid, atan or rectangular"]),
+    ("neuron=relu snn_finetune.epochs=1", ["snn_finetune.epochs=1", "neuron=st_bif_qann", "snn_finetune.epochs=0"]),
 ])
 def test_bad_snn_setting_stops_the_retrain_before_it_trains(override: str, fragments: list[str], run_app: RunApp,
                                                            tmp_path: Path) -> None:
-    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "neuron=st_bif_qann", override, "hydra.run.dir=run")
-    assert code == app.EXIT_BAD_INPUT
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "neuron=st_bif_qann", *override.split(),
+                           "hydra.run.dir=run")
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, *fragments)
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the first epoch
 
@@ -104,20 +108,20 @@ def test_bad_snn_setting_stops_the_retrain_before_it_trains(override: str, fragm
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for runs without a GPU")
 def test_cuda_graph_without_a_gpu(run_app: RunApp, tmp_path: Path) -> None:
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "cuda_graph=true")
-    assert code == app.EXIT_BAD_INPUT
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, "cuda_graph=true needs a CUDA device", "cuda_graph=false")
 
 
 def test_no_genotype_and_no_search_yet(run_app: RunApp) -> None:
     code, stderr = run_app("train", *SMOKE)
-    assert code == app.EXIT_BAD_INPUT
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, "run python search.py first", "genotype=")
 
 
 def test_resume_dir_without_checkpoint(run_app: RunApp, tmp_path: Path) -> None:
     (tmp_path / "empty_run").mkdir()
     code, stderr = run_app("search", "resume=empty_run")
-    assert code == app.EXIT_BAD_INPUT
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, "has no checkpoints/last.pt")
     assert list((tmp_path / "empty_run").iterdir()) == []
 
@@ -130,7 +134,7 @@ def test_resume_corrupt_checkpoint_keeps_the_run(damaged_copy: Path, run_app: Ru
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
     before = {path: path.read_bytes() for path in damaged_copy.rglob("*") if path.is_file()}
     code, stderr = run_app("search", f"resume={damaged_copy}")
-    assert code == app.EXIT_BAD_INPUT
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, "unreadable", str(last))
     for path, content in before.items():
         assert path.read_bytes() == content
@@ -138,7 +142,7 @@ def test_resume_corrupt_checkpoint_keeps_the_run(damaged_copy: Path, run_app: Ru
 
 def test_resume_with_the_other_entry_point(damaged_copy: Path, run_app: RunApp) -> None:
     code, stderr = run_app("train", f"resume={damaged_copy}")
-    assert code == app.EXIT_BAD_INPUT
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, "written by the search entry point", "search.py")
 
 
@@ -149,19 +153,19 @@ def test_resume_checkpoint_that_does_not_fit(damaged_copy: Path, run_app: RunApp
     state["engine"]["supernet"][name] = torch.zeros(3, 3, 3)  # a weight of another shape
     save_checkpoint(state, last, kind="search")
     code, stderr = run_app("search", f"resume={damaged_copy}")
-    assert code == app.EXIT_BAD_INPUT
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, "does not fit", name)
 
 
 def test_resume_with_other_overrides(damaged_copy: Path, run_app: RunApp) -> None:
     code, stderr = run_app("search", f"resume={damaged_copy}", "batch_size=8")
-    assert code == app.EXIT_BAD_INPUT
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, "drop the overrides batch_size=8")
 
 
 def test_resume_with_a_data_setting_the_run_does_not_have(damaged_copy: Path, run_app: RunApp) -> None:
     code, stderr = run_app("search", f"resume={damaged_copy}", "+data.root=/elsewhere")  # mnist5k has no root
-    assert code == app.EXIT_BAD_INPUT
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, "+data.root=/elsewhere: this run's data has no root setting")
 
 
@@ -173,7 +177,7 @@ def test_nan_loss_stops_the_search_and_keeps_the_last_checkpoint(
     # loss per step: its second step diverges.
     nan_from_call(6, monkeypatch)
     code, stderr = run_app("search", *SMOKE, "hydra.run.dir=run")
-    assert code == app.EXIT_DIVERGED
+    assert code == errors.EXIT_DIVERGED
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     assert_one_line(stderr, "loss is nan at cycle 0, restabilize epoch 1, step 1",
                     f"last good checkpoint kept: {last}")
@@ -183,7 +187,7 @@ def test_nan_loss_stops_the_search_and_keeps_the_last_checkpoint(
 def test_nan_loss_stops_the_retrain(run_app: RunApp, monkeypatch: pytest.MonkeyPatch) -> None:
     nan_from_call(2, monkeypatch)
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run")
-    assert code == app.EXIT_DIVERGED
+    assert code == errors.EXIT_DIVERGED
     assert_one_line(stderr, "NaN/Inf at epoch 1, step 2", "no checkpoint was saved yet")
 
 
@@ -192,7 +196,7 @@ def test_weights_that_overflowed_behind_a_finite_loss_are_never_saved(run_app: R
     epoch's checkpoint would have saved as the 'last good' one."""
     code, stderr = run_app("search", *SMOKE, "search.schedule.warmup_epochs=1", "optim.weights.lr=1e37",
                            "hydra.run.dir=run")
-    assert code == app.EXIT_DIVERGED
+    assert code == errors.EXIT_DIVERGED
     assert_one_line(stderr, "became NaN/Inf by global step", "no checkpoint was saved yet")
     assert not (tmp_path / "run" / "checkpoints" / "last.pt").exists()
 
@@ -203,11 +207,11 @@ def test_out_of_memory_names_the_knobs(run_app: RunApp, monkeypatch: pytest.Monk
 
     monkeypatch.setattr("aso_se.search.step.SearchStep.weight_step", out_of_memory)
     code, stderr = run_app("search", *SMOKE, "hydra.run.dir=run")
-    assert code == app.EXIT_OUT_OF_MEMORY
+    assert code == errors.EXIT_OUT_OF_MEMORY
     assert_one_line(stderr, "out of GPU memory", "batch_size", "search.supernet.channels")
 
 
 def test_resume_of_a_search_with_a_train_evaluation_knob(damaged_copy: Path, run_app: RunApp) -> None:
     code, stderr = run_app("search", f"resume={damaged_copy}", "+snn_max_timesteps=16")  # + past Hydra's check
-    assert code == app.EXIT_BAD_INPUT
+    assert code == errors.EXIT_BAD_INPUT
     assert_one_line(stderr, "+snn_max_timesteps=16: this run's config has no snn_max_timesteps setting")

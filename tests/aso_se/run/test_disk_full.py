@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from aso_se.run import checkpoint
-from aso_se.run.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint, save_json
+from aso_se.run.atomic_write import CheckpointWriteError, save_json
+from aso_se.run.checkpoint import load_checkpoint, save_checkpoint
 from tests.aso_se.run.helpers import SMOKE, RunApp
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aso_se.run import app
+from aso_se.run import errors
 from aso_se.run.checkpoint import load_checkpoint
 from tests.aso_se.run.helpers import SMOKE, RunApp, nan_from_call
 
@@ -19,7 +19,7 @@ ON_GPU_BF16 = ["trainer.device=cuda", "trainer.precision=bf16", "hydra.run.dir=r
 
 
 def _assert_diverged_with_a_finite_checkpoint(code: int, stderr: str, last: Path, kind: str) -> None:
-    assert code == app.EXIT_DIVERGED, stderr
+    assert code == errors.EXIT_DIVERGED, stderr
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and f"last good checkpoint kept: {last}" in lines[0], stderr
     state = load_checkpoint(last, kind=kind)
@@ -46,7 +46,7 @@ def test_an_injected_nan_under_bf16(run_app: RunApp, tmp_path: Path, monkeypatch
 def test_a_real_divergence_under_bf16(run_app: RunApp, tmp_path: Path, entry_point: str,
                                       overrides: list[str]) -> None:
     code, stderr = run_app(entry_point, *SMOKE, *ON_GPU_BF16, *overrides)
-    assert code == app.EXIT_DIVERGED, stderr
+    assert code == errors.EXIT_DIVERGED, stderr
     assert len([line for line in stderr.splitlines() if line.strip()]) == 1, stderr
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     if last.is_file():

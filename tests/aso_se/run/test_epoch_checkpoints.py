@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from aso_se.run import app
+from aso_se.run import lifecycle
 from aso_se.run.checkpoint import load_checkpoint
 from tests.aso_se.run.helpers import SMOKE, RunApp
 
@@ -15,14 +15,14 @@ from tests.aso_se.run.helpers import SMOKE, RunApp
 def saves(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, bool]]:
     """(file name, epochs done, background) of every Run.save."""
     recorded: list[tuple[str, int, bool]] = []
-    real = app.Run.save
+    real = lifecycle.Run.save
 
     def save(self, state, path=None, *, background=False):
         done = state["engine"]["position"] if "engine" in state else state.get("trainer", state).get("epoch")
         recorded.append(((path or self.checkpoint_path).name, done, background))
         return real(self, state, path, background=background)
 
-    monkeypatch.setattr(app.Run, "save", save)
+    monkeypatch.setattr(lifecycle.Run, "save", save)
     return recorded
 
 

@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 
 from aso_se.errors import TrainingDiverged
-from aso_se.run import app
+from aso_se.run import errors, guard
 from search_space.errors import UserInputError
 
 CONF = str(Path(__file__).resolve().parents[3] / "conf")
@@ -24,16 +24,16 @@ def _exit(failure: BaseException, capsys: pytest.CaptureFixture[str]) -> tuple[i
         raise failure
 
     with pytest.raises(SystemExit) as exited:
-        app.main_guard(hydra_main)
+        guard.main_guard(hydra_main)
     return exited.value.code, capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("failure", "code"), [
     (UserInputError("genotype x.json uses the unknown op 'conv_9x9'; known ops are [...]"), 2),
     (TrainingDiverged("loss became NaN/Inf at epoch 3, step 7; last good checkpoint kept"), 3),
-    (app.OutOfMemory("out of GPU memory; lower batch_size"), 4),
-    (app.Interrupted(signal.SIGINT, Path("outputs/search/x"), "search"), 130),
-    (app.Interrupted(signal.SIGTERM, Path("outputs/search/x"), "search"), 143),
+    (errors.OutOfMemory("out of GPU memory; lower batch_size"), 4),
+    (errors.Interrupted(signal.SIGINT, Path("outputs/search/x"), "search"), 130),
+    (errors.Interrupted(signal.SIGTERM, Path("outputs/search/x"), "search"), 143),
 ])
 def test_expected_failures_exit_with_one_line(failure: BaseException, code: int,
                                               capsys: pytest.CaptureFixture[str]) -> None:
@@ -44,7 +44,7 @@ def test_expected_failures_exit_with_one_line(failure: BaseException, code: int,
 
 
 def test_interrupted_line_says_how_to_resume(capsys: pytest.CaptureFixture[str]) -> None:
-    _, stderr = _exit(app.Interrupted(signal.SIGTERM, Path("outputs/search/x"), "search"), capsys)
+    _, stderr = _exit(errors.Interrupted(signal.SIGTERM, Path("outputs/search/x"), "search"), capsys)
     assert "SIGTERM" in stderr and "python search.py resume=outputs/search/x" in stderr
 
 
@@ -53,7 +53,7 @@ def test_bugs_keep_their_traceback() -> None:
         raise ZeroDivisionError("a bug")
 
     with pytest.raises(ZeroDivisionError):
-        app.main_guard(hydra_main)
+        guard.main_guard(hydra_main)
 
 
 @pytest.mark.parametrize(("override", "expected"), [
@@ -66,7 +66,7 @@ def test_hydra_reports_become_one_line(override: str, expected: str) -> None:
     with initialize_config_dir(CONF, version_base="1.3"):
         with pytest.raises(HydraException) as err:
             compose("train", overrides=[override])
-    line = app._one_line(err.value)
+    line = guard._one_line(err.value)
     assert expected in line and "\n" not in line and "Config search path" not in line
 
 
@@ -74,4 +74,4 @@ def test_available_options_are_listed_with_commas() -> None:
     with initialize_config_dir(CONF, version_base="1.3"):
         with pytest.raises(HydraException) as err:
             compose("train", overrides=["trainer=nope"])
-    assert "Available options in 'trainer': ddp, default" in app._one_line(err.value)
+    assert "Available options in 'trainer': ddp, default" in guard._one_line(err.value)

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from aso_se.run.checkpoint import load_checkpoint, tensor_digest
+from aso_se.run.checkpoint import load_checkpoint
 from aso_se.run.search_callbacks import alpha_digest
+from aso_se.run.tensor_checks import tensor_digest
 from tests.aso_se.run.helpers import REPO
 
 RETRAIN = ["train.py", "experiment=smoke", "logger=none", "trainer=ddp", "genotype=DARTS_V2", "epochs=5"]

@@ -203,3 +203,39 @@ def test_a_resume_may_switch_a_finished_qann_run_to_graded_spikes(run_app: RunAp
     assert graded["snn_test_acc"] == binary["snn_test_acc"] and graded["test_acc"] == binary["test_acc"]
 
 
+
+
+FINETUNE = [*SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann", "neuron.level=4", "snn_max_timesteps=4",
+            "snn_finetune.epochs=2", "snn_finetune.timesteps=3"]  # 1 QANN epoch, then 2 epochs of its SNN at T = 3
+
+
+def test_a_fine_tune_stopped_mid_epoch_resumes_exactly(
+        run_app: RunApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """snn_finetune: the QANN's SNN trained on at T after the QANN. Stopped by SIGINT inside its second epoch, the
+    checkpoint holds the finished QANN and the fine-tuning's state; the resume ends with the uninterrupted run's
+    SNN weights and figures, and metrics.json reports the fine-tuned SNN after every reported step."""
+    code, stderr = run_app("train", *FINETUNE, "hydra.run.dir=straight")
+    assert code == 0, stderr
+    with monkeypatch.context() as interrupt:
+        _interrupt_at_step(4 + 6, interrupt)  # the QANN's 4 steps, then the fine-tuning's epoch 2, step 2
+        code, stderr = run_app("train", *FINETUNE, "hydra.run.dir=stopped")
+    assert code == 128 + signal.SIGINT and "resume=" in stderr
+    saved = load_checkpoint(tmp_path / "stopped" / "checkpoints" / "last.pt", kind="train")
+    assert saved["trainer"]["epoch"] == 1 and (saved["snn_trainer"]["epoch"], saved["snn_trainer"]["step_in_epoch"]) \
+        == (1, 2)
+    assert json.loads((tmp_path / "stopped" / "metrics.json").read_text())["pending"] == ["snn_finetune"]
+
+    code, stderr = run_app("train", f"resume={tmp_path / 'stopped'}")
+    assert code == 0, stderr
+    straight, resumed = (load_checkpoint(tmp_path / run / "checkpoints" / "last.pt", kind="train")
+                         for run in ("straight", "stopped"))
+    assert straight["snn_trainer"]["global_step"] == resumed["snn_trainer"]["global_step"] == 4 + 8
+    assert any("q_threshold" in name for name in straight["snn_trainer"]["model"])
+    for name, weight in straight["snn_trainer"]["model"].items():
+        assert torch.equal(weight, resumed["snn_trainer"]["model"][name]), name
+    metrics = [json.loads((tmp_path / run / "metrics.json").read_text())["snn_finetune"]
+               for run in ("straight", "stopped")]
+    assert metrics[0]["acc_at_t"] == metrics[1]["acc_at_t"] and "pending" not in metrics[1]
+    assert list(metrics[0]["acc_at_t"]) == ["1", "2", "3", "4", "6", "8", "16"]
+    assert metrics[0]["test_acc"] == metrics[0]["acc_at_t"]["3"] and metrics[0]["energy_per_image_uj"] > 0
+    assert [r["train_loss"] for r in metrics[0]["history"]] == [r["train_loss"] for r in metrics[1]["history"]]

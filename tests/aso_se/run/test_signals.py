@@ -22,7 +22,7 @@ import pytest
 from triton import knobs as triton_knobs
 
 from aso_se.run.checkpoint import load_checkpoint
-from aso_se.run.os_signals import os_handler
+from aso_se.run.stop_signals import os_handler
 from tests.aso_se.run.helpers import REPO, SMOKE, RunApp
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc (Linux)")
@@ -207,7 +207,7 @@ def _signal_during_step(step: int, signums: list[int], monkeypatch: pytest.Monke
 def test_a_repeated_or_escalated_signal_is_one_stop(run_app: RunApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     signums: list[int], window_s: float | None) -> None:
     if window_s is not None:
-        monkeypatch.setattr("aso_se.run.app._REPEAT_WINDOW_S", window_s)
+        monkeypatch.setattr("aso_se.run.stop_signals._REPEAT_WINDOW_S", window_s)
     _signal_during_step(2, signums, monkeypatch)
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run")
     _assert_stopped(code, stderr, signums[0], "train.py", tmp_path / "run")
@@ -266,7 +266,7 @@ def test_a_stop_handler_replaced_by_a_c_library_is_put_back(run_app: RunApp, tmp
 
 def test_a_second_ctrl_c_later_quits_at_once(run_app: RunApp, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("aso_se.run.app._REPEAT_WINDOW_S", 0.0)
+    monkeypatch.setattr("aso_se.run.stop_signals._REPEAT_WINDOW_S", 0.0)
     _signal_during_step(2, [signal.SIGTERM, signal.SIGINT], monkeypatch)
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run")
     assert code == 128 + signal.SIGINT, stderr
@@ -288,11 +288,11 @@ def _wait_until_it_catches(pid: int, signum: int, timeout_s: float = 60) -> None
 
 def test_a_stop_while_starting_is_one_line_not_a_silent_death(tmp_path: Path) -> None:
     """SIGTERM during the imports (before the Run's handlers): the default action would kill the process
-    without a word; early_signals records it and the Run stops before it begins."""
+    without a word; stop_signals.catch_early records it and the Run stops before it begins."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     train = subprocess.Popen([sys.executable, str(REPO / "train.py"), *SMOKE, "genotype=DARTS_V2", "hydra.run.dir=run"],
                              cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    _wait_until_it_catches(train.pid, signal.SIGTERM)  # early_signals.catch() ran; torch and hydra still importing
+    _wait_until_it_catches(train.pid, signal.SIGTERM)  # stop_signals.catch_early() ran; torch and hydra still importing
     os.killpg(train.pid, signal.SIGTERM)
     _, stderr = train.communicate(timeout=120)
     assert train.returncode == 128 + signal.SIGTERM, stderr

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from aso_se.loop import LoopCallbacks
-from aso_se.run import app
+from aso_se.run import checkpoint_policy
 from aso_se.run.checkpoint import load_checkpoint
 from aso_se.train.retrain import Retrainer
 from tests.aso_se.run.helpers import SMOKE, RunApp
@@ -89,7 +89,7 @@ def test_the_interval_in_minutes(run_app: RunApp, monkeypatch: pytest.MonkeyPatc
                                  saves: list[tuple[int, int]]) -> None:
     """A clock that moves 11 minutes per reading: 10 is due after every step, null never."""
     readings = iter(range(10**6))
-    monkeypatch.setattr(app.time, "monotonic", lambda: 660.0 * next(readings))
+    monkeypatch.setattr(checkpoint_policy.time, "monotonic", lambda: 660.0 * next(readings))
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", f"trainer.checkpoint_every_min={minutes}")
     assert code == 0, stderr
     assert timed_saves == saves

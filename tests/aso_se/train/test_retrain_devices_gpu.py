@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.tf32_spiking_training import epoch_losses, tiny_network
 from kernels.st_bif import STBIFNeuron
+from tests.aso_se.train.tiny_spiking_network import epoch_losses, tiny_network
 
 pytestmark = [
     pytest.mark.gpu,
@@ -36,7 +36,7 @@ def on_torch_ops(network):
 @pytest.mark.parametrize("kernels", ["auto", "torch"])
 @pytest.mark.parametrize("tf32", [False, True])
 def test_gpu_training_loss_falls_as_on_the_cpu(tf32, kernels, monkeypatch):
-    """The tiny network of benchmarks/tf32_spiking_training.py, two epochs of 12 steps over one batch, drop-path on in
+    """The tiny network of tiny_spiking_network.py, two epochs of 12 steps over one batch, drop-path on in
     epoch 2. Over RUNS perturbed starts each, the GPU's mean second-epoch loss lies within two of the CPU runs' standard
     deviations above the CPU's mean (a GPU path that learns as well passes by four standard errors). kernels="torch"
     runs the neurons and node sums on PyTorch's ops on the GPU too, to tell our kernels from the rest."""

@@ -1,0 +1,100 @@
+"""train.py's spike-domain fine-tuning stage: after a QANN's retrain, its SNN trained on with BPTT at T.
+
+The stage runs once the QANN's metrics are written (``snn_finetune.epochs`` > 0). Its checkpoints hold the QANN's
+finished state and the fine-tuning's (``snn_trainer``), so a stop during it resumes there; TensorBoard gets its
+curves under ``snn_finetune/``; metrics.json gets ``snn_finetune`` (accuracy after 1, 2, 4, 6, 8, 16 and T steps,
+energy per image at T, the epochs' history) once it ends.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hydra.utils import instantiate
+from torch import nn
+
+from aso_se.loop import LoopCallbacks
+from aso_se.monitor.tensorboard import TensorBoardLogger
+from aso_se.run.errors import non_finite_weights
+from aso_se.run.lifecycle import Run
+from aso_se.run.tensor_checks import first_non_finite
+from aso_se.run.train_callbacks import TrainCallbacks
+from aso_se.train.retrain import Retrainer
+from aso_se.train.snn_eval import is_qann
+from aso_se.train.snn_finetune import FinetuneSettings, finetune_trainer, finetuned_metrics
+from search_space.errors import UserInputError
+
+log = logging.getLogger(__name__)
+
+
+def finetune_settings(run: Run, network: nn.Module) -> FinetuneSettings:
+    """The run's checked ``snn_finetune`` settings, before any training: fine-tuning needs a QANN."""
+    settings = FinetuneSettings.from_config(run.cfg.get("snn_finetune"))
+    if settings.epochs and not is_qann(network):
+        raise UserInputError(f"snn_finetune.epochs={settings.epochs} fine-tunes the SNN of a QANN; train with "
+                             "neuron=st_bif_qann or set snn_finetune.epochs=0")
+    return settings
+
+
+class FinetuneCallbacks(LoopCallbacks):
+    """The fine-tuning Retrainer's callbacks (``aso_se.loop``): TensorBoard under ``snn_finetune/`` and
+    ``checkpoints/last.pt`` where the run's checkpoint policy says (``Run.checkpoints``)."""
+
+    def __init__(self, run: Run, board: TensorBoardLogger | None, *, trainer: Retrainer, qann: TrainCallbacks) -> None:
+        self.run, self.board, self.trainer, self.qann = run, board, trainer, qann
+
+    def on_log(self, scalars: dict[str, float], step: int) -> None:
+        if self.board is not None:
+            self.board.scalars("snn_finetune/train", scalars, step)
+
+    def on_epoch_end(self, summary: dict[str, Any]) -> None:
+        trainer = self.trainer
+        if self.board is not None:
+            test = trainer.last_test
+            self.board.scalars("snn_finetune/test", {"loss": test["loss"], "acc": test["acc"]}, trainer.global_step)
+            self.board.flush()
+        if self.run.checkpoints.epoch_due(trainer.epoch, last=trainer.epoch == trainer.epochs):
+            self.save(background=True)
+
+    def checkpoint_due(self) -> bool:
+        return self.run.checkpoints.timed_due()
+
+    def save_checkpoint(self) -> None:
+        self.save()  # the state a stop after this step saves: resumes at the next step
+
+    def save(self, *, background: bool = False) -> None:
+        """``checkpoints/last.pt``: the finished QANN's state and the fine-tuning's (never NaN/Inf weights)."""
+        trainer = self.trainer
+        bad = first_non_finite({"model": trainer.network.state_dict(),
+                                "optimizer": trainer.optimizer.state_dict()["state"]})
+        if bad is not None:
+            raise non_finite_weights(bad, trainer.global_step, lower="snn_finetune.lr")
+        self.run.save({"genotype": self.qann.genotype.to_json(), "trainer": self.qann.trainer.state_dict(),
+                       "snn_trainer": trainer.state_dict()}, background=background)
+
+
+def run_finetune(run: Run, board: TensorBoardLogger | None, settings: FinetuneSettings, qann: TrainCallbacks,
+                 metrics: dict[str, Any], data: Any, train_loader: Any, test_loader: Any) -> None:
+    """Fine-tunes the QANN of ``qann.trainer`` at ``settings.timesteps``, then adds ``snn_finetune`` to
+    ``metrics`` (the QANN's, from ``TrainCallbacks.finish``) and writes metrics.json (rank 0)."""
+    cfg, ctx = run.cfg, run.ctx
+    trainer = finetune_trainer(
+        qann.trainer.network, settings, optimizer=instantiate(cfg.optim.optimizer), grad_clip=cfg.grad_clip,
+        precision=cfg.trainer.precision, ctx=ctx, log_every_n_steps=cfg.trainer.log_every_n_steps,
+        cuda_graph=cfg.cuda_graph, channels_last=cfg.channels_last, label_smoothing=cfg.label_smoothing)
+    trainer.global_step = qann.trainer.global_step  # its curves go on where the QANN's end
+    if run.resumed and "snn_trainer" in run.state:
+        run.restore(trainer, "snn_trainer")
+    log.info("spike-domain fine-tuning: %d epochs of the binary SNN at T = %d", settings.epochs, settings.timesteps)
+    callbacks = FinetuneCallbacks(run, board, trainer=trainer, qann=qann)
+    if not trainer.fit(train_loader, test_loader, callbacks=callbacks, should_stop=run.should_stop):
+        callbacks.save_checkpoint()
+        run.raise_if_stopped()
+    _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
+    finetuned = finetuned_metrics(trainer, settings, full_test, with_energy=ctx.is_main, sharded=ctx.distributed,
+                                  board=board, before_batch=qann.stop_all_ranks_together)
+    run.raise_if_stopped()
+    log.info("fine-tuned SNN: %.4f test accuracy at T = %d (%s)", finetuned["test_acc"], settings.timesteps,
+             ", ".join(f"T={t}: {acc:.4f}" for t, acc in finetuned["acc_at_t"].items()))
+    if ctx.is_main:
+        qann.save_metrics({**metrics, "snn_finetune": finetuned})

@@ -1,0 +1,242 @@
+"""Speed case retrain_step: the full-size retrain step (DARTS_V2, 20 × 36, aux head, drop-path) and its input.
+
+Where the step's time goes, row by row in one process: each row builds the network afresh (same seed) and
+runs ``Retrainer``'s own step, captured in a CUDA graph as ``train.py cuda_graph=true`` does (or eager),
+on device-resident batches; images/s over ``--steps`` synced steps, so the input pipeline is not in it.
+Then the input pipelines alone: the host DataLoader (JPEG decode + augmentation in workers) and the
+device pipeline (``data.augment_on_device``), images/s each. ``--profile`` adds GPU time per kernel
+class (convs, norms, quantizer, pools, elementwise, ...) of the first row's eager step.
+
+    python benchmarks/speed.py --case retrain_step --data /tmp/cifar10 --rows 96:fp32:nchw,96:fp32:cl,256:bf16:cl
+    python benchmarks/speed.py --case retrain_step --rows 1024:fp16:cl:torch,1024:fp16:cl   # node sums: ops vs kernel
+    python benchmarks/speed.py --case retrain_step --tiny    # CPU smoke run of the case itself (no rows)
+
+Each row's step time, images/s and peak memory become result rows.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import functools
+import gc
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: the packages live beside benchmarks/
+    sys.path.insert(0, str(REPO))
+
+from aso_se.data import CIFARData  # noqa: E402
+from aso_se.parallel.distributed import DistributedContext  # noqa: E402
+from aso_se.train.retrain import Retrainer  # noqa: E402
+from benchmarks.rows import Measurement  # noqa: E402
+from kernels.quantizer import triton as quantizer_triton  # noqa: E402
+from search_space.network import build_network  # noqa: E402
+from search_space.neurons import NeuronFactory  # noqa: E402
+
+# GPU kernel classes, first match wins (names of cuDNN, cuBLAS, ATen and our Triton kernels).
+KERNEL_CLASSES = [
+    ("conv", r"conv|cudnn|xmma|implicit_gemm|winograd|dgrad|wgrad|fprop|sm90|sm80|gemm|cutlass|nhwc|nchw.*kernel"),
+    ("batch norm", r"batch_norm|bn_|batchnorm"),
+    ("quantizer / neuron", r"quantiz|st_bif|threshold"),
+    ("pool", r"pool"),
+    ("optimizer", r"multi_tensor|foreach|sgd|fused_"),
+    ("reduction", r"reduce|norm_kernel|sum_|mean"),
+    ("copy / layout", r"copy|transpose|cat|permute|contiguous|memcpy|memset"),
+    ("elementwise", r"elementwise|vectorized|unrolled|where|mul|add|fill"),
+]
+
+
+def kernel_class(name: str) -> str:
+    lowered = name.lower()
+    for label, pattern in KERNEL_CLASSES:
+        if re.search(pattern, lowered):
+            return label
+    return "other"
+
+
+def quantizer_bwd_config() -> str:
+    """BLOCK:WARPS[:PROGRAMS_PER_SM] of the quantizer backward imported (older code, run for an A/B, has no grid)."""
+    per_sm = getattr(quantizer_triton, "BWD_PROGRAMS_PER_SM", None)
+    return f"{quantizer_triton.BWD_BLOCK}:{quantizer_triton.BWD_NUM_WARPS}" + (f":{per_sm}" if per_sm else "")
+
+
+def make_trainer(args, row, device):
+    batch, precision, layout, sum_backend = row
+    torch.manual_seed(0)
+    network = build_network(args.genotype, neuron=NeuronFactory(args.neuron, timesteps=1), channels=args.channels,
+                            layers=args.layers, num_classes=10, auxiliary=True, conv_backend=args.conv_backend)
+    for cell in network.cells:  # "cat": our kernel's node sums, then torch.cat (before sums into the concatenation)
+        cell.drop_path_backend = "auto" if sum_backend == "cat" else sum_backend
+        cell.sums_into_concat = sum_backend != "cat"
+    # fused on a GPU, as experiment=cifar10_qann_fast trains (and fp16 in a graph needs it)
+    sgd = functools.partial(torch.optim.SGD, lr=0.025, momentum=0.9, weight_decay=3e-4, fused=device.type == "cuda")
+    return Retrainer(network, optimizer=sgd,
+                     scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=10),
+                     epochs=10, auxiliary_weight=0.4, drop_path_prob=0.2, grad_clip=5.0, precision=precision,
+                     ctx=DistributedContext(device=device), log_every_n_steps=10,
+                     cuda_graph=args.graph and device.type == "cuda", channels_last=layout == "cl")
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_row(args, row, device):
+    batch = row[0]
+    trainer = make_trainer(args, row, device)
+    if args.compile:
+        trainer.model = torch.compile(trainer.model, mode=args.compile_mode)
+    trainer.network.drop_path_prob = 0.2 * 0.5
+    trainer.model.train()
+    inputs = torch.randn(batch, 3, 32, 32, device=device)
+    labels = torch.randint(10, (batch,), device=device)
+    step = trainer.graphed_step or trainer._train_step
+    for _ in range(args.warmup):  # warm-up steps, then the capture
+        step(trainer._to_device(inputs), labels)
+    sync(device)
+    times = []
+    for _ in range(args.repeats):
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            loss, _ = step(trainer._to_device(inputs), labels)
+        sync(device)
+        times.append((time.perf_counter() - start) / args.steps)
+    seconds = statistics.median(times)
+    memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+    return trainer, seconds, memory, float(loss)
+
+
+def profile_row(trainer, row, device, steps=3):
+    from torch.profiler import ProfilerActivity, profile
+    batch = row[0]
+    inputs = torch.randn(batch, 3, 32, 32, device=device)
+    labels = torch.randint(10, (batch,), device=device)
+    for _ in range(2):
+        trainer._train_step(trainer._to_device(inputs), labels)
+    sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            trainer._train_step(trainer._to_device(inputs), labels)
+        sync(device)
+    by_class: dict[str, float] = collections.Counter()
+    counts: dict[str, int] = collections.Counter()
+    top: dict[str, float] = collections.Counter()
+    for event in prof.key_averages():
+        gpu_us = getattr(event, "self_device_time_total", 0.0)
+        if gpu_us <= 0 or event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        label = kernel_class(event.key)
+        by_class[label] += gpu_us / steps
+        counts[label] += event.count // steps
+        top[event.key[:90]] += gpu_us / steps
+    total = sum(by_class.values())
+    print(f"\nGPU time per eager step by kernel class ({':'.join(map(str, row))}), total {total / 1e3:.2f} ms")
+    print("| class | ms / step | share | kernels / step |\n|---|---:|---:|---:|")
+    for label, us in sorted(by_class.items(), key=lambda item: -item[1]):
+        print(f"| {label} | {us / 1e3:.2f} | {us / max(total, 1e-9):.0%} | {counts[label]} |")
+    print("\ntop kernels:")
+    for name, us in sorted(top.items(), key=lambda item: -item[1])[:25]:
+        print(f"  {us / 1e3:7.2f} ms  {name}")
+
+
+def loader_rates(args, device):
+    rows = []
+    for on_device in (False, True):
+        data = CIFARData(name="cifar10", root=args.data, cutout_length=16, num_workers=args.workers,
+                         augment_on_device=on_device)
+        started = time.perf_counter()
+        train, _ = data.train_loaders(args.loader_batch, seed=0, device=device)
+        train.set_epoch(0)
+        iterator = iter(train)
+        next(iterator)
+        setup = time.perf_counter() - started
+        sync(device)
+        start, images = time.perf_counter(), 0
+        for index, (inputs, labels) in enumerate(iterator):
+            inputs = inputs.to(device, non_blocking=True)
+            images += labels.numel()
+            if index + 2 >= args.loader_batches:
+                break
+        sync(device)
+        rows.append(("device pipeline" if on_device else f"host DataLoader, {args.workers} workers",
+                     images / (time.perf_counter() - start), setup))
+    print(f"\nInput pipeline alone (CIFAR-10 JPEGs, batch {args.loader_batch}, cutout 16)")
+    print("| pipeline | images/s | set-up + first batch (s) |\n|---|---:|---:|")
+    for name, rate, setup in rows:
+        print(f"| {name} | {rate:,.0f} | {setup:.1f} |")
+
+
+def main(argv: list[str] | None = None) -> list[Measurement]:
+    parser = argparse.ArgumentParser(prog="speed.py --case retrain_step", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default="96:fp32:nchw,96:fp32:cl,256:fp32:cl,256:bf16:cl",
+                        help="batch:precision:layout[:sum], layout nchw or cl (channels_last); sum: the nodes' "
+                             "drop-path sums on auto (our kernel, the default), cat (our kernel, nodes then torch.cat) "
+                             "or torch (PyTorch's ops)")
+    parser.add_argument("--genotype", default="DARTS_V2")
+    parser.add_argument("--neuron", default="st_bif_qann")
+    parser.add_argument("--layers", type=int, default=20)
+    parser.add_argument("--channels", type=int, default=36)
+    parser.add_argument("--conv-backend", default="auto")
+    parser.add_argument("--eager", dest="graph", action="store_false", help="eager steps instead of graph replays")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the network (Inductor) in every row")
+    parser.add_argument("--compile-mode", help="torch.compile's mode, e.g. reduce-overhead (its own CUDA graphs; "
+                        "use with --eager) or max-autotune-no-cudagraphs")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="GPU time by kernel class of the first row's step")
+    parser.add_argument("--data", help="CIFAR-10 root: also time the input pipelines alone")
+    parser.add_argument("--workers", type=int, default=12)
+    parser.add_argument("--loader-batch", type=int, default=256)
+    parser.add_argument("--loader-batches", type=int, default=60)
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke run: 3 cells x 4 channels, 2 steps")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.tiny:
+        args.layers, args.channels, args.rows = 3, 4, "4:fp32:nchw,4:fp32:cl:torch,4:fp32:cl:cat"
+        args.warmup, args.steps, args.repeats, args.loader_batches = 1, 2, 1, 3
+    torch.backends.cudnn.benchmark = True
+    rows = [(int(b), p, layout, rest[0] if rest else "auto")
+            for b, p, layout, *rest in (spec.split(":") for spec in args.rows.split(","))]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"{datetime.date.today()} {name}, torch {torch.__version__}; {args.genotype} {args.layers}x{args.channels} "
+          f"{args.neuron}, aux, drop-path, {'graph replay' if args.graph else 'eager'}, "
+          f"conv_backend={args.conv_backend}{f', torch.compile mode={args.compile_mode}' if args.compile else ''}, "
+          f"quantizer backward {quantizer_bwd_config()}")
+    print("| batch | precision | layout | node sums | ms / step | images/s | peak GiB | loss |\n"
+          "|---:|---|---|---|---:|---:|---:|---:|")
+    first, measured = None, []
+    for row in rows:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        trainer, seconds, memory, loss = time_row(args, row, device)
+        print(f"| {' | '.join(map(str, row))} | {seconds * 1e3:.1f} | {row[0] / seconds:,.0f} | {memory:.1f} | "
+              f"{loss:.3f} |", flush=True)
+        what = (f"{args.genotype} {args.layers}×{args.channels} {args.neuron}, batch {row[0]}, {row[1]}, {row[2]}, "
+                f"node sums {row[3]}, {'CUDA graph' if args.graph and device.type == 'cuda' else 'eager'}")
+        measured += [Measurement("retrain_step", f"{what}: step", round(seconds * 1e3, 1), "ms"),
+                     Measurement("retrain_step", f"{what}: throughput", round(row[0] / seconds), "images/s"),
+                     Measurement("retrain_step", f"{what}: peak memory", round(memory, 1), "GiB")]
+        first = first or row
+        del trainer
+        gc.collect()  # a trainer's graph and its memory pool sit in reference cycles
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if args.profile and first is not None:  # a fresh trainer: the rows' graph pools are freed by now
+        profile_row(make_trainer(args, first, device), first, device)
+    if args.data:
+        loader_rates(args, device)
+    return measured
+
+
+if __name__ == "__main__":
+    main()

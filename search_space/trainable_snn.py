@@ -1,0 +1,134 @@
+"""A QANN's ST-BIF SNN, trainable at a fixed number of steps T: spike-domain fine-tuning with BPTT.
+
+``convert_to_snn`` gives an SNN whose logits summed over time equal the QANN's once every neuron is silent.
+Cut off after T steps, neurons that still hold charge never deliver it. Training that SNN at T, with BPTT through
+the ST-BIF neuron's surrogate gradient (its fused multi-step kernel on CUDA), adapts the weights, the thresholds
+and the batch norms' affine maps to the answer after T steps.
+
+Every batch norm is folded into a trainable per-channel affine map, so training and evaluation run the same
+network (no batch statistics over a mixture of time steps); the auxiliary head is dropped (its loss would read
+a head that is never deployed).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from search_space.errors import UserInputError
+from search_space.neurons import SpikingNeuron
+from search_space.qann import (
+    REPORTED_TIMESTEPS,
+    _BiasAtFirstStep,
+    _full_fp32,
+    _InjectOnceStem,
+    _my_batches,
+    _ShiftAtFirstStep,
+    _snn_logits,
+    convert_to_snn,
+    set_timesteps,
+)
+
+
+def _buffers_to_parameters(module: nn.Module, names: Iterable[str]) -> None:
+    for name in names:
+        value = module._buffers.pop(name)
+        setattr(module, name, nn.Parameter(value.detach().clone()))
+
+
+def _fold_stem_norm(stem: nn.Sequential) -> None:
+    """The stem's conv + eval-mode BatchNorm as one conv with a bias (the stem runs once, at t = 0)."""
+    conv, norm = stem[0], stem[1]
+    std = torch.sqrt(norm.running_var + norm.eps)
+    weight = norm.weight if norm.affine else torch.ones_like(std)
+    bias = norm.bias if norm.affine else torch.zeros_like(std)
+    scale = (weight / std).detach()
+    shift = (bias - norm.running_mean * weight / std).detach()
+    if conv.bias is not None:
+        shift = shift + conv.bias.detach() * scale
+    folded = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                       conv.dilation, conv.groups, bias=True).to(conv.weight.device, conv.weight.dtype)
+    with torch.no_grad():
+        folded.weight.copy_(conv.weight * scale.view(-1, 1, 1, 1))
+        folded.bias.copy_(shift)
+    stem[0], stem[1] = folded, nn.Identity()
+
+
+def trainable_snn(qann: nn.Module, timesteps: int, surrogate: str = "sigmoid") -> nn.Module:
+    """The ST-BIF SNN of ``qann`` (``convert_to_snn``, binary spikes) with every weight, threshold and folded
+    batch-norm map a trainable parameter; its forward returns ``(logits summed over T, None)`` as the QANN's."""
+    snn = convert_to_snn(qann, timesteps)
+    if getattr(snn, "auxiliary_head", None) is not None:
+        snn.auxiliary_head = None
+    for module in snn.modules():
+        if isinstance(module, SpikingNeuron):
+            neuron = module.neuron
+            neuron.surrogate = surrogate
+            _buffers_to_parameters(neuron, ["q_threshold"])
+        elif isinstance(module, _ShiftAtFirstStep):
+            _buffers_to_parameters(module, ["scale", "shift"])
+        elif isinstance(module, _BiasAtFirstStep):
+            _buffers_to_parameters(module, ["bias"])
+        elif isinstance(module, _InjectOnceStem):
+            _fold_stem_norm(module.stem)
+    left = [name for name, module in snn.named_modules() if isinstance(module, nn.modules.batchnorm._BatchNorm)]
+    if left:
+        raise UserInputError(f"the SNN keeps batch norms outside the cells ({left[:3]}): it cannot be fine-tuned")
+    for param in snn.parameters():
+        param.requires_grad_(True)
+    return snn.train()
+
+
+@dataclass
+class SpikingAccuracy:
+    """A spiking network's test accuracy after each of ``accuracy_at``'s steps."""
+
+    accuracy_at: dict[int, float]
+    silent: bool                  # no neuron fired at the last step run
+    timesteps_to_silence: int     # the last step at which any neuron fired (the steps run if never silent)
+
+
+@torch.no_grad()
+@_full_fp32()
+def accuracy_against_timesteps(snn: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *,
+                               device: torch.device | str, timesteps: Iterable[int] = REPORTED_TIMESTEPS,
+                               sharded: bool = False,
+                               before_batch: Callable[[], None] = lambda: None) -> SpikingAccuracy:
+    """Runs ``snn`` (a converted or fine-tuned SNN) once for the largest of ``timesteps`` steps and reads its
+    accuracy after each of them from the summed readout. ``sharded``: each rank runs ``rank::world`` of the
+    batches and the counts are summed, so every rank returns the whole set's figures. ``snn``'s own number of
+    steps is left as it was."""
+    steps = sorted(set(timesteps))
+    if not steps or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in steps):
+        raise UserInputError(f"timesteps={list(timesteps)!r} must be positive integers, e.g. [1, 2, 4, 8]")
+    device = torch.device(device)
+    batches = list(batches)
+    was_training, before = snn.training, snn.stem.timesteps
+    sharded = sharded and dist.is_initialized() and dist.get_world_size() > 1
+    longest = steps[-1]
+    set_timesteps(snn.eval(), longest)
+    try:
+        hits, total, last = dict.fromkeys(steps, 0), 0, 0
+        dtype = next(snn.parameters()).dtype
+        for i in _my_batches(len(batches), sharded, before_batch):
+            x, y = batches[i][0].to(device, dtype), batches[i][1].to(device)
+            logits, active = _snn_logits(snn, x, longest, steps[:-1])
+            for k in steps:
+                hits[k] += int((logits[k].argmax(1) == y).sum())
+            total, last = total + len(y), max(last, active)
+        counts = [*hits.values(), total, last]
+        if sharded:
+            summed = torch.tensor(counts[:-1], dtype=torch.float64, device=device)
+            latest = torch.tensor([last], dtype=torch.float64, device=device)
+            dist.all_reduce(summed)
+            dist.all_reduce(latest, op=dist.ReduceOp.MAX)
+            counts = [int(c) for c in summed.tolist()] + [int(latest.item())]
+    finally:
+        set_timesteps(snn, before)
+        snn.train(was_training)
+    *hit_counts, total, last = counts
+    return SpikingAccuracy({k: n / max(total, 1) for k, n in zip(steps, hit_counts)},
+                           silent=last < longest, timesteps_to_silence=last if last < longest else longest)

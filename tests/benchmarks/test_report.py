@@ -1,0 +1,59 @@
+"""benchmarks/report.py: RESULTS.md is what the result rows and the template give, and the tables read the rows."""
+import csv
+import re
+
+import pytest
+
+from benchmarks import report
+from benchmarks.rows import COLUMNS, Measurement, append_rows, read_rows
+
+
+def test_results_md_is_what_the_rows_give():
+    assert report.main(["--check"]) == 0, "run `python benchmarks/report.py` and commit benchmarks/RESULTS.md"
+
+
+def test_the_searched_vs_random_table_is_computed_from_the_rows():
+    text = report.table("search_vs_random")
+    assert "| full/searched | 3 | **92.98 ± 0.25** (92.8, 93.26, 92.88)" in text
+    assert "| full/random | 3 | **93.18 ± 0.35** (92.81, 93.51, 93.21)" in text
+    assert "| full/DARTS_V2 | 1 | 93.52 |" in text
+
+
+def test_every_template_placeholder_has_a_table_and_every_table_a_rows_file():
+    placeholders = set(report.re.findall(r"\{\{(\w+)\}\}", report.TEMPLATE.read_text()))
+    assert placeholders == set(report.TABLES)
+    for spec in report.TABLES.values():
+        read_rows(report.RESULTS / spec.file)  # exists, with the shared columns
+
+
+def test_appended_rows_show_newest_first_and_a_file_without_rows_says_so(tmp_path, monkeypatch):
+    monkeypatch.setitem(report.TABLES, "binary_snn", report.Latest("binary.csv"))
+    (tmp_path / "binary.csv").write_text(",".join(COLUMNS) + "\n")
+    assert report.table("binary_snn", tmp_path) == "No rows yet (`benchmarks/results/binary.csv`)."
+    append_rows(tmp_path / "binary.csv", [Measurement("binary_T4", "accuracy", 90.0, "%")], command="python x.py")
+    append_rows(tmp_path / "binary.csv", [Measurement("binary_T4", "accuracy", 91.25, "%", "seed 0")],
+                command="python x.py --again")
+    rows = read_rows(tmp_path / "binary.csv")
+    assert [row["value"] for row in rows] == ["90.0", "91.25"] and rows[0]["gpu"] == "cpu"
+    text = report.table("binary_snn", tmp_path)
+    assert "| binary_T4 | accuracy | 91.25 % | seed 0 | cpu |" in text and "90 %" not in text
+    assert "- c1: `python x.py --again`" in text
+
+
+def test_a_rows_file_with_other_columns_is_refused(tmp_path):
+    path = tmp_path / "bad.csv"
+    with open(path, "w", newline="") as out:
+        csv.writer(out).writerow(["case", "value"])
+    with pytest.raises(ValueError, match="expected"):
+        read_rows(path)
+
+
+def test_the_readmes_links_into_results_md_name_its_sections():
+    def anchor(heading: str) -> str:  # GitHub's: lower case, punctuation dropped, spaces to hyphens
+        return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+    results = report.REPORT.read_text().splitlines()
+    anchors = {anchor(line.lstrip("#")) for line in results if line.startswith("#")}
+    readme = (report.HERE.parent / "README.md").read_text()
+    links = re.findall(r"benchmarks/RESULTS\.md#([\w\-]+)", readme)
+    assert links and set(links) <= anchors, set(links) - anchors

@@ -1,0 +1,75 @@
+"""The suites' command lines: a case's measurements become result rows with where and how they were measured, and
+the accuracy suite turns each case's summary into one row per retrained cell."""
+from __future__ import annotations
+
+import json
+
+from benchmarks import accuracy, speed, tools
+from benchmarks.rows import COLUMNS, Measurement, read_rows
+
+
+def test_a_speed_case_appends_its_measurements_with_the_command(tmp_path, monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(speed, "run_case", lambda case, argv: seen.append((case, argv)) or
+                        [Measurement(case, "step", 12.5, "ms", "tiny")])
+    rows_out = tmp_path / "speed.csv"
+    assert speed.main(["--case", "retrain_step", "--rows", "4:fp32:cl", "--rows-out", str(rows_out)]) == 0
+    assert seen == [("retrain_step", ["--rows", "4:fp32:cl"])]  # the case's own --rows passes through
+    [row] = read_rows(rows_out)
+    assert set(row) == set(COLUMNS) and row["gpu"] == "cpu" and row["torch"] and row["commit"]
+    assert (row["case"], row["metric"], row["value"], row["unit"], row["note"]) == ("retrain_step", "step", "12.5",
+                                                                                     "ms", "tiny")
+    assert "1 rows appended" in capsys.readouterr().out
+    assert speed.main(["--case", "retrain_step", "--rows-out", ""]) == 0 and len(read_rows(rows_out)) == 1
+
+
+def test_the_scaling_cases_read_each_epochs_images_per_second(tmp_path):
+    (tmp_path / "metrics.json").write_text(json.dumps({"history": [{"images_per_second": r} for r in (9, 20, 22)]}))
+    assert speed.epoch_rates(tmp_path, "train.py") == [20, 22]  # the first epoch compiles and captures
+    (tmp_path / "search.log").write_text("cycle 0 warmup (epoch 1) | images_per_second 5\n"
+                                         "cycle 0 search (epoch 2) | loss 1 images_per_second 100.0\n"
+                                         "cycle 0 search (epoch 3) | loss 1 images_per_second 3.5e+03\n")
+    assert speed.epoch_rates(tmp_path, "search.py") == [3500.0]
+
+
+def test_search_vs_random_rows_name_the_protocol_and_the_cell():
+    run = {"test_acc": 0.9298, "energy_per_image_uj": 45071.6}
+    summary = {"searched": [{**run, "run_dir": "/o/retrain/search_0_seed0"}],
+               "random": [{**run, "run_dir": "/o/retrain/random_1_seed0", "energy_per_image_uj": None}],
+               "reference": [{**run, "run_dir": "/o/retrain/DARTS_V2_seed0"}], "poor": []}
+    rows = accuracy.search_vs_random_rows(summary, "full")
+    assert [(m.case, m.metric, m.value, m.unit, m.note) for m in rows] == [
+        ("full/searched", "test accuracy", 92.98, "%", "search_0_seed0"),
+        ("full/searched", "SNN energy per image", 45072, "µJ", "search_0_seed0"),
+        ("full/random", "test accuracy", 92.98, "%", "random_1_seed0"),
+        ("full/DARTS_V2", "test accuracy", 92.98, "%", "DARTS_V2_seed0"),
+        ("full/DARTS_V2", "SNN energy per image", 45072, "µJ", "DARTS_V2_seed0")]
+    assert accuracy.default_label("search_vs_random", ["--budget", "full"]) == "full"
+    assert accuracy.default_label("energy_sweep", ["--search-override", "search_space=spike_native"]) == \
+        "spike-native space"
+
+
+def test_retrain_arm_and_energy_sweep_rows():
+    runs = [{"arm": "st_bif_qann", "seed": 1, "test_acc": 0.7685, "snn_test_acc": 0.7667, "snn_timesteps": 24}]
+    assert [(m.case, m.metric, m.value) for m in accuracy.retrain_arms_rows({"runs": runs}, "small")] == [
+        ("small/st_bif_qann", "test accuracy", 76.85), ("small/st_bif_qann", "its SNN: test accuracy", 76.67)]
+    sweep = [{"energy_weight": 0.03, "search_seed": 0, "test_acc": 0.6303, "energy_per_image_uj": 124.44}]
+    assert [(m.case, m.value, m.unit) for m in accuracy.energy_sweep_rows({"runs": sweep}, "DARTS space")] == [
+        ("DARTS space, λ = 0.03", 63.03, "%"), ("DARTS space, λ = 0.03", 124.4, "µJ")]
+
+
+def test_a_smoke_run_writes_no_rows_and_tools_name_their_tools(tmp_path, monkeypatch, capsys):
+    from benchmarks import energy_pareto
+
+    out = tmp_path / "out"
+
+    def fake_main(argv):
+        out.mkdir()
+        (out / "summary.json").write_text(json.dumps({"runs": []}))
+        return 0
+
+    monkeypatch.setattr(energy_pareto, "main", fake_main)
+    monkeypatch.setattr(accuracy, "RESULTS", tmp_path / "results")
+    assert accuracy.main(["energy_sweep", "--out", str(out), "--smoke"]) == 0
+    assert not (tmp_path / "results").exists()
+    assert tools.main(["nothing"]) == 2 and "derive_cell,op_strength,snn_latency" in capsys.readouterr().err

@@ -1,0 +1,122 @@
+"""The trainable SNN of a QANN (spike-domain fine-tuning): the same function as the QANN before training, BPTT
+through the Triton neuron equal to BPTT through the torch reference neuron, and accuracy read after each step."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from search_space.errors import UserInputError
+from search_space.genotypes import GENOTYPES
+from search_space.neurons import SpikingNeuron
+from search_space.qann import REPORTED_TIMESTEPS, convert_to_snn, set_timesteps
+from search_space.trainable_snn import accuracy_against_timesteps, trainable_snn
+from tests.search_space.test_qann import ALL_OPS, qann_network
+
+DARTS_V2 = GENOTYPES["DARTS_V2"]
+DARTS_V2_SPIKE_NATIVE = GENOTYPES["DARTS_V2_SPIKE_NATIVE"]
+
+
+def _with_auxiliary_and_stem_stats(network: nn.Module) -> nn.Module:
+    """Random statistics in the stem's batch norm too (folded into its conv by trainable_snn)."""
+    norm = network.stem[1]
+    norm.running_mean.uniform_(-0.5, 0.5)
+    norm.running_var.uniform_(0.5, 2.0)
+    norm.weight.data.uniform_(0.5, 1.5)
+    norm.bias.data.uniform_(-0.3, 0.3)
+    return network
+
+
+@pytest.mark.parametrize("genotype,level,sym", [(DARTS_V2, 4, False), (ALL_OPS, 4, False), (DARTS_V2, 3, True),
+                                                (DARTS_V2_SPIKE_NATIVE, 4, False)],
+                         ids=["darts_v2_l4", "all_ops_l4", "darts_v2_l3_sym", "spike_native_l4"])
+def test_before_training_it_is_the_exact_snn_of_the_qann_in_fp64(genotype, level: int, sym: bool) -> None:
+    """Its batch norms folded and every buffer a parameter, it still sums to the QANN's logits at silence, as the
+    converted SNN does, and every step agrees with the converted SNN's."""
+    qann = _with_auxiliary_and_stem_stats(qann_network(genotype, seed=5, level=level, sym=sym)).double()
+    x = torch.randn(5, 2, 12, 12, dtype=torch.float64)
+    snn = trainable_snn(qann, 96)
+    assert snn.training and all(p.requires_grad for p in snn.parameters())
+    thresholds = [m.neuron.q_threshold for m in snn.modules() if isinstance(m, SpikingNeuron)]
+    assert thresholds and all(isinstance(t, nn.Parameter) for t in thresholds)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in snn.modules())
+    logits, aux = snn(x)
+    assert aux is None
+    torch.testing.assert_close(logits, qann.eval()(x)[0], rtol=0, atol=1e-9)
+    assert logits.std() > 1e-3
+    converted = convert_to_snn(qann, 7)
+    short = set_timesteps(snn, 7)
+    torch.testing.assert_close(short(x)[0], converted(x)[0], rtol=0, atol=1e-9)
+
+
+def _loss_and_grads(snn: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    snn.zero_grad(set_to_none=True)
+    logits, _ = snn(x)
+    loss = nn.functional.cross_entropy(logits, labels)
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in snn.named_parameters()}
+
+
+@pytest.mark.parametrize("timesteps", [1, 4])
+@pytest.mark.parametrize("surrogate", ["sigmoid", "rectangular"])
+def test_bptt_through_the_triton_neuron_equals_bptt_through_the_reference(timesteps: int, surrogate: str) -> None:
+    """The fine-tuning step's loss and every gradient (weights, thresholds, folded norms, biases) with the fused
+    multi-step kernel (Triton, here under its interpreter) equal those with the torch reference neuron."""
+    qann = _with_auxiliary_and_stem_stats(qann_network(DARTS_V2, seed=7, level=4, sym=False, layers=3))
+    snn = trainable_snn(qann, timesteps, surrogate)
+    x, labels = torch.randn(3, 2, 12, 12), torch.tensor([0, 3, 1])
+    results = []
+    for backend in ("torch", "triton"):
+        twin = copy.deepcopy(snn)
+        for module in twin.modules():
+            if isinstance(module, SpikingNeuron):
+                module.neuron.backend = backend
+        results.append(_loss_and_grads(twin, x, labels))
+    (ref_loss, ref_grads), (loss, grads) = results
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
+    assert ref_grads.keys() == grads.keys()
+    nonzero = [name for name, grad in ref_grads.items() if grad.abs().max() > 0]
+    assert any("q_threshold" in name for name in nonzero) and any("shift" in name for name in nonzero)
+    assert "stem.stem.0.weight" in nonzero  # the gradient reaches the first layer through every neuron
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_training_step_changes_the_answer_at_t() -> None:
+    """Weights, thresholds and folded norms all move under SGD: fine-tuning is not a no-op."""
+    qann = qann_network(DARTS_V2, seed=8, level=4, sym=False)
+    snn = trainable_snn(qann, 2)
+    before = copy.deepcopy(snn.state_dict())
+    optimizer = torch.optim.SGD(snn.parameters(), lr=0.5)
+    _loss_and_grads(snn, torch.randn(4, 2, 12, 12), torch.tensor([0, 1, 2, 3]))
+    optimizer.step()
+    moved = {name for name, value in snn.state_dict().items() if not torch.equal(value, before[name])}
+    assert any("q_threshold" in name for name in moved) and any(".scale" in name for name in moved)
+    assert "classifier.linear.weight" in moved and "stem.stem.0.bias" in moved
+
+
+def test_accuracy_after_each_step_equals_a_run_of_that_many_steps() -> None:
+    """One run at the largest T reads the accuracy after every reported step (the network is causal); each equals
+    a separate run of that many steps. The network's own T is left as it was."""
+    torch.manual_seed(0)
+    qann = qann_network(DARTS_V2, seed=9, level=4, sym=False).double()
+    snn = trainable_snn(qann, 4)
+    x = torch.randn(16, 2, 12, 12, dtype=torch.float64)
+    logits = qann.eval()(x)[0]
+    labels = logits.argmax(1)  # the QANN's answers: the SNN reaches them once silent
+    labels[::3] = (labels[::3] + 1) % 5
+    result = accuracy_against_timesteps(snn, [(x[:7], labels[:7]), (x[7:], labels[7:])], device="cpu",
+                                        timesteps=[*REPORTED_TIMESTEPS, 64])
+    assert snn.stem.timesteps == 4 and snn.training
+    assert list(result.accuracy_at) == [*REPORTED_TIMESTEPS, 64]
+    for steps in REPORTED_TIMESTEPS:
+        with torch.no_grad():
+            alone = set_timesteps(copy.deepcopy(snn).eval(), steps)(x)[0]
+        assert result.accuracy_at[steps] == (alone.argmax(1) == labels).double().mean().item(), steps
+    assert result.silent and result.timesteps_to_silence < 64
+    assert result.accuracy_at[64] == (logits.argmax(1) == labels).double().mean().item()
+    assert len(set(result.accuracy_at.values())) > 1  # the answer changes over the steps
+    with pytest.raises(UserInputError, match="positive integers"):
+        accuracy_against_timesteps(snn, [(x, labels)], device="cpu", timesteps=[0, 4])
