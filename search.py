@@ -41,14 +41,13 @@ def main(cfg: DictConfig) -> None:
         board = run.tensorboard(cfg.logger, step=engine.progress["global_step"])
         callbacks = SearchCallbacks(run, board, engine=engine, steps_per_epoch=len(weights_loader),
                                     log_every_n_steps=cfg.trainer.log_every_n_steps)
-        genotype = engine.run(weights_loader, arch_loader, on_step=callbacks.on_step,
-                              on_epoch_end=callbacks.on_epoch_end,
-                              on_cycle_end=callbacks.on_cycle_end, should_stop=run.should_stop)
-        callbacks.save(engine)
+        engine.run(weights_loader, arch_loader, callbacks=callbacks, should_stop=run.should_stop)
+        callbacks.save_checkpoint()  # the search's end, or where a stop left it
         run.raise_if_stopped()
+        genotype = engine.genotypes[-1]
         if derive == "strength":  # the weights judge each edge's ops instead of α
-            genotype = callbacks.derive_by_strength(genotype, engine, arch_loader)
-        callbacks.finish(genotype, engine)
+            genotype = callbacks.derive_by_strength(genotype, arch_loader)
+        callbacks.finish(genotype)
 
 
 if __name__ == "__main__":

@@ -44,10 +44,8 @@ def main(cfg: DictConfig) -> None:
         callbacks = TrainCallbacks(run, board, trainer=trainer, genotype=genotype)
         train_loader, test_loader = data.train_loaders(cfg.batch_size, seed=cfg.seed, rank=ctx.rank,
                                                        world_size=ctx.world_size, device=ctx.device)
-        if not trainer.fit(train_loader, test_loader, on_log=callbacks.on_log, on_epoch_end=callbacks.on_epoch_end,
-                           should_stop=run.should_stop, checkpoint_due=run.checkpoint_due,
-                           save_checkpoint=callbacks.save):
-            callbacks.save()
+        if not trainer.fit(train_loader, test_loader, callbacks=callbacks, should_stop=run.should_stop):
+            callbacks.save_checkpoint()
             run.raise_if_stopped()
         metrics = callbacks.finish(data, later=("snn_finetune",) if finetune.epochs else ())
         if finetune.epochs:  # spike-domain fine-tuning of the QANN's binary SNN at T

@@ -24,9 +24,9 @@ if __package__ in (None, ""):  # run as a script: the repository on the path, fo
 
 from benchmarks.rows import Measurement
 from kernels.st_bif import STBIFNeuron, level_bounds, st_bif_multistep
+from kernels.st_bif.plan import st_bif_fwd
 from kernels.st_bif.reference import st_bif_loop, st_bif_reference
 from kernels.st_bif.surrogates import SURROGATES
-from kernels.st_bif.triton import st_bif_fwd
 
 NEURON_SHAPE = (64, 128, 32, 32)
 POS_MAX, NEG_MIN = level_bounds(8, sym=True)

@@ -13,6 +13,7 @@ from typing import Any
 from hydra.utils import instantiate
 from torch import nn
 
+from aso_se.loop import LoopCallbacks
 from aso_se.monitor.tensorboard import TensorBoardLogger
 from aso_se.run.errors import non_finite_weights
 from aso_se.run.lifecycle import Run
@@ -35,8 +36,9 @@ def finetune_settings(run: Run, network: nn.Module) -> FinetuneSettings:
     return settings
 
 
-class FinetuneCallbacks:
-    """The fine-tuning Retrainer's callbacks: TensorBoard under ``snn_finetune/`` and ``checkpoints/last.pt``."""
+class FinetuneCallbacks(LoopCallbacks):
+    """The fine-tuning Retrainer's callbacks (``aso_se.loop``): TensorBoard under ``snn_finetune/`` and
+    ``checkpoints/last.pt`` where the run's checkpoint policy says (``Run.checkpoints``)."""
 
     def __init__(self, run: Run, board: TensorBoardLogger | None, *, trainer: Retrainer, qann: TrainCallbacks) -> None:
         self.run, self.board, self.trainer, self.qann = run, board, trainer, qann
@@ -45,14 +47,20 @@ class FinetuneCallbacks:
         if self.board is not None:
             self.board.scalars("snn_finetune/train", scalars, step)
 
-    def on_epoch_end(self, is_best: bool) -> None:
+    def on_epoch_end(self, summary: dict[str, Any]) -> None:
         trainer = self.trainer
         if self.board is not None:
             test = trainer.last_test
             self.board.scalars("snn_finetune/test", {"loss": test["loss"], "acc": test["acc"]}, trainer.global_step)
             self.board.flush()
-        if self.run.epoch_checkpoint_due(trainer.epoch, last=trainer.epoch == trainer.epochs):
+        if self.run.checkpoints.epoch_due(trainer.epoch, last=trainer.epoch == trainer.epochs):
             self.save(background=True)
+
+    def checkpoint_due(self) -> bool:
+        return self.run.checkpoints.timed_due()
+
+    def save_checkpoint(self) -> None:
+        self.save()  # the state a stop after this step saves: resumes at the next step
 
     def save(self, *, background: bool = False) -> None:
         """``checkpoints/last.pt``: the finished QANN's state and the fine-tuning's (never NaN/Inf weights)."""
@@ -79,9 +87,8 @@ def run_finetune(run: Run, board: TensorBoardLogger | None, settings: FinetuneSe
         run.restore(trainer, "snn_trainer")
     log.info("spike-domain fine-tuning: %d epochs of the binary SNN at T = %d", settings.epochs, settings.timesteps)
     callbacks = FinetuneCallbacks(run, board, trainer=trainer, qann=qann)
-    if not trainer.fit(train_loader, test_loader, on_log=callbacks.on_log, on_epoch_end=callbacks.on_epoch_end,
-                       should_stop=run.should_stop, checkpoint_due=run.checkpoint_due, save_checkpoint=callbacks.save):
-        callbacks.save()
+    if not trainer.fit(train_loader, test_loader, callbacks=callbacks, should_stop=run.should_stop):
+        callbacks.save_checkpoint()
         run.raise_if_stopped()
     _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
     finetuned = finetuned_metrics(trainer, settings, full_test, with_energy=ctx.is_main, sharded=ctx.distributed,

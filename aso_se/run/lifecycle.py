@@ -2,9 +2,10 @@
 
 On entry: the config to use (the saved one when resuming, aso_se.run.resume), the run directory, the
 process group, seeds, and the handler of ``trainer.stop_signals`` (aso_se.run.stop_signals). During the
-run: when to checkpoint, the saves themselves (in the background when asked), whether to stop. On exit:
-loader workers and the process group are shut down and an expected failure (bad input, NaN/Inf, out of
-memory, a failed write, the stop) exits with its one line (aso_se.run.errors).
+run: when to checkpoint (its `CheckpointPolicy`, aso_se.run.checkpoint_policy), the saves themselves (in the
+background when asked), whether to stop. On exit: loader workers and the process group are shut down and an
+expected failure (bad input, NaN/Inf, out of memory, a failed write, the stop) exits with its one line
+(aso_se.run.errors).
 """
 from __future__ import annotations
 
@@ -37,12 +38,13 @@ from aso_se.parallel.distributed import (
 )
 from aso_se.run import errors
 from aso_se.run.checkpoint import CheckpointWriter, restore_errors
+from aso_se.run.checkpoint_policy import CheckpointPolicy
 from aso_se.run.elastic_restart import name_run_for_elastic_restarts
 from aso_se.run.guard import exit_at_once, exit_on_run_failure
 from aso_se.run.paths import CHECKPOINT
 from aso_se.run.resume import load_resumed
 from aso_se.run.stop_signals import STUCK_RANK_GRACE_S, StopHandler, parse_stop_signals
-from aso_se.run.trainer_settings import TrainerSettings, check_settings
+from aso_se.run.trainer_settings import check_settings
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +53,8 @@ class Run:
     """Context of one search or retrain run (see the module docstring).
 
     The training loop polls `should_stop` after each step; once it is true the entry point saves and
-    calls `raise_if_stopped`. `checkpoint_due` tells the loops when ``trainer.checkpoint_every_min`` has
-    passed since the last save.
+    calls `raise_if_stopped`. ``checkpoints``, the run's one `CheckpointPolicy`, tells the loops' callbacks when
+    to save.
     """
 
     def __init__(self, cfg: DictConfig, *, entry_point: str) -> None:
@@ -67,9 +69,8 @@ class Run:
         self._stop = StopHandler(lambda signum: errors.quit_at_once(signum, self.run_dir, self.entry_point))
         self._started = time.perf_counter()
         self._cpu_started = _cpu_seconds()
-        self._saved_at = time.monotonic()
         self._writer = CheckpointWriter()
-        self._settings: TrainerSettings | None = None
+        self.checkpoints = CheckpointPolicy()  # the run's own, from its trainer config, once it starts
 
     @property
     def checkpoint_path(self) -> Path:
@@ -103,9 +104,11 @@ class Run:
         if self.cfg.get("resume"):
             self.state, self.cfg = load_resumed(self.checkpoint_path, self.entry_point)
             self._handle_stop_signals()  # the resumed run's own setting
-        settings = self._settings = check_settings(self.cfg, self.entry_point)
+        settings = check_settings(self.cfg, self.entry_point)
+        self.checkpoints = settings.checkpoints
         trainer = self.cfg.trainer
         self.ctx = init_distributed(ddp=trainer.ddp, device=trainer.device, peer_timeout_s=settings.peer_timeout_s)
+        self.checkpoints.timed = self.ctx.is_main  # rank 0 alone writes checkpoints
         torch.backends.cudnn.benchmark = bool(trainer.get("cudnn_benchmark", False))
         self.run_dir = broadcast_from_main(self.run_dir, self.ctx)
         if self.ctx.is_main and not self.resumed:
@@ -171,19 +174,6 @@ class Run:
         if self._stop.signum is not None:
             raise errors.Interrupted(self._stop.signum, self.run_dir, self.entry_point)
 
-    def epoch_checkpoint_due(self, epoch: int, *, last: bool = False) -> bool:
-        """Whether the end of ``epoch`` (counted from 1) saves ``checkpoints/last.pt``: every
-        ``trainer.checkpoint_every_n_epochs`` epochs and the ``last`` one (a stop saves anyway)."""
-        return last or epoch % self._settings.checkpoint_every_n_epochs == 0
-
-    def checkpoint_due(self) -> bool:
-        """True (on rank 0) once ``trainer.checkpoint_every_min`` has passed since the last save
-        of ``checkpoints/last.pt``: the loops then save their state as at a stop (mid-epoch)."""
-        every_s = self._settings.checkpoint_every_s
-        if every_s is None or (self.ctx is not None and not self.ctx.is_main):
-            return False
-        return time.monotonic() - self._saved_at >= every_s
-
     def restore(self, component: Any, key: str) -> None:
         """On a resumed run, ``component.load_state_dict(state[key])`` of the checkpoint; a state that
         does not fit is bad input (``checkpoint.restore_errors``). Nothing on a fresh run."""
@@ -199,12 +189,12 @@ class Run:
             return
         self._stop.keep_installed()
         config = OmegaConf.to_container(self.cfg, resolve=True)
-        keep = self._settings.keep_checkpoints if path is None else 1  # last.pt's history only
+        keep = self.checkpoints.keep if path is None else 1  # last.pt's history only
         self._writer.save({"config": config, "wall_time_s": self.wall_time_s,
                            "cpu_time_s": self.cpu_time_s, "world_size": self.ctx.world_size, **state},
                           path or self.checkpoint_path, kind=self.entry_point, keep=keep, background=background)
         if path is None:
-            self._saved_at = time.monotonic()
+            self.checkpoints.saved()
 
     @property
     def wall_time_s(self) -> float:

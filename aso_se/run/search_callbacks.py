@@ -1,10 +1,10 @@
 """What search.py does at the engine's callbacks: progress, TensorBoard, checkpoints, genotypes.
 
-The engine (``aso_se.search.engine.ASOSEEngine``) calls ``on_step`` after every step with host-side
-scalars, ``on_epoch_end`` once an epoch's state is final and ``on_cycle_end`` when a cycle's
-genotype is derived. Here they become a progress bar and an epoch log line, TensorBoard
-scalars and images, ``checkpoints/last.pt`` at every ``trainer.checkpoint_every_n_epochs``-th epoch's end
-(and mid-epoch when ``trainer.checkpoint_every_min`` has passed), ``genotypes/cycle_<k>.json`` and the α it was
+The engine (``aso_se.search.engine.ASOSEEngine``) calls ``on_log`` after every step with host-side
+scalars, ``on_epoch_end`` once an epoch's state is final, ``on_cycle_end`` when a cycle's
+genotype is derived, and ``save_checkpoint`` mid-epoch when ``checkpoint_due``. Here they become a progress bar and
+an epoch log line, TensorBoard scalars and images, ``checkpoints/last.pt`` where the run's checkpoint policy says
+(``aso_se.run.checkpoint_policy``), ``genotypes/cycle_<k>.json`` and the α it was
 derived from, ``alphas/cycle_<k>.json`` (another derivation rule needs no new search: ``benchmarks/derive_cell.py``);
 at the end ``genotype.json`` and ``search_metrics.json`` (and ``strength.json`` with ``derive=strength``, whose
 judged paths ``checkpoints/strength_paths.pt`` keeps edge by edge for a resume). Only rank 0 writes; every rank
@@ -27,8 +27,9 @@ from aso_se.run.checkpoint import CheckpointError, load_checkpoint
 from aso_se.run.errors import non_finite_weights
 from aso_se.run.lifecycle import Run
 from aso_se.run.tensor_checks import first_non_finite, tensor_digest
-from aso_se.search.engine import ASOSEEngine, CycleResult
-from aso_se.search.strength import JudgingStopped, cells_record, derive_by_strength
+from aso_se.search.engine import ASOSEEngine, SearchLoopCallbacks
+from aso_se.search.evolution import CycleResult
+from aso_se.search.strength import JudgingStopped, final_cell_by_strength, judging_key
 from kernels.sparse_conv import PATH_COUNTS
 from search_space.genotypes import Genotype
 from search_space.neurons import firing_rates
@@ -45,17 +46,15 @@ _EPOCH_SUMMARY = ("loss", "accuracy", "arch_loss", "arch_accuracy", "images_per_
                   "temperature", "entropy", "arch_kl", "energy_uj", "seconds")
 
 
-class SearchCallbacks:
+class SearchCallbacks(SearchLoopCallbacks):
     """The engine's callbacks for one search run (see the module docstring).
 
-    ``engine``: the engine whose state a timed checkpoint saves; None: the one handed to the
-    first ``on_epoch_end`` (no timed checkpoint before it). A timed checkpoint is taken in
-    ``on_step``: its training state is exact, but on a GPU its epoch totals lack the step or two
-    whose scalars are still on their way to the host (only that epoch's logged means).
+    A timed checkpoint's training state is exact, but on a GPU its epoch totals lack the step or two whose
+    scalars are still on their way to the host (only that epoch's logged means).
     """
 
-    def __init__(self, run: Run, board: TensorBoardLogger | None, *, steps_per_epoch: int,
-                 log_every_n_steps: int, engine: ASOSEEngine | None = None) -> None:
+    def __init__(self, run: Run, board: TensorBoardLogger | None, *, engine: ASOSEEngine, steps_per_epoch: int,
+                 log_every_n_steps: int) -> None:
         self.run = run
         self.board = board
         self.engine = engine
@@ -63,58 +62,60 @@ class SearchCallbacks:
         self.log_every = max(1, log_every_n_steps)
         self.progress = EpochProgress(enabled=run.ctx.is_main)
         self._epoch_key: tuple[int, str, int] | None = None
-        if run.resumed and run.ctx.is_main and engine is not None:
+        if run.resumed and run.ctx.is_main:
             log.info("resumed at global step %d, α %s", engine.progress["global_step"],
                      alpha_digest(engine.supernet.state_dict()))
 
-    def on_step(self, metrics: dict[str, Any]) -> None:
-        key = (metrics["cycle"], metrics["phase"], metrics["epoch"])
+    def on_log(self, scalars: dict[str, Any], step: int) -> None:
+        key = (scalars["cycle"], scalars["phase"], scalars["epoch"])
         if key != self._epoch_key:
             self._epoch_key = key
-            self.progress.start_epoch(_epoch_title(metrics), total=self.steps_per_epoch,
-                                      done=metrics["step"])
-        scalars = {name: metrics[name] for name in _STEP_SCALARS if name in metrics}
-        self.progress.advance(1, {k: scalars[k] for k in ("loss", "accuracy") if k in scalars})
-        if self.board is not None and (metrics["global_step"] + 1) % self.log_every == 0:
-            self.board.scalars("search", scalars, metrics["global_step"])
-        last_step = metrics["step"] + 1 >= self.steps_per_epoch  # the epoch's end saves anyway
-        if self.engine is not None and not last_step and self.run.checkpoint_due():
-            self.save(self.engine)  # the state a stop after this step saves: resumes at the next step
+            self.progress.start_epoch(_epoch_title(scalars), total=self.steps_per_epoch, done=scalars["step"])
+        logged = {name: scalars[name] for name in _STEP_SCALARS if name in scalars}
+        self.progress.advance(1, {k: logged[k] for k in ("loss", "accuracy") if k in logged})
+        if self.board is not None and (step + 1) % self.log_every == 0:
+            self.board.scalars("search", logged, step)
 
-    def on_epoch_end(self, engine: ASOSEEngine, info: dict[str, Any]) -> None:
+    def checkpoint_due(self) -> bool:
+        return self.run.checkpoints.timed_due()
+
+    def save_checkpoint(self) -> None:
+        self.save()  # the state a stop after this step saves: resumes at the next step
+
+    def on_epoch_end(self, summary: dict[str, Any]) -> None:
         started = time.perf_counter()
-        if self.engine is None:
-            self.engine = engine
+        engine = self.engine
         self._epoch_key = None
-        summary = {k: info[k] for k in _EPOCH_SUMMARY if k in info}
+        shown = {k: summary[k] for k in _EPOCH_SUMMARY if k in summary}
         if engine.device.type == "cuda":
-            summary["gpu_memory_gib"] = torch.cuda.max_memory_allocated(engine.device) / 2**30
+            shown["gpu_memory_gib"] = torch.cuda.max_memory_allocated(engine.device) / 2**30
             # What the process holds, graph pools included; the allocated peak can stay far below it (RESULTS.md).
-            summary["gpu_reserved_gib"] = torch.cuda.max_memory_reserved(engine.device) / 2**30
+            shown["gpu_reserved_gib"] = torch.cuda.max_memory_reserved(engine.device) / 2**30
         graphs = engine.supernet.op_graphs
         if graphs is not None:  # op graph pairs so far, failed captures, cache releases before captures
-            summary.update(graphs_captured=graphs.captured, graphs_failed=graphs.failed,
-                           graph_cache_releases=graphs.cache_releases)
-        self.progress.end_epoch(_epoch_title(info), summary)
+            shown.update(graphs_captured=graphs.captured, graphs_failed=graphs.failed,
+                         graph_cache_releases=graphs.cache_releases)
+        self.progress.end_epoch(_epoch_title(summary), shown)
         paths = PATH_COUNTS.snapshot_and_reset()  # the sparse-conv dispatcher's calls of this epoch
         if self.board is not None:
             step = engine.progress["global_step"]
-            self.board.scalars("search_epoch", summary, step)
-            if self.board.alpha_figure_due(info["epoch"]):
+            self.board.scalars("search_epoch", shown, step)
+            if self.board.alpha_figure_due(summary["epoch"]):
                 self.board.alphas(engine.alpha_probabilities(), engine.primitives, step)
             rates = firing_rates(engine.supernet)  # each neuron as of the last step that ran it
             if rates:  # one host transfer for all neurons
                 values = torch.stack([rate.float() for rate in rates.values()]).tolist()
                 self.board.firing_rates(dict(zip(rates, values)), step)
             self.board.sparse_conv_paths(paths, step)
-        if self.run.epoch_checkpoint_due(info["epoch"] + 1):  # info's epoch counts from 0
-            self.save(engine, background=True)
+        if self.run.checkpoints.epoch_due(summary["epoch"] + 1):  # the summary's epoch counts from 0
+            self.save(background=True)
         if self.board is not None:  # what every rank waits for at an epoch's end (RESULTS.md "Several GPUs")
             self.board.scalars("search_epoch", {"end_seconds": time.perf_counter() - started},
                                engine.progress["global_step"])
             self.board.flush()
 
-    def on_cycle_end(self, engine: ASOSEEngine, result: CycleResult) -> None:
+    def on_cycle_end(self, result: CycleResult) -> None:
+        engine = self.engine
         if self.run.ctx.is_main:
             save_json(_genotype_json(result.genotype),
                       self.run.run_dir / "genotypes" / f"cycle_{result.cycle}.json")
@@ -127,9 +128,10 @@ class SearchCallbacks:
                                              "pruned_ops": float(result.pruned_ops)},
                                engine.progress["global_step"])
 
-    def save(self, engine: ASOSEEngine, *, background: bool = False) -> None:
+    def save(self, *, background: bool = False) -> None:
         """``checkpoints/last.pt``: the engine's whole state (rank 0); never NaN/Inf weights (every rank
         checks, so all stop together). ``background``: written while the search goes on (`Run.save`)."""
+        engine = self.engine
         state = engine.state_dict()  # once: thousands of tensors (the checked parts are in it)
         bad = first_non_finite({"supernet": state["supernet"],
                                 "weights_optimizer": state["weights_optimizer"]["state"],
@@ -138,44 +140,25 @@ class SearchCallbacks:
             raise non_finite_weights(bad, engine.progress["global_step"], lower="the learning rate (optim)")
         self.run.save({"engine": state}, background=background)
 
-    def derive_by_strength(self, alpha_genotype: Genotype, engine: ASOSEEngine, arch_loader: Any) -> Genotype:
+    def derive_by_strength(self, alpha_genotype: Genotype, arch_loader: Any) -> Genotype:
         """``derive=strength``: the final cell from each op's accuracy on the first ``derive_images`` images (null:
-        all) of α's split (``aso_se.search.strength``); rank 0 judges (its shard of the split under DDP) and writes the
-        table and both cells to ``strength.json``."""
-        cfg, ctx = self.run.cfg, self.run.ctx
-        if not ctx.is_main:  # only rank 0 writes the genotype
+        all) of α's split (``aso_se.search.strength.final_cell_by_strength``); rank 0 judges (its shard of the split
+        under DDP), keeps the judged paths for a resume and writes the table and both cells to ``strength.json``."""
+        cfg, run = self.run.cfg, self.run
+        if not run.ctx.is_main:  # only rank 0 writes the genotype
             return alpha_genotype
-        evolution, paths_file = engine.evolution, self.run.run_dir / "checkpoints" / STRENGTH_PATHS
-        judging = {"images": cfg.derive_images, "batch_size": cfg.batch_size, "seed": cfg.seed,
-                   "global_step": engine.progress["global_step"]}
-        judged, seconds_before = self._judged_paths(paths_file, judging)
-        started = time.perf_counter()
-
-        def keep(kind: str | None = None, edge: int = 0, edges: int = 0) -> None:
-            seconds = seconds_before + time.perf_counter() - started
-            self.run.save({"paths": judged, "judging": judging, "seconds": seconds}, paths_file)
-            if kind is not None:
-                log.info("derive=strength: %s edge %d of %d judged (%d paths, %.0f s)", kind, edge + 1, edges,
-                         len(judged), seconds)
-
+        paths_file = run.run_dir / "checkpoints" / STRENGTH_PATHS
+        judged, seconds_before = self._judged_paths(
+            paths_file, judging_key(self.engine, images=cfg.derive_images, batch_size=cfg.batch_size, seed=cfg.seed))
         try:
-            genotype, table = derive_by_strength(
-                engine.supernet, arch_loader, images=cfg.derive_images, batch_size=cfg.batch_size, seed=cfg.seed,
-                device=ctx.device, max_skip_connect=evolution.max_skip_connect,
-                max_parameter_free=evolution.max_parameter_free, max_normal_pools=evolution.max_normal_pools,
-                judged=judged,
-                should_stop=self.run.stop_requested, on_edge=keep)
+            genotype, record = final_cell_by_strength(
+                self.engine, arch_loader, images=cfg.derive_images, batch_size=cfg.batch_size, seed=cfg.seed,
+                judged=judged, seconds_before=seconds_before, keep=lambda state: run.save(state, paths_file),
+                should_stop=run.stop_requested)
         except JudgingStopped:
-            keep()  # the paths judged since the last edge's end too
-            self.run.raise_if_stopped()
+            run.raise_if_stopped()
             raise
-        table["judging_seconds"] = seconds_before + time.perf_counter() - started
-        save_json({**table, **cells_record(alpha_genotype, genotype)}, self.run.run_dir / "strength.json")
-        decided = table["decided_edges"]
-        log.info("derive=strength on %d images of α's split in %.0f s (base path %.4f; the strongest op leads by 2 SE "
-                 "on %d of %d normal and %d of %d reduction edges): %s (α's cell: %s)", table["images"],
-                 table["judging_seconds"], table["base_accuracy"], decided["normal"], len(table["lead"]["normal"]),
-                 decided["reduce"], len(table["lead"]["reduce"]), genotype, alpha_genotype)
+        save_json(record, run.run_dir / "strength.json")
         return genotype
 
     @staticmethod
@@ -196,14 +179,14 @@ class SearchCallbacks:
         log.info("derive=strength goes on from %d paths judged before the stop", len(saved["paths"]))
         return dict(saved["paths"]), float(saved["seconds"])
 
-    def finish(self, genotype: Genotype, engine: ASOSEEngine) -> None:
+    def finish(self, genotype: Genotype) -> None:
         """The final ``genotype.json`` (what ``train.py`` picks up by default) and ``search_metrics.json``: what the
         run cost and how decided its α ended, so that a run dir without its checkpoints still tells both."""
         if self.run.ctx.is_main:
             save_json({"genotype": _genotype_json(genotype), "wall_time_s": self.run.wall_time_s,
                        "cpu_time_s": self.run.cpu_time_s, "world_size": self.run.ctx.world_size,
                        "device": str(self.run.ctx.device), "precision": self.run.cfg.trainer.precision,
-                       "alpha_entropy": engine.entropy(), "derive": self.run.cfg.get("derive", "alpha")},
+                       "alpha_entropy": self.engine.entropy(), "derive": self.run.cfg.get("derive", "alpha")},
                       self.run.run_dir / "search_metrics.json")
             save_json(_genotype_json(genotype), self.run.run_dir / "genotype.json")
         if self.board is not None:

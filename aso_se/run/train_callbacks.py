@@ -1,10 +1,10 @@
 """What train.py does at the Retrainer's callbacks: TensorBoard, checkpoints, metrics.json.
 
 The Retrainer (``aso_se.train.retrain.Retrainer``) calls ``on_log`` with the running train
-scalars every ``trainer.log_every_n_steps`` steps and ``on_epoch_end(is_best)`` once an epoch is
-tested; ``save`` is its timed checkpoint and the entry point's save at a stop. Here they become
-TensorBoard scalars and histograms, ``checkpoints/last.pt`` at every ``trainer.checkpoint_every_n_epochs``-th
-epoch's end and the last, and
+scalars every ``trainer.log_every_n_steps`` steps, ``on_epoch_end`` once an epoch is tested, and
+``save_checkpoint`` mid-epoch when ``checkpoint_due``; ``save_checkpoint`` is also the entry point's save at a stop.
+Here they become TensorBoard scalars and histograms, ``checkpoints/last.pt`` where the run's checkpoint policy says
+(``aso_se.run.checkpoint_policy``: every ``trainer.checkpoint_every_n_epochs``-th epoch's end and the last), and
 ``checkpoints/best.pt`` when the test accuracy is the best so far. ``finish`` writes metrics.json as each stage
 ends: once training ends, with its figures and ``pending`` (the evaluations still to come), so a machine lost during
 them keeps the training's result; for a QANN again after the exact SNN's evaluation (all ranks share it), pending
@@ -16,6 +16,7 @@ import logging
 import signal
 from typing import Any
 
+from aso_se.loop import LoopCallbacks
 from aso_se.monitor.tensorboard import TensorBoardLogger
 from aso_se.run.atomic_write import save_json
 from aso_se.run.errors import Interrupted, non_finite_weights
@@ -29,7 +30,7 @@ from search_space.genotypes import Genotype
 log = logging.getLogger(__name__)
 
 
-class TrainCallbacks:
+class TrainCallbacks(LoopCallbacks):
     """The Retrainer's callbacks for one retrain run of ``genotype`` (see the module docstring).
 
     The genotype goes to TensorBoard at construction, at the step the run starts from.
@@ -52,18 +53,24 @@ class TrainCallbacks:
         if self.board is not None:
             self.board.scalars("train", scalars, step)
 
-    def on_epoch_end(self, is_best: bool) -> None:
-        trainer = self.trainer
+    def on_epoch_end(self, summary: dict[str, Any]) -> None:
+        trainer, is_best = self.trainer, summary["is_best"]
         if self.board is not None:
             test, step = trainer.last_test, trainer.global_step
             self.board.scalars("test", {"loss": test["loss"], "acc": test["acc"]}, step)
             self.board.firing_rates(test["firing_rates"], step)
             self.board.sparse_conv_paths(trainer.epoch_conv_paths, step)
             self.board.flush()
-        if self.run.epoch_checkpoint_due(self.trainer.epoch, last=self.trainer.epoch == self.trainer.epochs):
+        if self.run.checkpoints.epoch_due(trainer.epoch, last=trainer.epoch == trainer.epochs):
             self.save(is_best, background=True)
         elif is_best:
             self.save_best(background=True)
+
+    def checkpoint_due(self) -> bool:
+        return self.run.checkpoints.timed_due()
+
+    def save_checkpoint(self) -> None:
+        self.save()  # the state a stop after this step saves: resumes at the next step
 
     def save(self, is_best: bool = False, *, background: bool = False) -> None:
         """``checkpoints/last.pt``: the Retrainer's whole state; with ``is_best`` also ``best.pt``:

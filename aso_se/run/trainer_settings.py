@@ -1,21 +1,24 @@
-"""The ``trainer`` settings a run checks before it starts: each wrong one is one line of bad input."""
+"""The ``trainer`` settings a run checks before it starts: each wrong one is one line of bad input.
+
+The checkpoint settings (``checkpoint_every_n_epochs``, ``checkpoint_every_min``, ``keep_checkpoints``) are checked
+by the run's one `CheckpointPolicy` (aso_se.run.checkpoint_policy), built here.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from omegaconf import DictConfig
 
+from aso_se.run.checkpoint_policy import CheckpointPolicy
 from search_space.errors import UserInputError
 
 
 @dataclass(frozen=True)
 class TrainerSettings:
-    """What the run itself does with ``trainer``: when it saves, how many saves it keeps, how long it waits."""
+    """What the run itself does with ``trainer``: when it saves and how many saves it keeps (``checkpoints``), how
+    long it waits for a peer."""
 
-    checkpoint_every_s: float | None  # None: checkpoints at epoch ends only
-    checkpoint_every_n_epochs: int
-    keep_checkpoints: int
+    checkpoints: CheckpointPolicy
     peer_timeout_s: float
 
 
@@ -29,27 +32,9 @@ def check_settings(cfg: DictConfig, entry_point: str) -> TrainerSettings:
     if trainer.precision not in allowed:
         raise UserInputError(f"trainer.precision={trainer.precision} is not supported by {entry_point}.py; "
                              f"use {' or '.join(allowed)}")
-    checkpoint_every_s = _checkpoint_interval_s(trainer.get("checkpoint_every_min"))
-    every = trainer.get("checkpoint_every_n_epochs", 1)
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise UserInputError(f"trainer.checkpoint_every_n_epochs={every!r} must be an integer >= 1; fix "
-                             f"trainer.checkpoint_every_n_epochs")
-    keep = trainer.get("keep_checkpoints", 1)
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise UserInputError(f"trainer.keep_checkpoints={keep!r} must be an integer >= 1 (last.pt and the "
-                             f"ones saved before it); fix trainer.keep_checkpoints")
+    checkpoints = CheckpointPolicy.from_config(trainer)
     peer_timeout_s = trainer.get("peer_timeout_s", 300)
     if isinstance(peer_timeout_s, bool) or not isinstance(peer_timeout_s, (int, float)) or peer_timeout_s <= 0:
         raise UserInputError(f"trainer.peer_timeout_s={peer_timeout_s!r} must be a positive number of seconds; "
                              f"fix trainer.peer_timeout_s")
-    return TrainerSettings(checkpoint_every_s, every, keep, float(peer_timeout_s))
-
-
-def _checkpoint_interval_s(minutes: Any) -> float | None:
-    """``trainer.checkpoint_every_min`` in seconds (None: checkpoints at epoch ends only)."""
-    if minutes is None:
-        return None
-    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or minutes <= 0:
-        raise UserInputError(f"trainer.checkpoint_every_min={minutes} must be a positive number of "
-                             f"minutes; or null to save at epoch ends only")
-    return float(minutes) * 60.0
+    return TrainerSettings(checkpoints, float(peer_timeout_s))

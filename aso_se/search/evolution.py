@@ -1,4 +1,4 @@
-"""Structure evolution, the discrete half: prune ops that stay weak.
+"""Structure evolution, the discrete half: prune ops that stay weak, and how much to grow.
 
 (Deriving the genotype is ``aso_se.search.derive``; growing the supernet is ``aso_se.search.growth``.)
 """
@@ -10,7 +10,19 @@ import torch
 
 from aso_se.search.arch_params import BatchedArchitectureUpdate
 from aso_se.search.derive import NONE_OP
+from aso_se.search.supernet import SupernetStructure
 from search_space.errors import UserInputError
+from search_space.genotypes import Genotype
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    """A cycle's outcome: its derived genotype and the supernet it leaves for the next cycle."""
+
+    cycle: int
+    genotype: Genotype
+    structure: SupernetStructure
+    pruned_ops: int
 
 
 @torch.no_grad()
@@ -76,3 +88,14 @@ class EvolutionConfig:
             if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
                 raise UserInputError(f"evolution {name}={cap!r}: need null (no cap) or a count >= 0; "
                                      f"fix search.evolution.{name}")
+
+    def growth(self, structure: SupernetStructure) -> tuple[int, int]:
+        """(new cells, width factor) of the growth of a supernet of ``structure``, within max_cells and
+        max_channels; (0, 1): no growth."""
+        new_cells = self.grow_cells
+        if self.max_cells is not None:
+            new_cells = max(0, min(new_cells, self.max_cells - len(structure.cells)))
+        width_factor = self.width_factor
+        if self.max_channels is not None and structure.channels * width_factor > self.max_channels:
+            width_factor = 1
+        return new_cells, width_factor

@@ -9,8 +9,9 @@ and growing a supernet never trained again would be wasted.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from enum import Enum
+from typing import Any
 
 from search_space.errors import UserInputError
 
@@ -30,6 +31,18 @@ class PlanEntry:
     phase: Phase
     epoch_in_phase: int  # 0 for EVOLVE
     epoch: int  # training epochs before this entry: the data order and LR schedule index
+
+
+@dataclass(frozen=True)
+class StepKnobs:
+    """The schedule's values for one training step."""
+
+    temperature: float
+    entropy_weight: float
+    beta_decay_weight: float
+    # The next step's temperature when it is in the same epoch, for its ops to be drawn during this step
+    # (``aso_se.search.step.DrawAhead``); None at an epoch's last step: evolution and pruning come between epochs.
+    next_temperature: float | None
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,17 @@ class SearchSchedule:
                 "0 < temperature_end <= temperature_start; fix search.schedule.temperature_*"
             )
 
+    def check_resumable(self, saved: dict[str, Any]) -> None:
+        """A checkpoint's schedule (``asdict``) must be this one: a resumed search goes on with the same plan."""
+        # A field added to the schedule since the checkpoint was written: its default (off) is what that search ran.
+        complete = {field.name: field.default for field in fields(SearchSchedule) if field.default is not MISSING}
+        complete.update(saved)
+        if complete != asdict(self):
+            raise UserInputError(
+                f"the checkpoint's search schedule {saved} differs from this run's {asdict(self)}; "
+                "resume with the same search.schedule"
+            )
+
     @property
     def first_warmup(self) -> int:
         """Cycle 0's warm-up epochs."""
@@ -120,3 +144,16 @@ class SearchSchedule:
 
     def beta_decay_weight(self, progress: float) -> float:
         return self.beta_decay_weight_start + (self.beta_decay_weight_end - self.beta_decay_weight_start) * progress
+
+    def step_knobs(self, entry: PlanEntry, step: int, steps_per_epoch: int) -> StepKnobs:
+        """The knobs of ``step`` of the epoch ``entry`` (``steps_per_epoch`` steps); α's knobs are 0 outside search."""
+        searching = entry.phase is Phase.SEARCH
+        progress = self.search_progress(entry.epoch_in_phase, step, steps_per_epoch)
+        last_step = step == steps_per_epoch - 1
+        next_progress = self.search_progress(entry.epoch_in_phase, step + 1, steps_per_epoch)
+        return StepKnobs(
+            temperature=self.temperature(entry.phase, progress),
+            entropy_weight=self.entropy_weight(progress) if searching else 0.0,
+            beta_decay_weight=self.beta_decay_weight(progress) if searching else 0.0,
+            next_temperature=None if last_step else self.temperature(entry.phase, next_progress),
+        )

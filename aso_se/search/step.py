@@ -9,7 +9,8 @@ draw during this one and changes no draw.
 """
 from __future__ import annotations
 
-from typing import Callable, Literal, Sequence
+import math
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from aso_se.search.arch_params import ArchSample, PendingDraw, SamplingConfig
 from aso_se.search.architect import first_order_arch_step, second_order_arch_step
 from aso_se.search.energy_cost import expected_energy, measure_op_costs, uniform_energy
 from aso_se.search.supernet import SearchNetwork
+from search_space.errors import UserInputError
 
 Precision = Literal["fp32", "bf16"]
 Batch = Sequence[Tensor]  # (inputs, labels)
@@ -81,10 +83,23 @@ class DrawAhead:
             return self.pending[1]
         return self.generator.get_state()
 
+    def check_saved_on(self, device_type: str | None) -> None:
+        """A generator's state fits only its device type's generator: a search moves between machines of one kind
+        (``device_type``: where a checkpoint's state was saved; None: not recorded)."""
+        here = self.generator.device.type
+        if device_type is not None and device_type != here:
+            raise UserInputError(f"the checkpoint was written by a search on {device_type} and this run is on {here}; "
+                                 f"resume it on {device_type} (trainer.device={device_type})")
+
     def restore(self, generator_state: Tensor) -> None:
         """Back to a saved :meth:`generator_state`, with no draw pending."""
         self.pending = None
-        self.generator.set_state(generator_state)
+        try:
+            self.generator.set_state(generator_state)
+        except RuntimeError as err:  # checkpoints from before the device was saved
+            raise UserInputError(f"the checkpoint's Gumbel generator state does not fit this run's "
+                                 f"{self.generator.device.type} generator (a search written on another device "
+                                 "type?); resume it on the device type that wrote it (trainer.device)") from err
 
 
 class SearchStep:
@@ -99,9 +114,14 @@ class SearchStep:
         self, *, sampling: SamplingConfig, generator: torch.Generator, second_order: bool, grad_clip: float | None,
         device: torch.device, precision: Precision, energy_weight: float, memory_format: torch.memory_format,
     ) -> None:
+        if precision not in ("fp32", "bf16"):
+            raise UserInputError(f"precision {precision!r}: expected 'fp32' or 'bf16'; fix trainer.precision")
+        if not (isinstance(energy_weight, (int, float)) and math.isfinite(energy_weight) and energy_weight >= 0):
+            raise UserInputError(f"energy_weight={energy_weight!r}: need a number >= 0 (0 = off); "
+                                 "fix search.energy_weight")
         self.sampling, self.second_order, self.grad_clip = sampling, second_order, grad_clip
         self.device, self.precision, self.memory_format = device, precision, memory_format
-        self.energy_weight = energy_weight
+        self.energy_weight = float(energy_weight)
         self.op_costs: Tensor | None = None  # [types, edges, ops] µJ per image (measure_op_costs)
         self.draws = DrawAhead(self._draw, generator, uses_generator=sampling.gumbel)
 
@@ -198,9 +218,26 @@ class SearchStep:
         loss = F.cross_entropy(logits.float(), labels)
         return loss, (logits.detach().argmax(dim=-1) == labels).float().mean()
 
+    def update_op_costs(self, arch_batch: Batch, *, epoch_start: bool) -> None:
+        """The energy term's op costs, measured anew at each search epoch's start (firing rates change as the
+        weights train) and wherever none were measured yet; nothing while the term is off."""
+        if self.energy_weight > 0 and (epoch_start or self.op_costs is None):
+            self.measure_op_costs(arch_batch)
+
     def measure_op_costs(self, arch_batch: Batch) -> None:
         """Each op's energy per image on ``arch_batch``'s images, the energy term's costs (``energy_cost``)."""
         self.op_costs = measure_op_costs(self.supernet, self.to_device(arch_batch)[0])
+
+    def state_dict(self) -> dict[str, Any]:
+        """The Gumbel generator (as before a pending early draw) and the energy term's op costs."""
+        return {"gumbel_rng": self.draws.generator_state(), "gumbel_rng_device": self.draws.generator.device.type,
+                "op_costs": None if self.op_costs is None else self.op_costs.cpu()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.draws.check_saved_on(state.get("gumbel_rng_device"))
+        self.draws.restore(state["gumbel_rng"])
+        costs = state.get("op_costs")  # absent in checkpoints from before the energy-aware loss
+        self.op_costs = None if costs is None else costs.to(self.device)
 
     def to_device(self, batch: Batch) -> tuple[Tensor, Tensor]:
         inputs, labels = batch[0], batch[1]

@@ -3,16 +3,19 @@
 The base path gives every edge its α-argmax op; each edge in turn takes every other op, or none (the edge cut), and
 the path's accuracy on held-out images is measured (DARTS-PT's perturbation, without its fine-tuning). An op's
 strength on its edge is that accuracy minus the accuracy with the edge cut, and DARTS's rule on the strengths gives
-the cell. ``search.py derive=strength`` derives its final cell so; ``benchmarks/op_strength.py`` analyses a finished
-search's checkpoint with the same functions. Batch norms use the batch's statistics (their running ones were gathered
-on sampled mixtures of ops, not on one path), on batches that mix the classes (``mixed_batches``). A judging stops
-between two paths when asked, and the paths it judged (``judged``) let a resume go on where it stopped.
+the cell. ``search.py derive=strength`` derives its final cell so (``final_cell_by_strength``);
+``benchmarks/op_strength.py`` analyses a finished search's checkpoint with the same functions. Batch norms use the
+batch's statistics (their running ones were gathered on sampled mixtures of ops, not on one path), on batches that mix
+the classes (``mixed_batches``). A judging stops between two paths when asked, and the paths it judged (``judged``)
+let a resume go on where it stopped.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable, Iterable, Sequence
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -22,6 +25,11 @@ from aso_se.search.supernet import CELL_TYPES, SearchNetwork
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype
 from search_space.ops import PARAMETER_FREE_OPS
+
+if TYPE_CHECKING:
+    from aso_se.search.engine import ASOSEEngine
+
+log = logging.getLogger(__name__)
 
 
 class JudgingStopped(Exception):
@@ -197,3 +205,47 @@ def derive_by_strength(supernet: SearchNetwork, loader: Any, *, images: int | No
                                  max_skip_connect, max_parameter_free, max_normal_pools)
     table.update(images=sum(len(y) for _, y in batches), primitives=list(space.primitives))
     return genotype, {**table, "decided_edges": decided_edges(table)}
+
+
+def judging_key(engine: ASOSEEngine, *, images: int | None, batch_size: int, seed: int) -> dict[str, Any]:
+    """What a judging of ``engine``'s final supernet depends on: paths judged under another key are judged anew."""
+    return {"images": images, "batch_size": batch_size, "seed": seed, "global_step": engine.progress["global_step"]}
+
+
+def final_cell_by_strength(
+        engine: ASOSEEngine, loader: Any, *, images: int | None, batch_size: int, seed: int,
+        judged: dict[str, torch.Tensor], seconds_before: float, keep: Callable[[dict[str, Any]], None],
+        should_stop: Callable[[], bool]) -> tuple[Genotype, dict]:
+    """``derive=strength`` at a search's end: the cell of the ops' strengths in ``engine``'s supernet on the first
+    ``images`` images (None: all) of ``loader``, α's split, under the search's caps; and the record strength.json
+    keeps: the table, the seconds spent judging, and both cells (α's, the last cycle's, beside it).
+
+    A judging that ``should_stop`` ends (``JudgingStopped``) goes on after a resume: ``keep(state)`` gets the paths
+    judged so far, their ``judging_key`` and the seconds spent after each edge and at the stop; a resume passes the
+    kept paths as ``judged`` and the seconds as ``seconds_before``."""
+    evolution, alpha_genotype = engine.evolution, engine.genotypes[-1]
+    key = judging_key(engine, images=images, batch_size=batch_size, seed=seed)
+    started = time.perf_counter()
+
+    def keep_judged(kind: str | None = None, edge: int = 0, edges: int = 0) -> None:
+        seconds = seconds_before + time.perf_counter() - started
+        keep({"paths": judged, "judging": key, "seconds": seconds})
+        if kind is not None:
+            log.info("derive=strength: %s edge %d of %d judged (%d paths, %.0f s)", kind, edge + 1, edges,
+                     len(judged), seconds)
+
+    try:
+        genotype, table = derive_by_strength(
+            engine.supernet, loader, images=images, batch_size=batch_size, seed=seed, device=engine.device,
+            max_skip_connect=evolution.max_skip_connect, max_parameter_free=evolution.max_parameter_free,
+            max_normal_pools=evolution.max_normal_pools, judged=judged, should_stop=should_stop, on_edge=keep_judged)
+    except JudgingStopped:
+        keep_judged()  # the paths judged since the last edge's end too
+        raise
+    table["judging_seconds"] = seconds_before + time.perf_counter() - started
+    decided = table["decided_edges"]
+    log.info("derive=strength on %d images of α's split in %.0f s (base path %.4f; the strongest op leads by 2 SE "
+             "on %d of %d normal and %d of %d reduction edges): %s (α's cell: %s)", table["images"],
+             table["judging_seconds"], table["base_accuracy"], decided["normal"], len(table["lead"]["normal"]),
+             decided["reduce"], len(table["lead"]["reduce"]), genotype, alpha_genotype)
+    return genotype, {**table, **cells_record(alpha_genotype, genotype)}

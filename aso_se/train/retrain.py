@@ -10,9 +10,10 @@ The loop keeps its running sums on the device and reads them on the host (one sy
 ``log_every_n_steps`` steps and at the end of an epoch, which is also where a NaN/Inf loss is
 noticed; the first non-finite step is tracked on the device so the error names it exactly.
 
-It reports through callbacks, as the search engine does: ``on_log`` gets those running scalars,
-``on_epoch_end`` runs once an epoch is tested (train.py's are in ``aso_se.run.train_callbacks``:
-TensorBoard, checkpoints). Its own output is the progress bar and the epoch's log line.
+It runs under the loops' contract, as the search engine does (``aso_se.loop``): ``on_log`` gets those running
+scalars, ``on_epoch_end`` runs once an epoch is tested, and a timed checkpoint is taken mid-epoch when the callbacks
+say it is due (train.py's callbacks are in ``aso_se.run.train_callbacks``: TensorBoard, checkpoints). Its own output
+is the progress bar and the epoch's log line.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aso_se.errors import TrainingDiverged
+from aso_se.loop import LoopCallbacks, ResumableLoader, never
 from aso_se.monitor.progress import EpochProgress
 from aso_se.monitor.tensorboard import layer_of
 from aso_se.parallel.distributed import DistributedContext, broadcast_module, wrap_model
@@ -42,7 +44,6 @@ log = logging.getLogger(__name__)
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
-LogCallback = Callable[[dict[str, float], int], None]  # (running train loss/acc/lr, global step)
 
 
 def zero_momentum_buffers(optimizer: torch.optim.Optimizer) -> None:
@@ -124,7 +125,6 @@ class Retrainer:
         # Eager steps under the flat reduction: the same three parts, one after the other.
         self.eager_step = (GraphedTrainStep.eager_only(self._train_step, **split) if split and not cuda_graph
                            else self._train_step)
-        self.on_log: LogCallback | None = None  # set by fit
         self.log_every = max(1, log_every_n_steps)
         self.progress = EpochProgress(enabled=ctx.is_main)
         self.label = "retrain"  # what the progress bar and the epoch's log line call this training
@@ -153,25 +153,25 @@ class Retrainer:
         """Parameters in millions without the auxiliary head (DARTS's count_parameters_in_MB)."""
         return parameters_m(self.network)
 
-    def fit(self, train_loader: Any, test_loader: Any, *, should_stop: Callable[[], bool],
-            on_epoch_end: Callable[[bool], None], checkpoint_due: Callable[[], bool] = lambda: False,
-            save_checkpoint: Callable[[], None] = lambda: None, on_log: LogCallback | None = None) -> bool:
-        """Train the remaining epochs; ``on_epoch_end(is_best)`` after each one (save there; the
-        epoch's test figures are ``last_test`` and ``history[-1]``, its conv paths ``epoch_conv_paths``).
+    def fit(self, train_loader: ResumableLoader, test_loader: Any, *, callbacks: LoopCallbacks | None = None,
+            should_stop: Callable[[], bool] = never) -> bool:
+        """Trains the remaining epochs: True at the end, False when ``should_stop`` interrupted an epoch (the
+        caller saves and exits).
 
-        Returns False when ``should_stop`` interrupted an epoch (the caller saves and exits).
-        ``save_checkpoint()`` runs after a step when ``checkpoint_due()`` (a timed checkpoint:
-        the state a stop there saves). ``on_log(scalars, global_step)`` every ``log_every_n_steps``
-        steps and at an epoch's end, with the epoch's running train loss, accuracy and lr.
+        ``callbacks.on_log(scalars, global_step)`` every ``log_every_n_steps`` steps and at an epoch's end, with
+        the epoch's running train loss, accuracy and lr. ``callbacks.on_epoch_end(summary)`` once an epoch is
+        tested: its ``history`` record (epoch, train_loss, train_acc, lr, images_per_second, test_loss, test_acc)
+        and ``is_best``; its test firing rates are in ``last_test``, its conv paths in ``epoch_conv_paths``.
+        ``callbacks.save_checkpoint()`` after a step, but an epoch's last, when ``callbacks.checkpoint_due()``.
         """
-        self.on_log = on_log
+        callbacks = LoopCallbacks() if callbacks is None else callbacks
         while self.epoch < self.epochs:
             drop_prob = self.drop_path_prob * self.epoch / self.epochs
             if self._drop_prob_on_device is not None:
                 self.network.drop_path_prob = self._drop_prob_on_device.fill_(drop_prob)
             else:
                 self.network.drop_path_prob = drop_prob
-            train = self._train_epoch(train_loader, should_stop, checkpoint_due, save_checkpoint)
+            train = self._train_epoch(train_loader, callbacks, should_stop)
             if train is None:
                 return False
             test = self.last_test = self.evaluate(test_loader)
@@ -186,12 +186,11 @@ class Retrainer:
             self.epoch_conv_paths = PATH_COUNTS.snapshot_and_reset()
             self.conv_paths.update(self.epoch_conv_paths)
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
-            on_epoch_end(is_best)
+            callbacks.on_epoch_end({**record, "is_best": is_best})
         return True
 
-    def _train_epoch(self, loader: Any, should_stop: Callable[[], bool],
-                     checkpoint_due: Callable[[], bool],
-                     save_checkpoint: Callable[[], None]) -> dict[str, float] | None:
+    def _train_epoch(self, loader: ResumableLoader, callbacks: LoopCallbacks,
+                     should_stop: Callable[[], bool]) -> dict[str, float] | None:
         self.model.train()
         done, images = self.step_in_epoch, 0  # images: of this piece of the epoch (its images/s)
         loader.set_epoch(self.epoch, start_batch=done)  # a stopped epoch goes on where it was
@@ -223,13 +222,12 @@ class Retrainer:
                 shown = self._read_running(sums, first_bad_step, self._epoch_images)
                 self.progress.advance(self.step_in_epoch - done, shown)
                 done = self.step_in_epoch
-                if self.on_log is not None:
-                    self.on_log(shown, self.global_step)
+                callbacks.on_log(shown, self.global_step)
             if should_stop():
                 return None
-            if self.step_in_epoch < steps and checkpoint_due():  # the epoch's end saves anyway
+            if self.step_in_epoch < steps and callbacks.checkpoint_due():  # the epoch's end saves anyway
                 self._read_running(sums, first_bad_step, self._epoch_images)  # a NaN/Inf step is not saved
-                save_checkpoint()
+                callbacks.save_checkpoint()
         shown = self._read_running(sums, first_bad_step, self._epoch_images)  # also waits for the GPU
         seconds = time.perf_counter() - started
         self.train_images += images * self.ctx.world_size

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
 from aso_se.search.arch_params import ArchSample, SamplingConfig
-from aso_se.search.engine import ASOSEEngine
-from aso_se.search.evolution import EvolutionConfig
+from aso_se.search.engine import ASOSEEngine, SearchLoopCallbacks
+from aso_se.search.evolution import CycleResult, EvolutionConfig
 from aso_se.search.schedule import SearchSchedule
 from aso_se.search.supernet import SearchNetwork, build_supernet
 from search_space.neurons import NeuronFactory
@@ -51,3 +52,21 @@ TEST_EVOLUTION = EvolutionConfig(max_cells=None, max_channels=None, prune_thresh
 def make_engine(supernet: SearchNetwork, **kwargs) -> ASOSEEngine:
     return ASOSEEngine(supernet, **{**darts_optimizers(), "schedule": TEST_SCHEDULE, "evolution": TEST_EVOLUTION,
                                     **kwargs})
+
+
+class Recorder(SearchLoopCallbacks):
+    """Callbacks that keep what the engine reports: each step's metrics, each epoch's summary, each cycle's result."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
+        self.epochs: list[dict[str, Any]] = []
+        self.cycles: list[CycleResult] = []
+
+    def on_log(self, scalars: dict[str, Any], step: int) -> None:
+        self.steps.append(scalars)
+
+    def on_epoch_end(self, summary: dict[str, Any]) -> None:
+        self.epochs.append(summary)
+
+    def on_cycle_end(self, result: CycleResult) -> None:
+        self.cycles.append(result)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from aso_se.run import lifecycle
+from aso_se.loop import LoopCallbacks
+from aso_se.run import checkpoint_policy
 from aso_se.run.checkpoint import load_checkpoint
 from aso_se.train.retrain import Retrainer
 from tests.aso_se.run.helpers import SMOKE, RunApp
@@ -27,27 +28,19 @@ class NodeLost(BaseException):
 @pytest.fixture
 def timed_saves(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """(epoch, step_in_epoch) of every timed save of the retrain."""
-    runs: list[lifecycle.Run] = []
     saves: list[tuple[int, int]] = []
-    real_enter, real_fit = lifecycle.Run.__enter__, Retrainer.fit
+    real_fit = Retrainer.fit
 
-    def enter(self: lifecycle.Run) -> lifecycle.Run:
-        runs.append(self)
-        return real_enter(self)
-
-    def fit(self: Retrainer, *args, **kwargs) -> bool:
-        # train.py's save(is_best=False) writes last.pt as at a stop; wired here if train.py does not.
-        inner = kwargs.get("save_checkpoint") or (lambda: kwargs["on_epoch_end"](False))
+    def fit(self: Retrainer, *args, callbacks: LoopCallbacks, **kwargs) -> bool:
+        inner = callbacks.save_checkpoint
 
         def save() -> None:
             saves.append((self.epoch, self.step_in_epoch))
             inner()
 
-        kwargs.setdefault("checkpoint_due", runs[-1].checkpoint_due)
-        kwargs["save_checkpoint"] = save
-        return real_fit(self, *args, **kwargs)
+        callbacks.save_checkpoint = save
+        return real_fit(self, *args, callbacks=callbacks, **kwargs)
 
-    monkeypatch.setattr(lifecycle.Run, "__enter__", enter)
     monkeypatch.setattr(Retrainer, "fit", fit)
     return saves
 
@@ -96,7 +89,7 @@ def test_the_interval_in_minutes(run_app: RunApp, monkeypatch: pytest.MonkeyPatc
                                  saves: list[tuple[int, int]]) -> None:
     """A clock that moves 11 minutes per reading: 10 is due after every step, null never."""
     readings = iter(range(10**6))
-    monkeypatch.setattr(lifecycle.time, "monotonic", lambda: 660.0 * next(readings))
+    monkeypatch.setattr(checkpoint_policy.time, "monotonic", lambda: 660.0 * next(readings))
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", f"trainer.checkpoint_every_min={minutes}")
     assert code == 0, stderr
     assert timed_saves == saves

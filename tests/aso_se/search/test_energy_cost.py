@@ -11,7 +11,7 @@ from aso_se.search.energy_cost import expected_energy, measure_op_costs, uniform
 from aso_se.search.schedule import SearchSchedule
 from search_space.energy import E_MAC_PJ
 from search_space.errors import UserInputError
-from tests.aso_se.helpers import SMALL_SPACE, make_engine, tiny_supernet
+from tests.aso_se.helpers import SMALL_SPACE, Recorder, make_engine, tiny_supernet
 from tests.aso_se.search.test_engine import EVOLUTION, loaders, roundtrip
 
 OPS = {name: i for i, name in enumerate(SMALL_SPACE.primitives)}
@@ -64,10 +64,10 @@ def search(energy_weight: float, stop_at: int | None = None, state: dict | None 
                          sampling=SamplingConfig(k=2), evolution=EVOLUTION, seed=3, energy_weight=energy_weight)
     if state is not None:
         engine.load_state_dict(roundtrip(state))
-    steps: list[dict] = []
-    engine.run(*loaders(), on_step=steps.append,
+    recorded = Recorder()
+    engine.run(*loaders(), callbacks=recorded,
                should_stop=lambda: stop_at is not None and engine.progress["global_step"] == stop_at)
-    return engine, steps
+    return engine, recorded.steps
 
 
 def relative_energy(engine) -> float:

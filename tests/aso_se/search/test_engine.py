@@ -12,7 +12,7 @@ from aso_se.data import MNIST5kData
 from aso_se.errors import TrainingDiverged
 from aso_se.search.arch_params import SamplingConfig
 from aso_se.search.derive import supernet_genotype
-from aso_se.search.engine import ASOSEEngine
+from aso_se.search.engine import ASOSEEngine, SearchLoopCallbacks
 from aso_se.search.evolution import EvolutionConfig
 from aso_se.search.schedule import SearchSchedule
 from aso_se.search.step import beta_decay
@@ -21,7 +21,7 @@ from search_space.errors import UserInputError
 from search_space.network import build_network
 from search_space.neurons import NeuronFactory, SpikingNeuron, firing_rates
 from search_space.ops import PARAMETER_FREE_OPS
-from tests.aso_se.helpers import SMALL_SPACE, darts_optimizers, make_engine, tiny_supernet
+from tests.aso_se.helpers import SMALL_SPACE, Recorder, darts_optimizers, make_engine, tiny_supernet
 
 SCHEDULE = SearchSchedule(cycles=2, warmup_epochs=1, search_epochs=1, restabilize_epochs=1)
 EVOLUTION = EvolutionConfig(grow_cells=1, width_factor=2, max_channels=8, prune_threshold=0.19, max_skip_connect=1,
@@ -42,12 +42,10 @@ def new_engine(**kwargs: Any) -> ASOSEEngine:
 
 
 def test_two_cycle_search_on_digits_yields_a_trainable_genotype() -> None:
-    steps, epochs, cycles = [], [], []
+    recorded = Recorder()
     engine = new_engine()
-    genotype = engine.run(
-        *loaders(), on_step=steps.append, on_epoch_end=lambda e, info: epochs.append(info),
-        on_cycle_end=lambda e, result: cycles.append(result),
-    )
+    assert engine.run(*loaders(), callbacks=recorded)
+    steps, epochs, cycles, genotype = recorded.steps, recorded.epochs, recorded.cycles, engine.genotypes[-1]
     assert [result.cycle for result in cycles] == [0, 1] and genotype == cycles[-1].genotype == engine.genotypes[-1]
     assert cycles[0].pruned_ops > 0 and cycles[1].pruned_ops == 0  # the last cycle neither prunes nor grows
     assert engine.supernet.structure.cells == ("normal", "grown", "reduction", "reduction")
@@ -74,12 +72,13 @@ def test_growth_drops_the_old_supernets_op_graphs() -> None:
     """Their memory pools must be freeable before the grown supernet captures its own (a GPU ran out otherwise)."""
     engine, supernets = new_engine(), []
 
-    def on_epoch_end(engine: ASOSEEngine, info: dict) -> None:
-        if not supernets:
-            engine.supernet.use_op_graphs(True)  # as on CUDA with search.graph_ops=true (CPU ops stay eager)
-        supernets.append(engine.supernet)
+    class KeepSupernets(SearchLoopCallbacks):
+        def on_epoch_end(self, summary: dict) -> None:
+            if not supernets:
+                engine.supernet.use_op_graphs(True)  # as on CUDA with search.graph_ops=true (CPU ops stay eager)
+            supernets.append(engine.supernet)
 
-    engine.run(*loaders(), on_epoch_end=on_epoch_end)
+    engine.run(*loaders(), callbacks=KeepSupernets())
     assert supernets[0] is not engine.supernet and supernets[0].op_graphs is None
 
 
@@ -90,8 +89,9 @@ def test_progressive_depth_grows_several_cells_a_cycle_up_to_max_cells() -> None
     evolution = EvolutionConfig(grow_cells=2, max_cells=6, max_channels=None, prune_threshold=0.0)
     engine = make_engine(tiny_supernet("st_bif"), schedule=schedule, sampling=SamplingConfig(k=2),
                          evolution=evolution, seed=3)
-    cycles = []
-    genotype = engine.run(*loaders(), on_cycle_end=lambda e, result: cycles.append(result))
+    recorded = Recorder()
+    assert engine.run(*loaders(), callbacks=recorded)
+    cycles, genotype = recorded.cycles, engine.genotypes[-1]
     cells = [result.structure.cells for result in cycles]
     assert [len(c) for c in cells] == [5, 6, 6]  # 3 + 2, then + 1 (the cap), then no growth after the last cycle
     assert all(c.count("reduction") == 2 for c in cells) and cells[1].count("grown") == 3
@@ -111,18 +111,19 @@ def roundtrip(state: dict) -> dict:
                          ids=["nchw", "channels_last"])  # nchw, the plain layout: out of CI
 def test_interrupted_and_resumed_search_ends_exactly_like_an_uninterrupted_one(channels_last: bool) -> None:
     reference = new_engine(channels_last=channels_last)
-    expected = reference.run(*loaders())
+    assert reference.run(*loaders())
+    expected = reference.genotypes[-1]
     # Stop mid-epoch in cycle 0's search phase, then in cycle 1's warm-up (after the growth).
-    state, genotype = None, None
+    state, finished = None, False
     for stop_at in (3, 7, None):
         engine = new_engine(channels_last=channels_last)
         if state is not None:
             engine.load_state_dict(roundtrip(state))
-        genotype = engine.run(*loaders(), should_stop=lambda: engine.progress["global_step"] == stop_at)
+        finished = engine.run(*loaders(), should_stop=lambda: engine.progress["global_step"] == stop_at)
         state = engine.state_dict()
         if stop_at is not None:
-            assert genotype is None and engine.progress["global_step"] == stop_at
-    assert genotype == expected
+            assert not finished and engine.progress["global_step"] == stop_at
+    assert finished and engine.genotypes[-1] == expected
     assert engine.supernet.structure == reference.supernet.structure
     expected_state = reference.supernet.state_dict()
     for name, value in engine.supernet.state_dict().items():
@@ -249,7 +250,12 @@ def test_firing_rates_are_recorded_in_the_last_step_of_each_epoch_only() -> None
 
     engine.train_step = spying_train_step
     rates: list[dict[str, torch.Tensor]] = []
-    engine.run(*loaders(), on_epoch_end=lambda e, info: rates.append(firing_rates(e.supernet)))
+
+    class KeepRates(SearchLoopCallbacks):
+        def on_epoch_end(self, summary: dict) -> None:
+            rates.append(firing_rates(engine.supernet))
+
+    engine.run(*loaders(), callbacks=KeepRates())
     assert recording == [False, True] * 5  # 5 epochs of 2 steps
     assert all(0 < max(epoch.values()) < 1 for epoch in rates)
 
@@ -321,10 +327,10 @@ def test_beta_decay_weight_keeps_alpha_smaller_than_the_same_search_without_it()
     def search(weight: float) -> tuple[float, list[dict[str, Any]]]:
         schedule = SearchSchedule(cycles=1, warmup_epochs=1, search_epochs=2, beta_decay_weight_start=weight,
                                   beta_decay_weight_end=weight)
-        steps: list[dict[str, Any]] = []
+        recorded = Recorder()
         engine = make_engine(tiny_supernet("st_bif"), schedule=schedule, sampling=SamplingConfig(k=2), seed=3)
-        engine.run(*loaders(), on_step=steps.append)
-        return beta_decay(engine.supernet.arch_logits()).item(), steps
+        engine.run(*loaders(), callbacks=recorded)
+        return beta_decay(engine.supernet.arch_logits()).item(), recorded.steps
 
     off, off_steps = search(0.0)
     on, on_steps = search(5.0)

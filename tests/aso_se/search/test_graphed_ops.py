@@ -228,8 +228,8 @@ def test_a_graphed_search_across_a_growth_ends_like_the_eager_one(deterministic_
         supernet = tiny_supernet("st_bif", timesteps=2, space=DARTS_SPACE, channels=8, in_channels=1)
         engine = make_engine(supernet, device="cuda", graph_ops=graph_ops, seed=3)
         first = engine.supernet
-        genotype = engine.run(*MNIST5kData(max_train_samples=32).search_loaders(8, seed=0))
-        return engine, first, genotype
+        assert engine.run(*MNIST5kData(max_train_samples=32).search_loaders(8, seed=0))
+        return engine, first, engine.genotypes[-1]
 
     graphed, first, graphed_genotype = search(graph_ops=True)
     eager, _, eager_genotype = search(graph_ops=False)

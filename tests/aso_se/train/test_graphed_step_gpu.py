@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aso_se.loop import LoopCallbacks
 from aso_se.parallel.distributed import DistributedContext
 from aso_se.train.graphed_step import GraphedTrainStep
 from aso_se.train.retrain import Retrainer
@@ -93,8 +94,7 @@ def retrainer(network, cuda_graph, drop_path_prob=0.0, optimizer=SGD, precision=
 
 
 def fit(trainer, train, test):
-    assert trainer.fit(Batches(train), Batches(test), should_stop=lambda: False,
-                       on_epoch_end=lambda is_best: None)
+    assert trainer.fit(Batches(train), Batches(test))
 
 
 @pytest.fixture
@@ -134,8 +134,12 @@ def test_retrain_with_cuda_graph_matches_eager(deterministic_fp32):
 def step_losses(trainer, batch, steps):
     """Each step's training loss over `steps` steps of `batch` per epoch (from the running means that on_log gets)."""
     means = []
-    assert trainer.fit(Batches([batch] * steps), Batches([batch]), should_stop=lambda: False,
-                       on_epoch_end=lambda is_best: None, on_log=lambda scalars, step: means.append(scalars["loss"]))
+
+    class KeepMeans(LoopCallbacks):
+        def on_log(self, scalars, step):
+            means.append(scalars["loss"])
+
+    assert trainer.fit(Batches([batch] * steps), Batches([batch]), callbacks=KeepMeans())
     epochs = [means[start:start + steps] for start in range(0, len(means), steps)]
     return [[k * mean - (k - 1) * before for k, mean, before in zip(range(1, steps + 1), epoch, [0.0] + epoch)]
             for epoch in epochs]
@@ -195,7 +199,7 @@ def test_retrain_with_cuda_graph_and_a_pinned_memory_loader():
     loader = PinnedLoader(torch.randn(16 * 12, 1, 16, 16, generator=generator),
                           torch.randint(0, 10, (16 * 12,), generator=generator))
     trainer = retrainer(network, True)
-    assert trainer.fit(loader, loader, should_stop=lambda: False, on_epoch_end=lambda is_best: None)
+    assert trainer.fit(loader, loader)
     assert trainer.graphed_step.captures == 2 and trainer.graphed_step.replays == 2 * 9
     assert all(torch.isfinite(torch.tensor(record["train_loss"])) for record in trainer.history)
 

@@ -50,6 +50,5 @@ def epoch_losses(network: torch.nn.Module, seed: int, steps: int = 12, device: s
         scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=2), epochs=2,
         auxiliary_weight=0.4, drop_path_prob=0.3, grad_clip=5.0, precision="fp32",
         ctx=DistributedContext(torch.device(device)), log_every_n_steps=100)
-    assert trainer.fit(_Batches([batch] * steps), _Batches([batch]), should_stop=lambda: False,
-                       on_epoch_end=lambda is_best: None)
+    assert trainer.fit(_Batches([batch] * steps), _Batches([batch]))
     return [record["train_loss"] for record in trainer.history]
