@@ -103,7 +103,7 @@ def test_a_job_of_the_retrain_multirun_equals_a_direct_train_run(smoke, tmp_path
 
 def test_a_search_run_dir_without_its_checkpoints_is_read_alike(smoke, tmp_path):
     """What the benchmark read of a finished search is kept beside its genotype.json, so its small files alone (no
-    checkpoints/, as carried to another machine or session) give the same record; a mismatched one is refused."""
+    checkpoints/, as carried to another machine) give the same record; a mismatched one is refused."""
     out, _ = smoke
     summary = json.loads((out / "summary.json").read_text())
     carried = tmp_path / "search_0"
@@ -264,7 +264,7 @@ def test_progress_reports_what_finished_and_runs_nothing(smoke, tmp_path, capsys
 
 
 def test_progress_says_where_an_unfinished_retrain_stands_from_its_log(smoke, tmp_path, capsys):
-    """A retrain stopped between two sessions (no metrics.json yet, a resumed piece in its log): its last logged epoch
+    """A retrain stopped and resumed (no metrics.json yet, a resumed piece in its log): its last logged epoch
     and test accuracy; a run with no epoch logged is left out."""
     out = tmp_path / "stopped"
     shutil.copytree(smoke[0], out, ignore=shutil.ignore_patterns("summary.*"))
@@ -285,7 +285,7 @@ def test_progress_says_where_an_unfinished_retrain_stands_from_its_log(smoke, tm
 
 
 def test_progress_says_where_a_search_without_a_cell_stands_from_its_log(smoke, tmp_path, capsys):
-    """A second search stopped between two sessions (no cell yet; a resumed piece in its log): its last logged epoch of
+    """A second search stopped and resumed (no cell yet; a resumed piece in its log): its last logged epoch of
     the schedule's total, read from its config (the fifth change's: 30 + 18 + 4, 5 + 18 + 4, 5 + 18 = 102 epochs)."""
     from omegaconf import OmegaConf
 
