@@ -59,6 +59,15 @@ class Lines:
     cases: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class AgainstT:
+    """Accuracy against time steps: per case of ``file``, one line per network whose rows are named
+    "<network>, T = <t>" (in %), a column per T; then the case's other rows as ``Latest`` shows them."""
+
+    file: str
+    cases: tuple[str, ...] = ()
+
+
 TABLES = {
     "speed": Latest("speed.csv"),
     "accuracy": Latest("accuracy.csv"),
@@ -66,7 +75,7 @@ TABLES = {
     "graded_spikes": Latest("snn.csv", cases=("graded_20x36", "energy_20x36")),
     "spike_native": Latest("snn.csv", cases=("spike_native_8x16",)),
     "energy_sweep": Groups("energy_sweep.csv", ("test accuracy", "SNN energy per image")),
-    "binary_snn": Latest("binary_snn.csv"),
+    "binary_snn": AgainstT("binary_snn.csv"),
     "scaling": Latest("scaling.csv"),
     "faults": Latest("faults.csv"),
     "negative": Lines("negative.csv"),
@@ -161,6 +170,38 @@ def groups_table(spec: Groups, rows: list[dict[str, str]]) -> list[str]:
     return lines + commands.listing()
 
 
+AT_T = re.compile(r"^(?P<network>.+), T = (?P<t>\d+)$")
+
+
+def against_t_table(spec: AgainstT, rows: list[dict[str, str]]) -> list[str]:
+    newest: dict[tuple[str, str], dict[str, str]] = {}
+    for row in rows:
+        key = (row["case"], row["metric"])
+        if key not in newest or row["date"] >= newest[key]["date"]:
+            newest[key] = row
+    curves: dict[tuple[str, str], dict[int, dict[str, str]]] = {}
+    others = []
+    for (case, metric), row in newest.items():
+        match = AT_T.match(metric)
+        if match and row["unit"] == "%":
+            curves.setdefault((case, match["network"]), {})[int(match["t"])] = row
+        else:
+            others.append(row)
+    steps = sorted({t for curve in curves.values() for t in curve})
+    commands = Commands()
+    lines = ["| case | network | " + " | ".join(f"T = {t}" for t in steps) + " | GPU | date | commit | command |",
+             "|---|---|" + "---:|" * len(steps) + "---|---|---|---|"]
+    for (case, network), curve in curves.items():
+        cells = " | ".join(number(curve[t]["value"]) if t in curve else "—" for t in steps)
+        first = next(iter(curve.values()))
+        lines.append(f"| {case} | {network} | {cells} | {gpu_name(first['gpu'])} | {first['date'] or '—'} | "
+                     f"{first['commit'] or '—'} | {commands.name(first['command'])} |")
+    notes = joined(f"{case}: {next(iter(curve.values()))['note']}" for (case, _), curve in curves.items())
+    lines += ["", f"Budgets — {notes}", ""]
+    rest = latest_table(Latest(spec.file), others) if others else []
+    return lines + commands.listing() + ([""] + rest if rest else [])
+
+
 def lines_list(spec: Lines, rows: list[dict[str, str]]) -> list[str]:
     return [f"- {row['metric']}: **{number(row['value'])}{row['unit']}**; {row['note']} ({gpu_name(row['gpu'])}, "
             f"{row['date'] or '—'}, {row['commit'] or '—'}: `{row['command']}`)" for row in rows]
@@ -171,7 +212,7 @@ def table(name: str, results: Path = RESULTS) -> str:
     rows = read_rows(results / spec.file)
     if not selected(spec, rows):
         return f"No rows yet (`benchmarks/results/{spec.file}`)."
-    make = {Latest: latest_table, Groups: groups_table, Lines: lines_list}[type(spec)]
+    make = {Latest: latest_table, Groups: groups_table, Lines: lines_list, AgainstT: against_t_table}[type(spec)]
     return "\n".join(make(spec, rows))
 
 

@@ -193,6 +193,8 @@ def metrics_rows(case: str, run: Path, relu_run: Path | None, note: str = "") ->
         rows.append(Measurement(case, f"converted SNN, T = {t}", 100 * accuracy, "%", note))
     if "snn_timesteps" in metrics:
         rows.append(Measurement(case, "converted SNN, steps to silence", metrics["snn_timesteps"], "steps", note))
+        rows.append(Measurement(case, f"converted SNN energy per image, T = {metrics['snn_timesteps']} (silence)",
+                                metrics["energy_per_image_uj"], "µJ", note))
     finetune = metrics.get("snn_finetune")
     if finetune:
         how = f"{finetune['epochs']} epochs of BPTT at T = {finetune['timesteps']}, lr {finetune['lr']}"
