@@ -253,7 +253,10 @@ def run_labels(runs: Sequence[Path]) -> list[str]:
 def collect_retrain(run_dir: Path, source: str) -> dict[str, Any]:
     """A finished train.py run: test figures, genotype and minutes (wall and CPU, as the run measured them)."""
     metrics = read_run_json(run_dir / "metrics.json")
+    finetuned = metrics.get("snn_finetune") or {}
     return {"test_acc": metrics["test_acc"], "best_test_acc": metrics.get("best_test_acc"),
+            # the binary SNN a user deploys: the fine-tuned one where train.py fine-tuned it, else the converted one
+            "snn_acc_at_t": finetuned.get("acc_at_t", metrics.get("snn_acc_at_t", {})),
             "params_m": metrics["params_m"], "firing_rate_mean": metrics.get("firing_rate_mean"),
             "snn_test_acc": metrics.get("snn_test_acc"), "energy_per_image_uj": metrics.get("energy_per_image_uj"),
             "genotype": json.loads(metrics["genotype"]), "run_dir": str(run_dir), "source": source,

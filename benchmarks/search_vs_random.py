@@ -98,6 +98,25 @@ class Plan:
     launcher: str = "basic"
     budget: str = "proxy"  # its name, recorded in the summary ("smoke" under --smoke)
     searches_from: Path | None = None  # another benchmark's DIR whose finished searches this one retrains
+    judge: str = "test_acc"  # the judged quantity, a key of JUDGED
+
+
+# What the verdict compares: the retrained network's test accuracy, or its deployed binary SNN's after T steps
+# (train.py's snn_finetune where it ran, else the converted SNN's; a QANN retrain is needed for these).
+JUDGED = {"test_acc": "test accuracy", "snn_t4": "binary SNN accuracy at T = 4",
+          "snn_t8": "binary SNN accuracy at T = 8"}
+
+
+def judged_value(run: Mapping[str, Any], judge: str) -> float:
+    """``run``'s judged quantity (a BenchmarkError when a SNN figure is missing: not a QANN retrain)."""
+    if judge == "test_acc":
+        return run["test_acc"]
+    steps = judge.removeprefix("snn_t")
+    value = (run.get("snn_acc_at_t") or {}).get(steps)
+    if value is None:
+        raise BenchmarkError(f"{run['run_dir']} has no binary SNN accuracy at T = {steps}: --judge {judge} needs QANN "
+                             "retrains (experiment=cifar10_qann, or --train-override neuron=st_bif_qann)")
+    return value
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -129,6 +148,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         launcher=args.launcher,
         budget="smoke" if args.smoke else args.budget,
         searches_from=args.searches_from.resolve() if args.searches_from else None,
+        judge=args.judge,
     )
 
 
@@ -328,8 +348,9 @@ def _sum_of_all(runs: Sequence[Mapping[str, Any]], key: str) -> float | None:
     return None if None in values else sum(values)
 
 
-def arm_stats(runs: Sequence[Mapping[str, Any]]) -> ArmStats:
-    mean, std = mean_std([run["test_acc"] for run in runs])
+def arm_stats(runs: Sequence[Mapping[str, Any]], judge: str = "test_acc") -> ArmStats:
+    """``mean`` and ``std`` are those of the judged quantity (``JUDGED``)."""
+    mean, std = mean_std([judged_value(run, judge) for run in runs])
     return ArmStats(n=len(runs), mean=mean, std=std, params_m=statistics.fmean(run["params_m"] for run in runs),
                     firing_rate=_mean_of_all(runs, "firing_rate_mean"), snn_acc=_mean_of_all(runs, "snn_test_acc"),
                     energy_uj=_mean_of_all(runs, "energy_per_image_uj"))
@@ -343,9 +364,9 @@ class Verdict:
     lines: tuple[str, ...] = field(default=())
 
 
-def verdict(stats: Mapping[str, ArmStats], darts_v2: float | None = None) -> Verdict:
-    """The issue's questions: against the random arm's spread (undecided below 2 random runs), and against
-    DARTS_V2's mean test accuracy ``darts_v2`` (undecided without it)."""
+def verdict(stats: Mapping[str, ArmStats], darts_v2: float | None = None, judged: str = JUDGED["test_acc"]) -> Verdict:
+    """The issue's questions on the ``judged`` quantity: against the random arm's spread (undecided below 2 random
+    runs), and against DARTS_V2's mean ``darts_v2`` (undecided without it)."""
     searched = stats["searched"].mean
     beats_published = None if darts_v2 is None else searched >= darts_v2
     published_line = ("searched >= DARTS_V2? undecided: no DARTS_V2 run" if darts_v2 is None else
@@ -362,8 +383,8 @@ def verdict(stats: Mapping[str, ArmStats], darts_v2: float | None = None) -> Ver
                  f"poor < random - 1 std? {'YES' if below else 'NO'} ({poor.mean:.4f} vs {rand.mean:.4f} - "
                  f"{rand.std:.4f})")
     return Verdict(beats, below, beats_published, (
-        f"searched >= random + 1 std? {'YES' if beats else 'NO'} ({searched:.4f} vs {rand.mean:.4f} + {rand.std:.4f})",
-        poor_line, published_line,
+        f"searched >= random + 1 std? {'YES' if beats else 'NO'} ({searched:.4f} vs {rand.mean:.4f} + {rand.std:.4f}; "
+        f"{judged})", poor_line, published_line,
     ))
 
 
@@ -480,9 +501,9 @@ def by_arm(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any
     return {arm: [run for run in runs if arm_of(run["source"]) == arm] for arm in ARMS}
 
 
-def darts_v2_mean(arms: Mapping[str, Sequence[Mapping[str, Any]]]) -> float | None:
-    """DARTS_V2's mean test accuracy over its retrains (None: none finished), the verdict's published bar."""
-    accuracies = [run["test_acc"] for run in arms["reference"] if run["source"] == "DARTS_V2"]
+def darts_v2_mean(arms: Mapping[str, Sequence[Mapping[str, Any]]], judge: str = "test_acc") -> float | None:
+    """DARTS_V2's mean judged quantity over its retrains (None: none finished), the verdict's published bar."""
+    accuracies = [judged_value(run, judge) for run in arms["reference"] if run["source"] == "DARTS_V2"]
     return statistics.fmean(accuracies) if accuracies else None
 
 
@@ -518,8 +539,8 @@ def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False)
     retrain_dirs = run_sweeps(retrain_sweeps(plan, sources), plan.launcher, resume, plan.out / "logs")
     runs = [collect_arm_run(plan.out, run_dir) for run_dir in sorted(retrain_dirs)]
     arms = by_arm(runs)
-    stats = {arm: arm_stats(runs) for arm, runs in arms.items()}
-    decision = verdict(stats, darts_v2_mean(arms))
+    stats = {arm: arm_stats(runs, plan.judge) for arm, runs in arms.items()}
+    decision = verdict(stats, darts_v2_mean(arms, plan.judge), JUDGED[plan.judge])
     by_source = dict(zip(search.names, searches))
     for run in arms["searched"]:
         run["alpha_entropy"] = by_source[run["source"]]["alpha_entropy"]["mean"]
@@ -560,7 +581,7 @@ def report_progress(plan: Plan) -> dict[str, Any]:
                 if logged := last_logged_epoch(run_dir):
                     in_training[name] = logged
     arms = by_arm(runs)
-    stats = {arm: arm_stats(arm_runs) for arm, arm_runs in arms.items() if arm_runs}
+    stats = {arm: arm_stats(arm_runs, plan.judge) for arm, arm_runs in arms.items() if arm_runs}
     # the finished runs got one budget (a BenchmarkError names the first difference otherwise)
     config = same_config([Path(run["run_dir"]) for run in runs], ignore=("genotype", "seed")) if runs else None
     budget = None if config is None else {"epochs": config["epochs"], "network": config["model"]["network"],
@@ -570,12 +591,12 @@ def report_progress(plan: Plan) -> dict[str, Any]:
                            arms["searched"])
     absent = [arm for arm in ("searched", "random") if arm not in stats]
     lines = (f"no verdict yet: no finished run in {' or '.join(absent)}",) if absent else \
-        verdict(stats, darts_v2_mean(arms)).lines
+        verdict(stats, darts_v2_mean(arms, plan.judge), JUDGED[plan.judge]).lines
     searched_missing = [name for name in missing
                         if any(name.startswith(f"{search}_seed") for search in search_sweep(plan).names)]
     rand = stats.get("random")
-    needs = searched_needs([run["test_acc"] for run in arms["searched"]], len(searched_missing), {
-        "DARTS_V2": darts_v2_mean(arms),
+    needs = searched_needs([judged_value(run, plan.judge) for run in arms["searched"]], len(searched_missing), {
+        "DARTS_V2": darts_v2_mean(arms, plan.judge),
         "random + 1 std": None if rand is None or rand.std is None else rand.mean + rand.std})
     if needs:
         reach = ", ".join(f"{need:.4f} ({bar})" for bar, need in needs.items())
@@ -716,6 +737,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--retrain-channels", type=int, default=None,
                         help="its base channels; default: the budget's (proxy 16, full 36)")
     parser.add_argument("--device", default=None, help="trainer.device of every run (cpu, cuda, cuda:1); default: auto")
+    parser.add_argument("--judge", default="test_acc", choices=sorted(JUDGED),
+                        help="the quantity the verdict compares: test_acc (default) or the deployed binary SNN's "
+                             "accuracy at T = 4 / 8 (snn_t4, snn_t8; QANN retrains)")
     parser.add_argument("--search-override", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override for the searches only (repeatable)")
     parser.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE",

@@ -630,6 +630,31 @@ def test_verdict_without_a_poor_run_is_undecided_on_the_floor_only():
     assert decision.lines[1] == "poor < random - 1 std? undecided: no poor run"
 
 
+def test_the_judged_quantity_is_the_deployed_binary_snn_at_t(tmp_path):
+    """--judge snn_t4 / snn_t8: the arms' means, the verdict and the DARTS_V2 bar read the binary SNN's accuracy at T
+    (the fine-tuned SNN's where train.py fine-tuned it), not the QANN's; a run without it is named."""
+    runs = [{"test_acc": 0.9, "params_m": 1.0, "snn_acc_at_t": {"4": 0.5, "8": 0.75}, "source": "search_0"},
+            {"test_acc": 0.8, "params_m": 1.0, "snn_acc_at_t": {"4": 0.25, "8": 0.5}, "source": "search_1"}]
+    assert bench.arm_stats(runs).mean == pytest.approx(0.85)
+    assert bench.arm_stats(runs, "snn_t4").mean == pytest.approx(0.375)
+    assert bench.arm_stats(runs, "snn_t8").mean == pytest.approx(0.625)
+    arms = {"reference": [{**runs[0], "source": "DARTS_V2"}]}
+    assert bench.darts_v2_mean(arms, "snn_t8") == 0.75 and bench.darts_v2_mean(arms) == 0.9
+    decision = bench.verdict(stats_of(0.875, 0.75, 0.125, 0.5), 0.9, bench.JUDGED["snn_t4"])
+    assert decision.lines[0].endswith("binary SNN accuracy at T = 4)")
+    with pytest.raises(bench.BenchmarkError, match="no binary SNN accuracy at T = 4.*QANN retrains"):
+        bench.arm_stats([{"test_acc": 0.9, "params_m": 1.0, "snn_acc_at_t": {}, "run_dir": "r"}], "snn_t4")
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    metrics = {"test_acc": 0.9, "params_m": 1.0, "genotype": GENOTYPES["DARTS_V2"].to_json(), "wall_time_s": 60,
+               "cpu_time_s": 60, "snn_acc_at_t": {"4": 0.2}}
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    assert bench.collect_retrain(run_dir, "search_0")["snn_acc_at_t"] == {"4": 0.2}  # the converted SNN's
+    (run_dir / "metrics.json").write_text(json.dumps({**metrics, "snn_finetune": {"acc_at_t": {"4": 0.7}}}))
+    assert bench.collect_retrain(run_dir, "search_0")["snn_acc_at_t"] == {"4": 0.7}  # the fine-tuned one's
+
+
 def test_table_rows():
     text = bench.table({"random": ArmStats(5, 0.81234, 0.0123, 0.25, None, 0.81, 71342.9),
                         "poor": ArmStats(1, 0.5, None, 0.1, 0.3)})
