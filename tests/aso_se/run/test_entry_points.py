@@ -164,6 +164,25 @@ def test_ddp_retrain_on_two_cpu_processes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_ddp_fine_tune_of_the_snn_on_two_cpu_processes(tmp_path: Path) -> None:
+    """snn_finetune under torchrun: both ranks fine-tune the QANN's SNN at T (gradients all-reduced), evaluate their
+    shards of the test set together, and rank 0 alone writes."""
+    run_dir = tmp_path / "ddp"
+    result = _torchrun_two_processes("train.py", "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann",
+                                     "neuron.level=4", "snn_max_timesteps=4", "snn_finetune.epochs=1",
+                                     "snn_finetune.timesteps=2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and "pending" not in metrics
+    finetuned = metrics["snn_finetune"]
+    assert finetuned["timesteps"] == 2 and set(finetuned["acc_at_t"]) == {"1", "2", "4", "6", "8", "16"}
+    assert finetuned["history"][0]["epoch"] == 0 and finetuned["energy_per_image_uj"] > 0
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt", kind="train")
+    assert state["snn_trainer"]["epoch"] == 1 and state["world_size"] == 2
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp"]
+
+
+@pytest.mark.slow
 def test_a_qann_search_and_retrain_report_the_exact_snn(tmp_path: Path) -> None:
     """neuron=st_bif_qann: the search runs the QANN supernet; the retrain of its genotype reports the
     SNN built from the trained QANN, whose summed logits equal the QANN's (fp32 rounding)."""
