@@ -15,7 +15,7 @@ import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from aso_se.run.finetune_stage import finetune_settings, run_finetune
+from aso_se.run.finetune_stage import finetune_settings, qann_metrics, run_finetune
 from aso_se.run.guard import main_guard
 from aso_se.run.inputs import check_timesteps, genotype_to_train
 from aso_se.run.lifecycle import Run
@@ -47,7 +47,7 @@ def main(cfg: DictConfig) -> None:
         if not trainer.fit(train_loader, test_loader, callbacks=callbacks, should_stop=run.should_stop):
             callbacks.save_checkpoint()
             run.raise_if_stopped()
-        metrics = callbacks.finish(data, later=("snn_finetune",) if finetune.epochs else ())
+        metrics = qann_metrics(run, callbacks, data, finetune)
         if finetune.epochs:  # spike-domain fine-tuning of the QANN's binary SNN at T
             run_finetune(run, board, finetune, callbacks, metrics, data, train_loader, test_loader)
 

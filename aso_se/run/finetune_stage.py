@@ -1,9 +1,9 @@
 """train.py's spike-domain fine-tuning stage: after a QANN's retrain, its SNN trained on with BPTT at T.
 
 The stage runs once the QANN's metrics are written (``snn_finetune.epochs`` > 0). Its checkpoints hold the QANN's
-finished state and the fine-tuning's (``snn_trainer``), so a stop during it resumes there; TensorBoard gets its
-curves under ``snn_finetune/``; metrics.json gets ``snn_finetune`` (accuracy after 1, 2, 4, 6, 8, 16 and T steps,
-energy per image at T, the epochs' history) once it ends.
+finished state and figures and the fine-tuning's state (``snn_trainer``), so a stop during it resumes there;
+TensorBoard gets its curves under ``snn_finetune/``; metrics.json gets ``snn_finetune`` (accuracy after 1, 2, 4,
+6, 8, 16 and T steps, energy per image at T, the epochs' history) once it ends.
 """
 from __future__ import annotations
 
@@ -40,8 +40,10 @@ class FinetuneCallbacks(LoopCallbacks):
     """The fine-tuning Retrainer's callbacks (``aso_se.loop``): TensorBoard under ``snn_finetune/`` and
     ``checkpoints/last.pt`` where the run's checkpoint policy says (``Run.checkpoints``)."""
 
-    def __init__(self, run: Run, board: TensorBoardLogger | None, *, trainer: Retrainer, qann: TrainCallbacks) -> None:
+    def __init__(self, run: Run, board: TensorBoardLogger | None, *, trainer: Retrainer, qann: TrainCallbacks,
+                 qann_metrics: dict[str, Any]) -> None:
         self.run, self.board, self.trainer, self.qann = run, board, trainer, qann
+        self.qann_metrics = qann_metrics
 
     def on_log(self, scalars: dict[str, float], step: int) -> None:
         if self.board is not None:
@@ -63,14 +65,23 @@ class FinetuneCallbacks(LoopCallbacks):
         self.save()  # the state a stop after this step saves: resumes at the next step
 
     def save(self, *, background: bool = False) -> None:
-        """``checkpoints/last.pt``: the finished QANN's state and the fine-tuning's (never NaN/Inf weights)."""
+        """``checkpoints/last.pt``: the finished QANN's state and figures and the fine-tuning's state (never NaN/Inf
+        weights)."""
         trainer = self.trainer
         bad = first_non_finite({"model": trainer.network.state_dict(),
                                 "optimizer": trainer.optimizer.state_dict()["state"]})
         if bad is not None:
             raise non_finite_weights(bad, trainer.global_step, lower="snn_finetune.lr")
         self.run.save({"genotype": self.qann.genotype.to_json(), "trainer": self.qann.trainer.state_dict(),
-                       "snn_trainer": trainer.state_dict()}, background=background)
+                       "qann_metrics": self.qann_metrics, "snn_trainer": trainer.state_dict()}, background=background)
+
+
+def qann_metrics(run: Run, callbacks: TrainCallbacks, data: Any, settings: FinetuneSettings) -> dict[str, Any]:
+    """The QANN's metrics (``TrainCallbacks.finish``, pending the fine-tuning if it comes). A run stopped during its
+    fine-tuning saved them: its resume takes them from the checkpoint instead of evaluating the QANN's SNN again."""
+    if settings.epochs and run.resumed and "qann_metrics" in run.state:
+        return run.state["qann_metrics"]
+    return callbacks.finish(data, later=("snn_finetune",) if settings.epochs else ())
 
 
 def run_finetune(run: Run, board: TensorBoardLogger | None, settings: FinetuneSettings, qann: TrainCallbacks,
@@ -86,7 +97,7 @@ def run_finetune(run: Run, board: TensorBoardLogger | None, settings: FinetuneSe
     if run.resumed and "snn_trainer" in run.state:
         run.restore(trainer, "snn_trainer")
     log.info("spike-domain fine-tuning: %d epochs of the binary SNN at T = %d", settings.epochs, settings.timesteps)
-    callbacks = FinetuneCallbacks(run, board, trainer=trainer, qann=qann)
+    callbacks = FinetuneCallbacks(run, board, trainer=trainer, qann=qann, qann_metrics=metrics)
     if not trainer.fit(train_loader, test_loader, callbacks=callbacks, should_stop=run.should_stop):
         callbacks.save_checkpoint()
         run.raise_if_stopped()

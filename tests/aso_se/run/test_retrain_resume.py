@@ -227,6 +227,8 @@ def test_a_fine_tune_stopped_mid_epoch_resumes_exactly(
 
     code, stderr = run_app("train", f"resume={tmp_path / 'stopped'}")
     assert code == 0, stderr
+    resumed_log = (tmp_path / "stopped" / "train.log").read_text().split("resumed from")[-1]
+    assert "retrain epoch" not in resumed_log and "test accuracy after" not in resumed_log  # figures came saved
     straight, resumed = (load_checkpoint(tmp_path / run / "checkpoints" / "last.pt", kind="train")
                          for run in ("straight", "stopped"))
     assert straight["snn_trainer"]["global_step"] == resumed["snn_trainer"]["global_step"] == 4 + 8
@@ -235,7 +237,10 @@ def test_a_fine_tune_stopped_mid_epoch_resumes_exactly(
         assert torch.equal(weight, resumed["snn_trainer"]["model"][name]), name
     metrics = [json.loads((tmp_path / run / "metrics.json").read_text())["snn_finetune"]
                for run in ("straight", "stopped")]
-    assert metrics[0]["acc_at_t"] == metrics[1]["acc_at_t"] and "pending" not in metrics[1]
+    assert metrics[0]["acc_at_t"] == metrics[1]["acc_at_t"]
+    whole = [json.loads((tmp_path / run / "metrics.json").read_text()) for run in ("straight", "stopped")]
+    assert "pending" not in whole[1] and whole[0]["snn_acc_at_t"] == whole[1]["snn_acc_at_t"]
+    assert whole[0]["energy_per_image_uj"] == whole[1]["energy_per_image_uj"]
     assert list(metrics[0]["acc_at_t"]) == ["1", "2", "3", "4", "6", "8", "16"]
     assert metrics[0]["test_acc"] == metrics[0]["acc_at_t"]["3"] and metrics[0]["energy_per_image_uj"] > 0
     assert [r["train_loss"] for r in metrics[0]["history"]] == [r["train_loss"] for r in metrics[1]["history"]]
