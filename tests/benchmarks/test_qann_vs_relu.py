@@ -39,8 +39,11 @@ def test_smoke_run_reports_every_arm_and_the_verdicts(smoke):
     assert "timesteps" not in (out / "train" / "relu_s0" / ".hydra" / "overrides.yaml").read_text()
     commands = [line for line in stdout.splitlines() if line.startswith("$ python train.py -m ")]
     assert len(commands) == 3 and commands[2].endswith("\"hydra.sweep.subdir='st_bif_s\\${seed}'\"")  # one per arm
+    energy = qann["energy_per_image_uj"] / runs["relu"]["energy_per_image_uj"]
     assert [line.split("?")[0] for line in summary["verdicts"]] == [
-        "QANN within 1 point of ReLU", "its SNN within 1 point of ReLU", "QANN train time per image: "
+        "QANN within 1 point of ReLU", "its SNN within 1 point of ReLU", "its binary SNN at T = 8 >= ReLU - 1",
+        "its binary SNN at T = 4 >= ReLU - 2", f"its SNN's energy per image: {energy:.2f}x ReLU's",
+        "QANN train time per image: "
         f"{runs['relu']['train_images_per_second'] / qann['train_images_per_second']:.2f}x ReLU's",
         "QANN above BPTT st_bif"]
     lines = stdout.strip().splitlines()
@@ -71,6 +74,18 @@ def test_verdicts_compare_the_means():
         "QANN train time per image: 1.20x ReLU's", "QANN above BPTT st_bif? YES (+9.30 points)"]
 
 
+def test_the_binary_snn_verdicts_against_relu():
+    """The binary SNN's targets: at T = 8 within 1 point of the ReLU network, at T = 4 within 2, and its energy."""
+    rows = [{"arm": "relu", "test_acc": 0.9, "snn_test_acc": None, "train_images_per_second": 6000.0,
+             "energy_per_image_uj": 200.0},
+            {"arm": "st_bif_qann:level=4:snn_finetune.epochs=2", "test_acc": 0.89, "snn_test_acc": 0.89,
+             "snn_acc_t4": 0.875, "snn_acc_t8": 0.8875, "energy_per_image_uj": 100.0,
+             "train_images_per_second": 5000.0}]
+    assert bench.verdicts(rows)[2:5] == [
+        "its binary SNN at T = 8 >= ReLU - 1? NO (-1.25 points)",
+        "its binary SNN at T = 4 >= ReLU - 2? NO (-2.50 points)", "its SNN's energy per image: 0.50x ReLU's"]
+
+
 @pytest.mark.parametrize("override", ["neuron=lif", "seed=3", "hydra.run.dir=x"])
 def test_overrides_the_benchmark_sets_are_refused(override):
     with pytest.raises(UserInputError, match="sets"):
@@ -86,6 +101,8 @@ def test_an_arm_with_neuron_options_runs_them_and_gets_its_own_verdicts():
     assert bench.arm_overrides("st_bif_qann:level=16:q_threshold=0.25", 4) == (
         "neuron=st_bif_qann", "neuron.level=16", "neuron.q_threshold=0.25")
     assert bench.arm_overrides("st_bif", 2) == ("neuron=st_bif", "neuron.timesteps=2")
+    assert bench.arm_overrides("st_bif_qann:level=4:snn_finetune.epochs=2", 4) == (
+        "neuron=st_bif_qann", "neuron.level=4", "snn_finetune.epochs=2")
     (sweep,) = bench.plan_sweeps(Path("/o"), ["st_bif_qann:level=16"], 2, 4, ("epochs=1",))
     assert sweep.run_dirs() == [Path("/o/train/st_bif_qann_level16_s0"), Path("/o/train/st_bif_qann_level16_s1")]
     assert sweep.command()[3:] == ["epochs=1", "neuron=st_bif_qann", "neuron.level=16", "seed=0,1",
