@@ -257,6 +257,7 @@ def collect_retrain(run_dir: Path, source: str) -> dict[str, Any]:
     return {"test_acc": metrics["test_acc"], "best_test_acc": metrics.get("best_test_acc"),
             # the binary SNN a user deploys: the fine-tuned one where train.py fine-tuned it, else the converted one
             "snn_acc_at_t": finetuned.get("acc_at_t", metrics.get("snn_acc_at_t", {})),
+            "snn_energy_uj": finetuned.get("energy_per_image_uj", metrics.get("energy_per_image_uj")),
             "params_m": metrics["params_m"], "firing_rate_mean": metrics.get("firing_rate_mean"),
             "snn_test_acc": metrics.get("snn_test_acc"), "energy_per_image_uj": metrics.get("energy_per_image_uj"),
             "genotype": json.loads(metrics["genotype"]), "run_dir": str(run_dir), "source": source,

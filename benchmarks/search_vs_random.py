@@ -4,8 +4,9 @@ Two Hydra multiruns: S searches (``search.py -m seed=0,..`` in DIR/search/search
 (searched, R random genotypes drawn under the search's derivation rules, DARTS_V2 and PC_DARTS as
 references, POOR_POOL_SKIP as a floor; all in DIR/genotypes/) retrained by ``train.py -m genotype=<cells>`` under the
 same overrides, one multirun per retrain seed (DIR/retrain/<cell>_seed<s>). Each multirun's command is
-printed: rerun a cell or add one by hand with it. Writes DIR/summary.json, summary.md and summary.png
-(read from the run dirs) with the verdict: searched mean >= random mean + 1 std, and >= DARTS_V2's; prints the table
+printed: rerun a cell or add one by hand with it. Writes DIR/summary.json, summary.md and summary.png (and, for
+QANN retrains, pareto.png: the binary SNN's accuracy at T = 8 against its energy), read from the run dirs, with the
+verdict on the judged quantity (--judge): searched mean >= random mean + 1 std, and >= DARTS_V2's; prints the table
 last. The CIFAR-10 protocol (search: experiment=cifar10_snn, or
 cifar10_qann with --experiment; retrain: the same experiment with epochs=30 model.network.layers=8
 model.network.channels=16: --budget proxy, the default; --budget full retrains experiment=cifar10_qann_fast,
@@ -409,8 +410,9 @@ def table(stats: Mapping[str, ArmStats]) -> str:
     return "\n".join(rows)
 
 
-def plot(arms: Mapping[str, Sequence[Mapping[str, Any]]], stats: Mapping[str, ArmStats], path: Path) -> None:
-    """Test accuracy per arm: every run as a point, and the arm's mean ± std."""
+def plot(arms: Mapping[str, Sequence[Mapping[str, Any]]], stats: Mapping[str, ArmStats], path: Path,
+         judge: str = "test_acc") -> None:
+    """The judged quantity per arm: every run as a point, and the arm's mean ± std."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -418,17 +420,48 @@ def plot(arms: Mapping[str, Sequence[Mapping[str, Any]]], stats: Mapping[str, Ar
 
     figure, axes = plt.subplots(figsize=(6, 4))
     for x, (arm, runs) in enumerate(arms.items()):
-        accuracies = [run["test_acc"] for run in runs]
+        accuracies = [judged_value(run, judge) for run in runs]
         offsets = [0.0] if len(runs) == 1 else [-0.15 + 0.3 * i / (len(runs) - 1) for i in range(len(runs))]
         axes.scatter([x + 0.2 + offset * 0.5 for offset in offsets], accuracies, s=18, alpha=0.7)
         axes.errorbar(x - 0.1, stats[arm].mean, yerr=stats[arm].std or 0.0, fmt="o", color="black", capsize=5)
     axes.set_xticks(range(len(arms)), [f"{arm}\n(n={stats[arm].n})" for arm in arms])
-    axes.set_ylabel("test accuracy")
+    axes.set_ylabel(JUDGED[judge])
     axes.set_title("retrained cells: runs (colour) and mean ± std (black)")
     axes.grid(axis="y", alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def pareto_plot(arms: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, steps: int = 8) -> bool:
+    """The binary SNN's accuracy after ``steps`` steps against its energy per image, a point per run, a marker per
+    arm (the published cell named); False (nothing drawn) when a run lacks either figure (not a QANN retrain)."""
+    points = {arm: [((run.get("snn_acc_at_t") or {}).get(str(steps)), run.get("snn_energy_uj"), run["source"])
+                    for run in runs] for arm, runs in arms.items()}
+    if not any(points.values()) or any(None in point[:2] for runs in points.values() for point in runs):
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for (arm, runs), marker in zip(points.items(), "osD^v"):
+        if runs:
+            axes.scatter([energy for _, energy, _ in runs], [accuracy for accuracy, _, _ in runs], marker=marker,
+                         s=28, alpha=0.8, label=arm)
+        for accuracy, energy, source in runs:
+            if source == "DARTS_V2":
+                axes.annotate(source, (energy, accuracy), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    axes.set_xlabel("SNN energy per image (µJ)")
+    axes.set_ylabel(f"binary SNN accuracy at T = {steps}")
+    axes.set_title("accuracy against energy: up and left is better")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
 
 
 def genotype_distance(a: Genotype, b: Genotype) -> dict[str, int]:
@@ -561,7 +594,8 @@ def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False)
     }
     save_json(summary, plan.out / "summary.json")
     (plan.out / "summary.md").write_text(summary_markdown(summary, stats, decision))
-    plot(arms, stats, plan.out / "summary.png")
+    plot(arms, stats, plan.out / "summary.png", plan.judge)
+    pareto_plot(arms, plan.out / "pareto.png")  # QANN retrains: accuracy at T = 8 against energy
     return summary
 
 

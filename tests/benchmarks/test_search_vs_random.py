@@ -655,6 +655,18 @@ def test_the_judged_quantity_is_the_deployed_binary_snn_at_t(tmp_path):
     assert bench.collect_retrain(run_dir, "search_0")["snn_acc_at_t"] == {"4": 0.7}  # the fine-tuned one's
 
 
+def test_the_pareto_picture_needs_every_runs_snn_accuracy_and_energy(tmp_path):
+    def run(source, accuracy, energy):
+        return {"source": source, "snn_acc_at_t": {"8": accuracy}, "snn_energy_uj": energy}
+
+    arms = {"searched": [run("search_0", 0.8, 90.0), run("search_1", 0.82, 80.0)],
+            "random": [run("random_0", 0.78, 150.0)], "reference": [run("DARTS_V2", 0.81, 120.0)], "poor": []}
+    assert bench.pareto_plot(arms, tmp_path / "pareto.png")
+    assert (tmp_path / "pareto.png").stat().st_size > 1000
+    arms["random"].append({"source": "random_1", "snn_acc_at_t": {}, "snn_energy_uj": 100.0})  # a BPTT or ReLU run
+    assert not bench.pareto_plot(arms, tmp_path / "none.png") and not (tmp_path / "none.png").exists()
+
+
 def test_table_rows():
     text = bench.table({"random": ArmStats(5, 0.81234, 0.0123, 0.25, None, 0.81, 71342.9),
                         "poor": ArmStats(1, 0.5, None, 0.1, 0.3)})
