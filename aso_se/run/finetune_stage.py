@@ -21,7 +21,7 @@ from aso_se.run.tensor_checks import first_non_finite
 from aso_se.run.train_callbacks import TrainCallbacks
 from aso_se.train.retrain import Retrainer
 from aso_se.train.snn_eval import is_qann
-from aso_se.train.snn_finetune import FinetuneSettings, finetune_trainer, finetuned_metrics
+from aso_se.train.snn_finetune import FinetuneSettings, finetune_trainer, finetuned_metrics, follow_new_epochs
 from search_space.errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ def run_finetune(run: Run, board: TensorBoardLogger | None, settings: FinetuneSe
     trainer.global_step = qann.trainer.global_step  # its curves go on where the QANN's end
     if run.resumed and "snn_trainer" in run.state:
         run.restore(trainer, "snn_trainer")
+        follow_new_epochs(trainer)  # a resume may fine-tune for longer
     log.info("spike-domain fine-tuning: %d epochs of the binary SNN at T = %d", settings.epochs, settings.timesteps)
     callbacks = FinetuneCallbacks(run, board, trainer=trainer, qann=qann, qann_metrics=metrics)
     if not trainer.fit(train_loader, test_loader, callbacks=callbacks, should_stop=run.should_stop):

@@ -8,6 +8,7 @@ fused multi-step Triton kernel on CUDA). No auxiliary head and no drop-path: the
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable
 
@@ -66,6 +67,24 @@ def finetune_trainer(qann: nn.Module, settings: FinetuneSettings, *, optimizer: 
                      channels_last=channels_last, label_smoothing=label_smoothing)
     trainer.label = f"SNN fine-tune (T = {settings.timesteps})"
     return trainer
+
+
+def follow_new_epochs(trainer: Retrainer) -> None:
+    """A fine-tuning resumed with another number of epochs (``trainer.epochs``): its cosine spans them, from the
+    epoch it stands at, and the learning rate is set to that point of the new cosine."""
+    scheduler = trainer.scheduler
+    if scheduler.T_max == trainer.epochs:
+        return
+    scheduler.T_max = trainer.epochs
+    done = min(scheduler.last_epoch, trainer.epochs)
+    rates = [scheduler.eta_min + (base - scheduler.eta_min) * (1 + math.cos(math.pi * done / trainer.epochs)) / 2
+             for base in scheduler.base_lrs]
+    for group, rate in zip(trainer.optimizer.param_groups, rates):
+        if isinstance(group["lr"], torch.Tensor):  # on the device for captured steps: filled in place
+            group["lr"].fill_(rate)
+        else:
+            group["lr"] = rate
+    scheduler._last_lr = rates
 
 
 def finetuned_metrics(trainer: Retrainer, settings: FinetuneSettings, batches: Iterable[tuple[Tensor, Tensor]], *,

@@ -244,3 +244,20 @@ def test_a_fine_tune_stopped_mid_epoch_resumes_exactly(
     assert list(metrics[0]["acc_at_t"]) == ["1", "2", "3", "4", "6", "8", "16"]
     assert metrics[0]["test_acc"] == metrics[0]["acc_at_t"]["3"] and metrics[0]["energy_per_image_uj"] > 0
     assert [r["train_loss"] for r in metrics[0]["history"]] == [r["train_loss"] for r in metrics[1]["history"]]
+
+
+def test_a_finished_qann_run_resumed_to_fine_tune_its_snn_and_then_for_longer(run_app: RunApp, tmp_path: Path) -> None:
+    """``resume=<run> snn_finetune.epochs=N`` fine-tunes the SNN of a finished QANN run without training the QANN
+    again; a second resume with more epochs goes on from the first fine-tuning's end, its cosine stretched to them."""
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann", "neuron.level=4",
+                           "snn_max_timesteps=4", "hydra.run.dir=run")
+    assert code == 0, stderr
+    run_dir = tmp_path / "run"
+    assert "snn_finetune" not in json.loads((run_dir / "metrics.json").read_text())
+    for epochs in (1, 2):
+        code, stderr = run_app("train", f"resume={run_dir}", f"snn_finetune.epochs={epochs}")
+        assert code == 0, stderr
+        finetuned = json.loads((run_dir / "metrics.json").read_text())["snn_finetune"]
+        assert finetuned["epochs"] == epochs and [r["epoch"] for r in finetuned["history"]] == list(range(epochs))
+        assert "retrain epoch" not in (run_dir / "train.log").read_text().split("resumed from")[-1]
+    assert 0 < finetuned["history"][1]["lr"] < finetuned["history"][0]["lr"]  # still annealing, not restarted
