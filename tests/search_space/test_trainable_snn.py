@@ -51,7 +51,16 @@ def test_before_training_it_is_the_exact_snn_of_the_qann_in_fp64(genotype, level
     torch.testing.assert_close(short(x)[0], converted(x)[0], rtol=0, atol=1e-9)
 
 
-def _loss_and_grads(snn: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict]:
+def with_neuron_backend(snn: nn.Module, backend: str) -> nn.Module:
+    """A copy of ``snn`` whose ST-BIF neurons run on ``backend`` (torch: the reference; triton: the fused kernel)."""
+    twin = copy.deepcopy(snn)
+    for module in twin.modules():
+        if isinstance(module, SpikingNeuron):
+            module.neuron.backend = backend
+    return twin
+
+
+def loss_and_grads(snn: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict]:
     snn.zero_grad(set_to_none=True)
     logits, _ = snn(x)
     loss = nn.functional.cross_entropy(logits, labels)
@@ -67,14 +76,8 @@ def test_bptt_through_the_triton_neuron_equals_bptt_through_the_reference(timest
     qann = _with_auxiliary_and_stem_stats(qann_network(DARTS_V2, seed=7, level=4, sym=False, layers=3))
     snn = trainable_snn(qann, timesteps, surrogate)
     x, labels = torch.randn(3, 2, 12, 12), torch.tensor([0, 3, 1])
-    results = []
-    for backend in ("torch", "triton"):
-        twin = copy.deepcopy(snn)
-        for module in twin.modules():
-            if isinstance(module, SpikingNeuron):
-                module.neuron.backend = backend
-        results.append(_loss_and_grads(twin, x, labels))
-    (ref_loss, ref_grads), (loss, grads) = results
+    (ref_loss, ref_grads), (loss, grads) = (loss_and_grads(with_neuron_backend(snn, backend), x, labels)
+                                            for backend in ("torch", "triton"))
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
     assert ref_grads.keys() == grads.keys()
     nonzero = [name for name, grad in ref_grads.items() if grad.abs().max() > 0]
@@ -90,7 +93,7 @@ def test_a_training_step_changes_the_answer_at_t() -> None:
     snn = trainable_snn(qann, 2)
     before = copy.deepcopy(snn.state_dict())
     optimizer = torch.optim.SGD(snn.parameters(), lr=0.5)
-    _loss_and_grads(snn, torch.randn(4, 2, 12, 12), torch.tensor([0, 1, 2, 3]))
+    loss_and_grads(snn, torch.randn(4, 2, 12, 12), torch.tensor([0, 1, 2, 3]))
     optimizer.step()
     moved = {name for name, value in snn.state_dict().items() if not torch.equal(value, before[name])}
     assert any("q_threshold" in name for name in moved) and any(".scale" in name for name in moved)

@@ -1,20 +1,18 @@
 """Spike-domain fine-tuning on a CUDA GPU: BPTT through the fused Triton ST-BIF kernel equals BPTT through the torch
 reference neuron, and the fine-tuning Retrainer's CUDA-graph steps train as its eager ones.
 Run with `pytest -m gpu tests/aso_se/train/test_snn_finetune_gpu.py`."""
-import copy
 import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from aso_se.parallel.distributed import DistributedContext
 from aso_se.train.snn_finetune import FinetuneSettings, finetune_trainer
 from search_space.genotypes import GENOTYPES
-from search_space.neurons import SpikingNeuron
 from search_space.trainable_snn import trainable_snn
 from tests.aso_se.train.test_graphed_step_gpu import Batches, random_batches
 from tests.search_space.test_qann import qann_network
+from tests.search_space.test_trainable_snn import loss_and_grads, with_neuron_backend
 
 pytestmark = [
     pytest.mark.gpu,
@@ -36,16 +34,8 @@ def test_triton_bptt_equals_reference_bptt_on_the_gpu(exact_fp32, timesteps):
     snn = trainable_snn(qann, timesteps)
     x = torch.randn(8, 2, 12, 12, device="cuda")
     labels = torch.arange(8, device="cuda") % 5
-    grads = []
-    for backend in ("torch", "triton"):
-        twin = copy.deepcopy(snn)
-        for module in twin.modules():
-            if isinstance(module, SpikingNeuron):
-                module.neuron.backend = backend
-        loss = F.cross_entropy(twin(x)[0], labels)
-        loss.backward()
-        grads.append((loss.detach(), {name: p.grad for name, p in twin.named_parameters()}))
-    (ref_loss, ref), (loss, got) = grads
+    (ref_loss, ref), (loss, got) = (loss_and_grads(with_neuron_backend(snn, backend), x, labels)
+                                    for backend in ("torch", "triton"))
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=0)
     assert any(g.abs().max() > 0 for name, g in ref.items() if "q_threshold" in name)
     for name, grad in got.items():
