@@ -27,7 +27,10 @@ MACHINE_KEYS = ("data.root", "data.num_workers")
 # ... and how train.py evaluates the exact SNN at the end: evaluation only, the training is unchanged. A finished
 # QANN run may also be resumed to fine-tune its SNN, or to fine-tune it for longer.
 EVALUATION_KEYS = ("snn_max_timesteps", "snn_first_timesteps", "snn_eval_samples", "snn_eval_dtype",
-                   "snn_spikes_per_step", "snn_finetune.epochs")
+                   "snn_spikes_per_step", "snn_finetune.epochs") + ("snn_finetune.timesteps", "snn_finetune.lr",
+                                                                   "snn_finetune.surrogate")
+# ... of which these only until the fine-tuning starts (one QANN, fine-tuned at several T from copies of its run dir)
+FINETUNE_START_KEYS = ("snn_finetune.timesteps", "snn_finetune.lr", "snn_finetune.surrogate")
 # Evaluation settings newer than some saved runs: their defaults, so that those runs resume (and re-evaluate).
 NEWER_EVALUATION_DEFAULTS = {"snn_spikes_per_step": 1, "snn_first_timesteps": None,
                              "snn_finetune": asdict(FinetuneSettings())}
@@ -67,7 +70,12 @@ def load_resumed(checkpoint_path: Path, entry_point: str) -> tuple[dict[str, Any
             group, _, name = key.rpartition(".")
             raise UserInputError(f"{override}: this run's {group or 'config'} has no {name} setting; drop it "
                                  f"from the resume")
-        OmegaConf.update(cfg, key, yaml.safe_load(value), merge=False)
+        value = yaml.safe_load(value)
+        if key in FINETUNE_START_KEYS and "snn_trainer" in state and OmegaConf.select(cfg, key) != value:
+            raise UserInputError(f"{override}: this run's fine-tuning already started with {key}="
+                                 f"{OmegaConf.select(cfg, key)}; drop it from the resume, or resume a copy of the run "
+                                 "saved before its fine-tuning")
+        OmegaConf.update(cfg, key, value, merge=False)
     return state, cfg
 
 

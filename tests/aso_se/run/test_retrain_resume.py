@@ -261,3 +261,24 @@ def test_a_finished_qann_run_resumed_to_fine_tune_its_snn_and_then_for_longer(ru
         assert finetuned["epochs"] == epochs and [r["epoch"] for r in finetuned["history"]] == list(range(epochs))
         assert "retrain epoch" not in (run_dir / "train.log").read_text().split("resumed from")[-1]
     assert 0 < finetuned["history"][1]["lr"] < finetuned["history"][0]["lr"]  # still annealing, not restarted
+
+
+def test_one_qann_fine_tuned_at_two_timesteps_from_copies_of_its_run(run_app: RunApp, tmp_path: Path) -> None:
+    """A finished QANN run copied before its fine-tuning is fine-tuned at another T, learning rate and surrogate by
+    ``resume=<copy> snn_finetune.timesteps=...``; once a fine-tuning has started, changing its T is bad input."""
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann", "neuron.level=4",
+                           "snn_max_timesteps=4", "hydra.run.dir=run")
+    assert code == 0, stderr
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    for run, timesteps in (("run", 2), ("copy", 3)):
+        code, stderr = run_app("train", f"resume={tmp_path / run}", "snn_finetune.epochs=1",
+                               f"snn_finetune.timesteps={timesteps}", "snn_finetune.lr=0.02",
+                               "snn_finetune.surrogate=atan")
+        assert code == 0, stderr
+        finetuned = json.loads((tmp_path / run / "metrics.json").read_text())["snn_finetune"]
+        assert finetuned["timesteps"] == timesteps and str(timesteps) in finetuned["acc_at_t"]
+        assert finetuned["history"][0]["lr"] == pytest.approx(0.02)
+    before = (tmp_path / "copy" / "metrics.json").read_text()
+    code, stderr = run_app("train", f"resume={tmp_path / 'copy'}", "snn_finetune.epochs=2", "snn_finetune.timesteps=4")
+    assert code != 0 and "already started with snn_finetune.timesteps=3" in stderr.strip().splitlines()[-1]
+    assert (tmp_path / "copy" / "metrics.json").read_text() == before
