@@ -20,6 +20,7 @@ from aso_se.run.guard import main_guard
 from aso_se.run.inputs import check_timesteps, genotype_to_train
 from aso_se.run.lifecycle import Run
 from aso_se.run.train_callbacks import TrainCallbacks
+from aso_se.run.warm_start import check_warm_start, warm_start
 from aso_se.train.retrain import Retrainer
 
 
@@ -33,6 +34,7 @@ def main(cfg: DictConfig) -> None:
         network = instantiate(cfg.model.network)(genotype, neuron=neuron, num_classes=data.num_classes,
                                                  in_channels=data.in_channels, image_size=data.image_size)
         finetune = finetune_settings(run, network)
+        check_warm_start(run)
         trainer = Retrainer(
             network, optimizer=instantiate(cfg.optim.optimizer), scheduler=instantiate(cfg.optim.scheduler),
             epochs=cfg.epochs, auxiliary_weight=cfg.model.auxiliary_weight, drop_path_prob=cfg.model.drop_path_prob,
@@ -44,6 +46,7 @@ def main(cfg: DictConfig) -> None:
         callbacks = TrainCallbacks(run, board, trainer=trainer, genotype=genotype)
         train_loader, test_loader = data.train_loaders(cfg.batch_size, seed=cfg.seed, rank=ctx.rank,
                                                        world_size=ctx.world_size, device=ctx.device)
+        warm_start(run, trainer, train_loader)
         if not trainer.fit(train_loader, test_loader, callbacks=callbacks, should_stop=run.should_stop):
             callbacks.save_checkpoint()
             run.raise_if_stopped()
