@@ -18,8 +18,9 @@ issue one step (its Python and launches: eager rows near their wall time are hos
 
 Peers (``--peers``, first genotype, T = ``--peer-timesteps``, every mode): the same SNN with each ST-BIF neuron
 swapped for spikingjelly 2.0's multi-step IFNode on its torch backend (``spikingjelly``: its kernels picked with
-SJ_IF_CUDA_IMPLEMENTATION=torch; a soft-reset IF neuron with a sigmoid surrogate, so a timing peer, not the same
-function), or for our ST-BIF neuron's torch reference (``reference``); each as its step time over ours.
+SJ_IF_CUDA_IMPLEMENTATION=torch; a soft-reset IF neuron with a sigmoid surrogate fed fp32, so a timing peer, not the
+same function), or for our ST-BIF neuron's torch reference (``reference``); each as its step time over ours. A peer
+that fails (e.g. cannot be captured in a graph) prints why and loses its row, not the case's other rows.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from spikingjelly.activation_based import neuron as sj_neuron
+from spikingjelly.activation_based import surrogate as sj_surrogate
 
 if __package__ in (None, ""):  # run as a script: the repository on the path, for `benchmarks.*`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -167,12 +170,21 @@ def bptt_trainer(qann, timesteps: int, args, device, *, graph: bool, snn=None):
                             cuda_graph=graph, channels_last=args.channels_last, snn=snn)
 
 
-def spikingjelly_if(neuron: torch.nn.Module) -> torch.nn.Module:
-    """spikingjelly 2.0's multi-step IF neuron (soft reset, sigmoid surrogate) in place of ``neuron``."""
-    from spikingjelly.activation_based import neuron as sj_neuron
-    from spikingjelly.activation_based import surrogate as sj_surrogate
+class Float32IFNode(sj_neuron.IFNode):
+    """spikingjelly 2.0's multi-step IF neuron fed fp32, its output in its input's dtype.
 
-    return sj_neuron.IFNode(v_threshold=1.0, v_reset=None, surrogate_function=sj_surrogate.Sigmoid(), step_mode="m")
+    Its state takes its input's dtype, and spikingjelly's registered implementations (its torch backend among them)
+    take only an fp32 state: an fp16 input would send it to its reference formulas, or stop it where the torch backend
+    is asked for. Most neurons of the SNN get fp32 under fp16 autocast anyway (the folded batch norms' scale promotes);
+    the few fed fp16 pay a cast each way."""
+
+    def multi_step_forward(self, x_seq: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return super().multi_step_forward(x_seq.float(), *args, **kwargs).to(x_seq.dtype)
+
+
+def spikingjelly_if(neuron: torch.nn.Module) -> torch.nn.Module:
+    """The peer's neuron in place of ``neuron``: a soft-reset IF neuron with a sigmoid surrogate."""
+    return Float32IFNode(v_threshold=1.0, v_reset=None, surrogate_function=sj_surrogate.Sigmoid(), step_mode="m")
 
 
 def spikingjelly_torch_backend(device: torch.device) -> str:
