@@ -13,8 +13,8 @@ each mode (a CUDA graph replay as ``cuda_graph=true`` trains, and eager): the QA
 drop-path, clipping: speed_retrain_step's) and the fine-tuning step of its SNN (``finetune_trainer``: BPTT at T, no
 aux head, no drop-path), each on device-resident batches. The batch is ``--image-steps`` / T (the activations BPTT
 keeps grow with T·batch), and the QANN runs at each batch the SNN does. Each row: the host's wall clock per step
-(Python included; the images/s), the GPU time per step between CUDA events around the same steps, the host's time to
-issue one step (its Python and launches: eager rows near their wall time are host-bound), and the peak memory.
+(Python included; the images/s), the time per step between CUDA events around the same steps, the host's time to
+issue one step (its Python and launches; it also waits once the GPU's launch queue is full), and the peak memory.
 
 Peers (``--peers``, first genotype, T = ``--peer-timesteps``, every mode): the same SNN with each ST-BIF neuron
 swapped for spikingjelly 2.0's multi-step IFNode on its torch backend (``spikingjelly``: its kernels picked with
