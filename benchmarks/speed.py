@@ -3,18 +3,23 @@
     python benchmarks/speed.py --case st_bif          # the fused neuron against spikingjelly and its byte floor
     python benchmarks/speed.py --case search_step --images <cifar10>/train [--rows 1,3 --batch 64]
     python benchmarks/speed.py --case retrain_step --rows 1024:fp16:cl
+    python benchmarks/speed.py --case roofline         # the retrain step's least bytes per kernel class against HBM
+    python benchmarks/speed.py --case bptt_step        # the binary SNN's BPTT fine-tuning step beside the QANN step
+    python benchmarks/speed.py --case snn_eval [--data <cifar10>]   # the binary SNN's accuracy at T = 1 ... 16
     python benchmarks/speed.py --case search_scaling --gpus 1,4 data.root=<cifar10>
     python benchmarks/speed.py --case retrain_scaling --gpus 1,2,4 data.root=<cifar10>
     python benchmarks/speed.py --case search_step --tiny      # CPU smoke run of the case, no rows written
 
-Arguments after --case go to the case (``--help`` after it lists them). st_bif, search_step and retrain_step need a
-GPU (search_step and retrain_step take ``--tiny`` on a CPU); they write to benchmarks/results/speed.csv. The scaling
-cases run search.py or train.py under torchrun on 1, then more GPUs of this machine (same batch per GPU, so N GPUs take
-N times fewer steps) and write the median epoch's images/s and the speed-up over the first count to scaling.csv.
+Arguments after --case go to the case (``--help`` after it lists them). The cases but the scaling ones are each
+benchmarks/speed_<case>.py; they need a GPU (all but st_bif take ``--tiny``, a smoke run on a CPU that writes no
+rows) and write to benchmarks/results/speed.csv. The scaling cases run search.py or train.py under torchrun on 1, then
+more GPUs of this machine (same batch per GPU, so N GPUs take N times fewer steps) and write the median epoch's
+images/s and the speed-up over the first count to scaling.csv.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
 import statistics
@@ -27,8 +32,10 @@ if __package__ in (None, ""):  # run as a script: the repository on the path, fo
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.rows import REPO, RESULTS, Measurement, append_rows, print_measurements
+from search_space.errors import UserInputError
 
-DEFAULT_ROWS = {"st_bif": "speed.csv", "search_step": "speed.csv", "retrain_step": "speed.csv",
+DEFAULT_ROWS = {"st_bif": "speed.csv", "search_step": "speed.csv", "retrain_step": "speed.csv", "roofline": "speed.csv",
+                "bptt_step": "speed.csv", "snn_eval": "speed.csv",
                 "search_scaling": "scaling.csv", "retrain_scaling": "scaling.csv"}
 # The scaling cases: the full QANN search cut to 1 warm-up and 5 search epochs; the full-size retrain cut to 8 epochs.
 SEARCH = ("search.py", "experiment=cifar10_qann", "search.schedule.cycles=1", "search.schedule.warmup_epochs=1",
@@ -75,12 +82,7 @@ def scaling(case: str, argv: Sequence[str]) -> list[Measurement]:
 def run_case(case: str, argv: Sequence[str]) -> list[Measurement]:
     if case in ("search_scaling", "retrain_scaling"):
         return scaling(case, argv)
-    if case == "st_bif":
-        from benchmarks import speed_st_bif as module
-    elif case == "search_step":
-        from benchmarks import speed_search_step as module
-    else:
-        from benchmarks import speed_retrain_step as module
+    module = importlib.import_module(f"benchmarks.speed_{case}")  # each case in its own module
     return module.main(argv)
 
 
@@ -90,7 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows-out", default=None,
                         help="the rows file (default: the case's in benchmarks/results/; '' writes none)")
     args, rest = parser.parse_known_args(argv)
-    measurements = run_case(args.case, rest)
+    try:
+        measurements = run_case(args.case, rest)
+    except UserInputError as error:
+        print(f"speed.py --case {args.case}: {error}", file=sys.stderr)
+        return 2
     print_measurements(measurements)
     if args.rows_out is None:  # a --tiny smoke run measures nothing worth keeping
         rows_out = "" if "--tiny" in rest else RESULTS / DEFAULT_ROWS[args.case]

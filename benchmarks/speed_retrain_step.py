@@ -5,13 +5,14 @@ runs ``Retrainer``'s own step, captured in a CUDA graph as ``train.py cuda_graph
 on device-resident batches; images/s over ``--steps`` synced steps, so the input pipeline is not in it.
 Then the input pipelines alone: the host DataLoader (JPEG decode + augmentation in workers) and the
 device pipeline (``data.augment_on_device``), images/s each. ``--profile`` adds GPU time per kernel
-class (convs, norms, quantizer, pools, elementwise, ...) of the first row's eager step.
+class (convs, norms, quantizer, pools, elementwise, ...) of the first row's eager step, and its roofline
+(benchmarks/speed_roofline.py: the least bytes each class must move, against HBM bandwidth; rows of case "roofline").
 
     python benchmarks/speed.py --case retrain_step --data /tmp/cifar10 --rows 96:fp32:nchw,96:fp32:cl,256:bf16:cl
     python benchmarks/speed.py --case retrain_step --rows 1024:fp16:cl:torch,1024:fp16:cl   # node sums: ops vs kernel
     python benchmarks/speed.py --case retrain_step --tiny    # CPU smoke run of the case itself (no rows)
 
-Each row's step time, images/s and peak memory become result rows.
+Each row's step time, images/s and peak memory become result rows (and with ``--profile``, the roofline's).
 """
 from __future__ import annotations
 
@@ -35,22 +36,31 @@ if str(REPO) not in sys.path:  # run as a script: the packages live beside bench
 from aso_se.data import CIFARData  # noqa: E402
 from aso_se.parallel.distributed import DistributedContext  # noqa: E402
 from aso_se.train.retrain import Retrainer  # noqa: E402
+from benchmarks import speed_roofline  # noqa: E402
 from benchmarks.rows import Measurement  # noqa: E402
 from kernels.quantizer import triton as quantizer_triton  # noqa: E402
 from search_space.network import build_network  # noqa: E402
 from search_space.neurons import NeuronFactory  # noqa: E402
 
-# GPU kernel classes, first match wins (names of cuDNN, cuBLAS, ATen and our Triton kernels).
+# GPU kernel classes, first match wins (names of cuDNN, cuBLAS, ATen and our Triton kernels). Batch norm comes
+# before conv: cuDNN's NHWC batch norms (cudnn::batchnorm_fwtr_nhwc_...) also match the conv pattern. Our node sums
+# (_drop_path_sum_*) are elementwise, not reductions.
 KERNEL_CLASSES = [
-    ("conv", r"conv|cudnn|xmma|implicit_gemm|winograd|dgrad|wgrad|fprop|sm90|sm80|gemm|cutlass|nhwc|nchw.*kernel"),
     ("batch norm", r"batch_norm|bn_|batchnorm"),
+    ("conv", r"conv|cudnn|xmma|implicit_gemm|winograd|dgrad|wgrad|fprop|sm90|sm80|gemm|cutlass|nhwc|nchw.*kernel"),
     ("quantizer / neuron", r"quantiz|st_bif|threshold"),
     ("pool", r"pool"),
     ("optimizer", r"multi_tensor|foreach|sgd|fused_"),
+    ("elementwise", r"drop_path_sum"),
     ("reduction", r"reduce|norm_kernel|sum_|mean"),
     ("copy / layout", r"copy|transpose|cat|permute|contiguous|memcpy|memset"),
     ("elementwise", r"elementwise|vectorized|unrolled|where|mul|add|fill"),
 ]
+DEFAULT_ROWS = "96:fp32:nchw,96:fp32:cl,256:fp32:cl,256:bf16:cl"
+TINY_ROWS = "4:fp32:nchw,4:fp32:cl:torch,4:fp32:cl:cat"
+CLASS_NAMES = list(dict.fromkeys([label for label, _ in KERNEL_CLASSES] + ["other"]))
+# The drop-path probability of every timed and profiled step: half DARTS's final value, the middle of its ramp.
+DROP_PATH_PROB = 0.2 * 0.5
 
 
 def kernel_class(name: str) -> str:
@@ -75,13 +85,20 @@ def make_trainer(args, row, device):
     for cell in network.cells:  # "cat": our kernel's node sums, then torch.cat (before sums into the concatenation)
         cell.drop_path_backend = "auto" if sum_backend == "cat" else sum_backend
         cell.sums_into_concat = sum_backend != "cat"
+    return retrain_trainer(network, precision, layout == "cl", device, graph=args.graph and device.type == "cuda")
+
+
+def retrain_trainer(network, precision: str, channels_last: bool, device, *, graph: bool) -> Retrainer:
+    """``Retrainer``'s step on ``network`` with DARTS's recipe (aux head, drop-path at DROP_PATH_PROB, clipping)."""
     # fused on a GPU, as experiment=cifar10_qann_fast trains (and fp16 in a graph needs it)
     sgd = functools.partial(torch.optim.SGD, lr=0.025, momentum=0.9, weight_decay=3e-4, fused=device.type == "cuda")
-    return Retrainer(network, optimizer=sgd,
-                     scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=10),
-                     epochs=10, auxiliary_weight=0.4, drop_path_prob=0.2, grad_clip=5.0, precision=precision,
-                     ctx=DistributedContext(device=device), log_every_n_steps=10,
-                     cuda_graph=args.graph and device.type == "cuda", channels_last=layout == "cl")
+    trainer = Retrainer(network, optimizer=sgd,
+                        scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=10),
+                        epochs=10, auxiliary_weight=0.4, drop_path_prob=0.2, grad_clip=5.0, precision=precision,
+                        ctx=DistributedContext(device=device), log_every_n_steps=10, cuda_graph=graph,
+                        channels_last=channels_last)
+    trainer.network.drop_path_prob = DROP_PATH_PROB
+    return trainer
 
 
 def sync(device):
@@ -94,7 +111,6 @@ def time_row(args, row, device):
     trainer = make_trainer(args, row, device)
     if args.compile:
         trainer.model = torch.compile(trainer.model, mode=args.compile_mode)
-    trainer.network.drop_path_prob = 0.2 * 0.5
     trainer.model.train()
     inputs = torch.randn(batch, 3, 32, 32, device=device)
     labels = torch.randint(10, (batch,), device=device)
@@ -115,7 +131,9 @@ def time_row(args, row, device):
     return trainer, seconds, memory, float(loss)
 
 
-def profile_row(trainer, row, device, steps=3):
+def profile_row(trainer, row, device, steps=3) -> tuple[dict[str, float], dict[str, int]]:
+    """Time per eager step by kernel class (seconds) and kernels per step, printed with the top kernels. On a GPU:
+    its kernels' time; on a CPU (a smoke run): the ops' own CPU time, classed by the ops' names."""
     from torch.profiler import ProfilerActivity, profile
     batch = row[0]
     inputs = torch.randn(batch, 3, 32, 32, device=device)
@@ -123,29 +141,58 @@ def profile_row(trainer, row, device, steps=3):
     for _ in range(2):
         trainer._train_step(trainer._to_device(inputs), labels)
     sync(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    on_gpu = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * on_gpu) as prof:
         for _ in range(steps):
             trainer._train_step(trainer._to_device(inputs), labels)
         sync(device)
     by_class: dict[str, float] = collections.Counter()
     counts: dict[str, int] = collections.Counter()
     top: dict[str, float] = collections.Counter()
+    kind = torch.autograd.DeviceType.CUDA if on_gpu else torch.autograd.DeviceType.CPU
     for event in prof.key_averages():
-        gpu_us = getattr(event, "self_device_time_total", 0.0)
-        if gpu_us <= 0 or event.device_type != torch.autograd.DeviceType.CUDA:
+        us = getattr(event, "self_device_time_total", 0.0) if on_gpu else event.self_cpu_time_total
+        if us <= 0 or event.device_type != kind:
             continue
         label = kernel_class(event.key)
-        by_class[label] += gpu_us / steps
+        by_class[label] += us / steps
         counts[label] += event.count // steps
-        top[event.key[:90]] += gpu_us / steps
+        top[event.key[:90]] += us / steps
     total = sum(by_class.values())
-    print(f"\nGPU time per eager step by kernel class ({':'.join(map(str, row))}), total {total / 1e3:.2f} ms")
+    what = "GPU time per eager step by kernel class" if on_gpu else "CPU time per eager step by op class (smoke run)"
+    print(f"\n{what} ({':'.join(map(str, row))}), total {total / 1e3:.2f} ms")
     print("| class | ms / step | share | kernels / step |\n|---|---:|---:|---:|")
     for label, us in sorted(by_class.items(), key=lambda item: -item[1]):
         print(f"| {label} | {us / 1e3:.2f} | {us / max(total, 1e-9):.0%} | {counts[label]} |")
     print("\ntop kernels:")
     for name, us in sorted(top.items(), key=lambda item: -item[1])[:25]:
         print(f"  {us / 1e3:7.2f} ms  {name}")
+    return {label: us / 1e6 for label, us in by_class.items()}, dict(counts)
+
+
+def roofline_row(args, trainer, row, device, seconds_by_class, kernels, step_seconds, gbps) -> list[Measurement]:
+    """The profiled step's roofline: the byte model over one more recorded eager step, against the profile's times
+    per class, the eager step's summed kernel time and (graphs on) the row's timed replays."""
+    batch = row[0]
+    inputs = trainer._to_device(torch.randn(batch, 3, 32, 32, device=device))
+    labels = torch.randint(10, (batch,), device=device)
+    calls = speed_roofline.record_step(trainer.network, lambda: trainer._train_step(inputs, labels))
+    sync(device)
+    parameters = [p for group in trainer.optimizer.param_groups for p in group["params"] if p.requires_grad]
+    momentum = any(group.get("momentum", 0) for group in trainer.optimizer.param_groups)
+    optimizer = speed_roofline.optimizer_bytes(sum(p.numel() * p.element_size() for p in parameters),
+                                               momentum=momentum, clipped=trainer.grad_clip > 0)
+    least = speed_roofline.minimum_bytes(calls, optimizer)
+    timed = {"step, kernel time of an eager step": sum(seconds_by_class.values())}
+    if step_seconds is not None:
+        timed[f"step, {'CUDA graph replay' if args.graph and device.type == 'cuda' else 'eager'} (wall)"] = \
+            step_seconds
+    lines = speed_roofline.roofline_lines(least, seconds_by_class, kernels, CLASS_NAMES, timed)
+    what = f"{args.genotype} {args.layers}×{args.channels} {args.neuron}, batch {batch}, {row[1]}, {row[2]}"
+    speed_roofline.print_roofline(lines, gbps, f"Roofline of one training step ({what})")
+    note = (f"HBM {gbps:,.0f} GB/s; class times from the profiled eager step; least bytes from "
+            "benchmarks/speed_roofline.py's byte model")
+    return speed_roofline.measurements(lines, gbps, what, note)
 
 
 def loader_rates(args, device):
@@ -175,12 +222,12 @@ def loader_rates(args, device):
         print(f"| {name} | {rate:,.0f} | {setup:.1f} |")
 
 
-def main(argv: list[str] | None = None) -> list[Measurement]:
-    parser = argparse.ArgumentParser(prog="speed.py --case retrain_step", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="96:fp32:nchw,96:fp32:cl,256:fp32:cl,256:bf16:cl",
-                        help="batch:precision:layout[:sum], layout nchw or cl (channels_last); sum: the nodes' "
-                             "drop-path sums on auto (our kernel, the default), cat (our kernel, nodes then torch.cat) "
-                             "or torch (PyTorch's ops)")
+def main(argv: list[str] | None = None, prog: str = "speed.py --case retrain_step") -> list[Measurement]:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", help="batch:precision:layout[:sum], comma-separated (default: "
+                        f"{DEFAULT_ROWS}; --tiny: {TINY_ROWS}), layout nchw or cl (channels_last); sum: the nodes' "
+                        "drop-path sums on auto (our kernel, the default), cat (our kernel, nodes then torch.cat) "
+                        "or torch (PyTorch's ops)")
     parser.add_argument("--genotype", default="DARTS_V2")
     parser.add_argument("--neuron", default="st_bif_qann")
     parser.add_argument("--layers", type=int, default=20)
@@ -193,7 +240,10 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--profile", action="store_true", help="GPU time by kernel class of the first row's step")
+    parser.add_argument("--profile", action="store_true", help="GPU time by kernel class of the first row's step, "
+                        "and its roofline")
+    parser.add_argument("--hbm-gbps", type=float, help="the roofline's HBM bandwidth in GB/s (default: by the GPU's "
+                        "name, e.g. 3350 for an H100 SXM)")
     parser.add_argument("--data", help="CIFAR-10 root: also time the input pipelines alone")
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--loader-batch", type=int, default=256)
@@ -202,19 +252,23 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.tiny:
-        args.layers, args.channels, args.rows = 3, 4, "4:fp32:nchw,4:fp32:cl:torch,4:fp32:cl:cat"
+        args.layers, args.channels = 3, 4
         args.warmup, args.steps, args.repeats, args.loader_batches = 1, 2, 1, 3
+    args.rows = args.rows or (TINY_ROWS if args.tiny else DEFAULT_ROWS)
     torch.backends.cudnn.benchmark = True
     rows = [(int(b), p, layout, rest[0] if rest else "auto")
             for b, p, layout, *rest in (spec.split(":") for spec in args.rows.split(","))]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    if args.profile:  # before any row: an unknown GPU without --hbm-gbps stops here
+        gbps = speed_roofline.hbm_gbps(name, speed_roofline.CPU_SMOKE_GBPS if args.tiny and args.hbm_gbps is None
+                                       and device.type == "cpu" else args.hbm_gbps)
     print(f"{datetime.date.today()} {name}, torch {torch.__version__}; {args.genotype} {args.layers}x{args.channels} "
-          f"{args.neuron}, aux, drop-path, {'graph replay' if args.graph else 'eager'}, "
+          f"{args.neuron}, aux, drop-path, {'graph replay' if args.graph and device.type == 'cuda' else 'eager'}, "
           f"conv_backend={args.conv_backend}{f', torch.compile mode={args.compile_mode}' if args.compile else ''}, "
           f"quantizer backward {quantizer_bwd_config()}")
     print("| batch | precision | layout | node sums | ms / step | images/s | peak GiB | loss |\n"
           "|---:|---|---|---|---:|---:|---:|---:|")
-    first, measured = None, []
+    first, first_seconds, measured = None, None, []
     for row in rows:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -226,13 +280,17 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
         measured += [Measurement("retrain_step", f"{what}: step", round(seconds * 1e3, 1), "ms"),
                      Measurement("retrain_step", f"{what}: throughput", round(row[0] / seconds), "images/s"),
                      Measurement("retrain_step", f"{what}: peak memory", round(memory, 1), "GiB")]
-        first = first or row
+        if first is None:
+            first, first_seconds = row, seconds
         del trainer
         gc.collect()  # a trainer's graph and its memory pool sit in reference cycles
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if args.profile and first is not None:  # a fresh trainer: the rows' graph pools are freed by now
-        profile_row(make_trainer(args, first, device), first, device)
+        trainer = make_trainer(args, first, device)
+        seconds_by_class, kernels = profile_row(trainer, first, device)
+        measured += roofline_row(args, trainer, first, device, seconds_by_class, kernels, first_seconds, gbps)
+        del trainer
     if args.data:
         loader_rates(args, device)
     return measured

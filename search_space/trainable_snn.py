@@ -11,6 +11,7 @@ a head that is never deployed).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -80,6 +81,27 @@ def trainable_snn(qann: nn.Module, timesteps: int, surrogate: str = "sigmoid") -
     for param in snn.parameters():
         param.requires_grad_(True)
     return snn.train()
+
+
+def with_neurons(snn: nn.Module, replace: Callable[[nn.Module], nn.Module]) -> nn.Module:
+    """A copy of ``snn`` in which every spiking neuron runs ``replace(neuron)`` (given the copy's own multi-step
+    neuron): the same network around another neuron, for comparing neurons or their backends on one network."""
+    twin = copy.deepcopy(snn)
+    for parent in list(twin.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, SpikingNeuron):
+                setattr(parent, name, SpikingNeuron(replace(child.neuron), child.timesteps,
+                                                    capturable=child.capturable))
+    return twin
+
+
+def with_neuron_backend(snn: nn.Module, backend: str) -> nn.Module:
+    """A copy of ``snn`` whose ST-BIF neurons run on ``backend`` (torch: the reference; triton: the fused kernel)."""
+    def on_backend(neuron: nn.Module) -> nn.Module:
+        neuron.backend = backend
+        return neuron
+
+    return with_neurons(snn, on_backend)
 
 
 @dataclass

@@ -57,9 +57,11 @@ class FinetuneSettings:
 
 def finetune_trainer(qann: nn.Module, settings: FinetuneSettings, *, optimizer: OptimizerFactory, grad_clip: float,
                      precision: str, ctx: DistributedContext, log_every_n_steps: int, cuda_graph: bool = False,
-                     channels_last: bool = False, label_smoothing: float = 0.0) -> Retrainer:
-    """A Retrainer of ``qann``'s SNN at ``settings.timesteps`` (the QANN is left as it is)."""
-    snn = trainable_snn(qann, settings.timesteps, settings.surrogate)
+                     channels_last: bool = False, label_smoothing: float = 0.0, snn: nn.Module | None = None
+                     ) -> Retrainer:
+    """A Retrainer of ``qann``'s SNN at ``settings.timesteps`` (the QANN is left as it is). ``snn``: that SNN made
+    already (``trainable_snn``'s, e.g. with other neurons: ``with_neurons``), to train it with the same recipe."""
+    snn = trainable_snn(qann, settings.timesteps, settings.surrogate) if snn is None else snn
     trainer = Retrainer(snn, optimizer=functools.partial(optimizer, lr=settings.lr),
                      scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=settings.epochs),
                      epochs=settings.epochs, auxiliary_weight=0.0, drop_path_prob=0.0, grad_clip=grad_clip,

@@ -12,7 +12,7 @@ from search_space.errors import UserInputError
 from search_space.genotypes import GENOTYPES
 from search_space.neurons import SpikingNeuron
 from search_space.qann import REPORTED_TIMESTEPS, convert_to_snn, set_timesteps
-from search_space.trainable_snn import accuracy_against_timesteps, trainable_snn
+from search_space.trainable_snn import accuracy_against_timesteps, trainable_snn, with_neuron_backend
 from tests.search_space.test_qann import ALL_OPS, qann_network
 
 DARTS_V2 = GENOTYPES["DARTS_V2"]
@@ -49,15 +49,6 @@ def test_before_training_it_is_the_exact_snn_of_the_qann_in_fp64(genotype, level
     converted = convert_to_snn(qann, 7)
     short = set_timesteps(snn, 7)
     torch.testing.assert_close(short(x)[0], converted(x)[0], rtol=0, atol=1e-9)
-
-
-def with_neuron_backend(snn: nn.Module, backend: str) -> nn.Module:
-    """A copy of ``snn`` whose ST-BIF neurons run on ``backend`` (torch: the reference; triton: the fused kernel)."""
-    twin = copy.deepcopy(snn)
-    for module in twin.modules():
-        if isinstance(module, SpikingNeuron):
-            module.neuron.backend = backend
-    return twin
 
 
 def loss_and_grads(snn: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict]:

@@ -9,10 +9,10 @@ import torch
 from aso_se.parallel.distributed import DistributedContext
 from aso_se.train.snn_finetune import FinetuneSettings, finetune_trainer
 from search_space.genotypes import GENOTYPES
-from search_space.trainable_snn import trainable_snn
+from search_space.trainable_snn import trainable_snn, with_neuron_backend
 from tests.aso_se.train.test_graphed_step_gpu import Batches, random_batches
 from tests.search_space.test_qann import qann_network
-from tests.search_space.test_trainable_snn import loss_and_grads, with_neuron_backend
+from tests.search_space.test_trainable_snn import loss_and_grads
 
 pytestmark = [
     pytest.mark.gpu,

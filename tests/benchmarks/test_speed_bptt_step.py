@@ -1,0 +1,72 @@
+"""The BPTT speed case (benchmarks/speed_bptt_step.py) on a CPU: its smoke run times the QANN step, the SNN's BPTT
+step and both peers in one process, the ratios divide the right rows, and bad input is one line."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from spikingjelly.activation_based import neuron as sj_neuron
+
+from benchmarks import speed, speed_bptt_step
+from benchmarks.speed_bptt_step import Row, StepTime
+from kernels.st_bif import STBIFNeuron
+from search_space.neurons import SpikingNeuron
+
+
+def test_the_smoke_run_times_qann_bptt_and_peers_side_by_side(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(speed, "RESULTS", tmp_path)
+    assert speed.main(["--case", "bptt_step", "--tiny"]) == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("| DARTS_V2")]
+    assert [line.split(" | ")[:4] for line in table] == [
+        ["| DARTS_V2_SPIKE_NATIVE", "QANN step", "", "4"],
+        ["| DARTS_V2_SPIKE_NATIVE", "binary SNN BPTT", "2", "4"],
+        ["| DARTS_V2_SPIKE_NATIVE", "BPTT, spikingjelly 2.0 IFNode (torch-reference)", "2", "4"],
+        ["| DARTS_V2_SPIKE_NATIVE", "binary SNN BPTT, ST-BIF torch reference", "2", "4"],
+        ["| DARTS_V2", "QANN step", "", "4"],
+        ["| DARTS_V2", "binary SNN BPTT", "2", "4"]]
+    assert "(QANN step) |" in table[1] and "(ours) |" in table[2]
+    rows = [line for line in out.splitlines() if line.startswith("bptt_step | ")]
+    assert "bptt_step | DARTS_V2 3×4, binary SNN BPTT, T = 2, batch 4, fp32, eager: step / QANN step | " in "\n".join(
+        rows)
+    assert not list(tmp_path.iterdir())  # a smoke run writes no rows
+
+
+def test_the_peers_keep_the_network_and_swap_only_its_neurons():
+    args = argparse.Namespace(level=4, channels=4, layers=3)
+    qann = speed_bptt_step.qann_network("DARTS_V2", args)
+    peer, name = speed_bptt_step.peer_snn("spikingjelly", qann, 2, speed_bptt_step.torch.device("cpu"))
+    reference, _ = speed_bptt_step.peer_snn("reference", qann, 2, speed_bptt_step.torch.device("cpu"))
+    neurons = [m.neuron for m in peer.modules() if isinstance(m, SpikingNeuron)]
+    assert neurons and all(isinstance(n, sj_neuron.IFNode) and n.step_mode == "m" for n in neurons)
+    assert all(m.stateful for m in peer.modules() if isinstance(m, SpikingNeuron))
+    ours = [m.neuron for m in reference.modules() if isinstance(m, SpikingNeuron)]
+    assert len(ours) == len(neurons) and all(isinstance(n, STBIFNeuron) and n.backend == "torch" for n in ours)
+    assert name == "BPTT, spikingjelly 2.0 IFNode (torch-reference)"
+
+
+def test_rows_divide_the_step_by_its_baseline_at_the_same_batch():
+    qann = Row("G", "QANN step", 0, 64, "graph", StepTime(0.02, 0.019, 0.001, 10.0))
+    bptt = speed_bptt_step.compared(Row("G", "binary SNN BPTT", 8, 64, "graph", StepTime(0.05, 0.049, 0.001, 30.0)),
+                                    qann, "QANN step")
+    assert bptt.ratio == pytest.approx(2.5) and bptt.images_per_second() == pytest.approx(1280)
+    out_of_memory = speed_bptt_step.compared(Row("G", "binary SNN BPTT", 8, 64, "graph", None), qann, "QANN step")
+    assert out_of_memory.ratio is None
+    args = argparse.Namespace(layers=20, channels=36, precision="fp16", level=4)
+    found = {m.metric: m for m in speed_bptt_step.measurements([qann, bptt, out_of_memory], args)}
+    key = "G 20×36, binary SNN BPTT, T = 8, batch 64, fp16, CUDA graph"
+    assert found[f"{key}: step / QANN step"].value == 2.5 and found[f"{key}: throughput"].value == 1280
+    assert found[f"{key}: step, CUDA events"].value == 49.0 and found[f"{key}: peak memory"].unit == "GiB"
+    assert found["G 20×36, QANN step, batch 64, fp16, CUDA graph: step, host wall clock"].value == 20.0
+
+
+def test_bad_input_is_one_line(capsys):
+    assert speed.main(["--case", "bptt_step", "--rows-out", ""]) == 2  # no GPU here and no --tiny
+    assert capsys.readouterr().err.strip() == ("speed.py --case bptt_step: bptt_step times a GPU's steps: run it "
+                                               "with CUDA, or pass --tiny (a CPU smoke run)")
+    with pytest.raises(SystemExit):
+        speed.main(["--case", "bptt_step", "--timesteps", "4,0"])
+    assert "'4,0' is not a comma-separated list of positive integers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        speed.main(["--case", "bptt_step", "--peers", "snntorch"])
+    assert "'snntorch' is not one of spikingjelly, reference" in capsys.readouterr().err
