@@ -3,7 +3,8 @@
 Every run is ``train.py`` with the same overrides but ``neuron=<arm>`` and ``seed=<s>`` (spiking BPTT arms
 also get ``neuron.timesteps=--timesteps``). An arm may set its neuron's options: ``st_bif_qann:level=16``
 runs ``neuron=st_bif_qann neuron.level=16``; an option with a dot is a run setting of its own:
-``st_bif_qann:level=4:snn_finetune.epochs=2`` also fine-tunes the QANN's binary SNN. Writes DIR/summary.json
+``st_bif_qann:level=4:snn_finetune.epochs=2`` also fine-tunes the QANN's binary SNN, and ``init_from=<an earlier arm>``
+(with ``threshold_init=lsq``) warm-starts each seed's run from that arm's run of the same seed. Writes DIR/summary.json
 (every run: test accuracy, the QANN's SNN accuracy, steps to silence, the deployed binary SNN's accuracy at
 T = 4 and 8 and energy, train images/s), summary.md (mean ± std per arm and the verdicts: QANN and its SNN
 within 1 point of ReLU, the binary SNN at T = 8 / 4 within 1 / 2 points, QANN above BPTT); prints the table
@@ -44,6 +45,7 @@ ARMS = ("relu", "st_bif_qann", "st_bif")
 BPTT = ("st_bif", "lif")  # arms trained through time: they get --timesteps
 TOLERANCE = 0.01  # "within 1 point" of ReLU's mean test accuracy
 RESERVED_KEYS = ("neuron", "seed", "resume")  # set by the benchmark for every run
+RUN_KEYS = ("init_from", "threshold_init")  # arm options that are run settings though they have no dot
 
 
 def check_overrides(overrides: Sequence[str]) -> tuple[str, ...]:
@@ -61,8 +63,20 @@ def arm_overrides(arm: str, timesteps: int) -> tuple[str, ...]:
     (BPTT arms: their T)."""
     neuron, *options = arm.split(":")
     steps = (f"neuron.timesteps={timesteps}",) if neuron in BPTT else ()
-    return (f"neuron={neuron}", *steps,
-            *(option if "." in option.split("=", 1)[0] else f"neuron.{option}" for option in options))
+    return (f"neuron={neuron}", *steps, *(option if "." in option.split("=", 1)[0] or option.split("=", 1)[0] in
+                                          RUN_KEYS else f"neuron.{option}" for option in options))
+
+
+def warm_start_from_arms(overrides: Sequence[str], arms: Sequence[str], stage_dir: Path) -> tuple[str, ...]:
+    """``init_from=<arm>`` naming an arm listed before: that arm's run dir of the same seed (Hydra fills ``seed``)."""
+    names = {arm_name(arm): arm for arm in arms}
+    resolved = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key == "init_from" and value in names:
+            override = f"init_from={stage_dir / arm_name(value)}_s${{seed}}"
+        resolved.append(override)
+    return tuple(resolved)
 
 
 def arm_name(arm: str) -> str:
@@ -73,11 +87,12 @@ def arm_name(arm: str) -> str:
 def plan_sweeps(out: Path, arms: Sequence[str], seeds: int, timesteps: int, common: Sequence[str]) -> list[Sweep]:
     """One multirun per arm over the seeds (arms differ in their overrides, a multirun only in the swept key)."""
     return [Sweep(label=arm_name(arm), script="train.py", stage_dir=out / "train",
-                  overrides=(*common, *arm_overrides(arm, timesteps)), key="seed",
+                  overrides=(*common, *warm_start_from_arms(arm_overrides(arm, timesteps), arms[:index], out / "train")),
+                  key="seed",
                   values=tuple(map(str, range(seeds))),
                   names=tuple(f"{arm_name(arm)}_s{seed}" for seed in range(seeds)),
                   subdir=f"{arm_name(arm)}_s${{seed}}")
-            for arm in arms]
+            for index, arm in enumerate(arms)]
 
 
 def collect(run_dir: Path, arm: str) -> dict[str, Any]:

@@ -114,3 +114,13 @@ def test_an_arm_with_neuron_options_runs_them_and_gets_its_own_verdicts():
         "QANN (st_bif_qann:level=16) within 1 point of ReLU? YES (-0.50 points)",
         "its SNN within 1 point of ReLU? YES (-0.40 points)",
         "QANN (st_bif_qann:level=16) train time per image: 1.20x ReLU's"]
+
+
+def test_a_warm_started_arm_starts_each_seed_from_an_earlier_arms_run_of_that_seed():
+    assert bench.arm_overrides("st_bif_qann:level=4:init_from=relu:threshold_init=lsq", 4) == (
+        "neuron=st_bif_qann", "neuron.level=4", "init_from=relu", "threshold_init=lsq")
+    relu, warm = bench.plan_sweeps(Path("/o"), ["relu", "st_bif_qann:level=4:init_from=relu:threshold_init=lsq"], 2, 4,
+                                   ("epochs=1",))
+    assert "init_from=/o/train/relu_s${seed}" in warm.overrides and not any("init_from" in o for o in relu.overrides)
+    (alone,) = bench.plan_sweeps(Path("/o"), ["st_bif_qann:init_from=/runs/relu"], 1, 4, ())
+    assert "init_from=/runs/relu" in alone.overrides  # a run dir, not an arm: as given
