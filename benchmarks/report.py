@@ -132,7 +132,8 @@ def latest_table(spec: Latest, rows: list[dict[str, str]]) -> list[str]:
     commands = Commands()
     lines = ["| case | metric | value | note | GPU | date | commit | command |", "|---|---|---:|---|---|---|---|---|"]
     for row in newest.values():
-        lines.append(f"| {row['case']} | {row['metric']} | {number(row['value'])} {row['unit']} | {row['note']} | "
+        value = f"{number(row['value'])} {row['unit']}".rstrip()  # a unitless value (τ) without a trailing space
+        lines.append(f"| {row['case']} | {row['metric']} | {value} | {row['note']} | "
                      f"{gpu_name(row['gpu'])} | {row['date'] or '—'} | {row['commit'] or '—'} | "
                      f"{commands.name(row['command'])} |")
     return lines + commands.listing()
