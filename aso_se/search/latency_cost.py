@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import torch
@@ -89,6 +89,10 @@ class CellChains:
                                  for state in inputs] for reduction in (False, True)], dtype=torch.float64)
         carries = torch.tensor([op != NONE_OP for op in space.primitives]).expand_as(neurons).contiguous()
         return cls(neurons, carries, space.steps, space.multiplier, steps_per_neuron)
+
+    def to(self, like: Tensor) -> CellChains:
+        """On ``like``'s device, the neurons in its dtype: no copy from the host at each step."""
+        return replace(self, neurons=self.neurons.to(like), carries=self.carries.to(like.device))
 
 
 def _soft_max(values: Tensor, weights: Tensor, temperature: float) -> Tensor:

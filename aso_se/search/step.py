@@ -141,7 +141,8 @@ class SearchStep:
         self.weight_params = list(supernet.weight_parameters())
         self.weights_optimizer, self.arch_optimizer = weights_optimizer, arch_optimizer
         if self.latency_weight > 0:
-            self.chains = CellChains.of(supernet.search_space, steps_per_neuron(supernet.neuron))
+            chains = CellChains.of(supernet.search_space, steps_per_neuron(supernet.neuron))
+            self.chains = chains.to(supernet.arch_parameters()[0])
 
     def __call__(
         self, weights_batch: Batch, arch_batch: Batch | None, *, temperature: float, entropy_weight: float = 0.0,
