@@ -28,6 +28,9 @@ CASES = {"search_vs_random": ("search_vs_random", "search_vs_random.csv"),
          "retrain_arms": ("qann_vs_relu", "accuracy.csv"),
          "energy_sweep": ("energy_pareto", "energy_sweep.csv")}
 CELL_KIND = {"searched": "searched", "random": "random", "reference": None, "poor": None}  # None: the cell's name
+# The search_vs_random rows beyond the retrains (report.py's "search_vs_random_agreement" table shows them).
+TAU_METRIC = "Kendall τ-b against the full budget"
+DISTANCE_METRIC = "genotype distance between searches"
 
 
 def percent(run: dict[str, Any], key: str) -> float:
@@ -35,6 +38,8 @@ def percent(run: dict[str, Any], key: str) -> float:
 
 
 def search_vs_random_rows(summary: dict[str, Any], label: str) -> list[Measurement]:
+    """A row per retrained cell (test accuracy, energy), then how far apart the searches landed and how the budget
+    ranks the cells against the full budget (Kendall τ-b), each where the summary defines it."""
     rows = []
     for arm, kind in CELL_KIND.items():
         for run in summary.get(arm, []):
@@ -43,7 +48,27 @@ def search_vs_random_rows(summary: dict[str, Any], label: str) -> list[Measureme
             rows.append(Measurement(case, "test accuracy", percent(run, "test_acc"), "%", cell))
             if run.get("energy_per_image_uj"):
                 rows.append(Measurement(case, "SNN energy per image", round(run["energy_per_image_uj"]), "µJ", cell))
-    return rows
+    spread = summary.get("search_spread")
+    if spread and spread["pairs"]:
+        normal, reduce = spread["normal"], spread["reduce"]
+        rows.append(Measurement(
+            f"{label}/searches", DISTANCE_METRIC, round(normal["mean"] + reduce["mean"], 2), "edges",
+            f"differing edges per pair of searched cells, of {normal['edges'] + reduce['edges']}: normal "
+            f"{normal['mean']:.2f} (max {normal['max']}), reduce {reduce['mean']:.2f} (max {reduce['max']}); "
+            f"{spread['pairs']} pairs of {spread['cells']} cells"))
+    ranking = ranking_row(summary.get("rank_agreement"), label)
+    return rows + ([] if ranking is None else [ranking])
+
+
+def ranking_row(agreement: dict[str, Any] | None, label: str) -> Measurement | None:
+    """Kendall τ-b of a benchmark's ranking against the full budget's (search_vs_random.rank_agreement) as a row;
+    None where τ is not defined (fewer than three cells in common) or not computed (a full benchmark)."""
+    if not agreement or agreement["tau"] is None:
+        return None
+    cells = agreement["cells"]
+    p = "" if agreement["p"] is None else f"; p = {agreement['p']:.2f}"
+    return Measurement(f"{label}/ranking", TAU_METRIC, round(agreement["tau"], 3), "",
+                       f"{len(cells)} cells in common: {', '.join(pair['cell'] for pair in cells)}{p}")
 
 
 def retrain_arms_rows(summary: dict[str, Any], label: str) -> list[Measurement]:

@@ -26,6 +26,11 @@ metrics.json. ``--searches-from FULL`` retrains the finished searches of the ben
 the same cells under another budget. ``--cells-only`` writes only the cells fixed before any search (DIR/genotypes/).
 ``--progress`` runs nothing: it reports DIR's finished retrains, the missing ones (with the last logged epoch of those
 that have a train.log), the verdict so far and how far apart the searched cells in DIR/genotypes/ are.
+
+A benchmark below the full budget also ranks its cells against the full budget's result rows of the same cells
+(Kendall τ-b, by genotype; ``rank_agreement`` in the summary, a row through accuracy.py; not defined below three cells
+in common). ``--rank-rows LABEL`` runs nothing: it computes that τ from the result rows of case LABEL/<arm>, for a
+benchmark that retrained the full benchmark's cells (``--searches-from``), and appends it as a row.
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ if str(REPO) not in sys.path:  # run as a script: the packages live beside bench
 
 from aso_se.run.atomic_write import save_json  # noqa: E402
 from aso_se.run.checkpoint import load_checkpoint  # noqa: E402
+from benchmarks.accuracy import ranking_row  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     SMOKE,
     BenchmarkError,
@@ -66,6 +72,7 @@ from benchmarks.common import (  # noqa: E402
     run_sweeps,
     same_config,
 )
+from benchmarks.rows import append_rows, read_rows  # noqa: E402
 from search_space.errors import UserInputError  # noqa: E402
 from search_space.genotypes import GENOTYPES, Genotype, random_genotype  # noqa: E402
 from search_space.ops import check_primitives  # noqa: E402
@@ -73,7 +80,8 @@ from search_space.ops import check_primitives  # noqa: E402
 ARMS = ("searched", "random", "reference", "poor")
 REFERENCES, POOR = ("DARTS_V2", "PC_DARTS"), "POOR_POOL_SKIP"
 CELL_TYPES = ("normal", "reduce")
-CIFAR10_EXPERIMENTS = ("cifar10_snn", "cifar10_qann")  # BPTT at T = 4, or ST-BIF trained as its quantized ANN
+# BPTT at T = 4, ST-BIF trained as its quantized ANN, or that QANN at 4 levels with its binary SNN fine-tuned at T = 4
+CIFAR10_EXPERIMENTS = ("cifar10_snn", "cifar10_qann", "cifar10_binary_snn")
 CIFAR10_RETRAIN_BUDGET = {"epochs": 30, "layers": 8, "channels": 16}
 # The named retrain budgets. proxy: the search's experiment on the supernet's size for 30 epochs. full: the
 # full-size retrain, experiment=cifar10_qann_fast (20 x 36, 180 epochs), one process (GPU) per run, so at its
@@ -516,6 +524,135 @@ def spread_line(spread: Mapping[str, Any]) -> str:
             f"test acc std {std}.")
 
 
+# ----------------------------------------------------------------------------- the full budget's ranking
+# The full budget's arms: the result rows of case "full/<arm>" (a --budget full benchmark's rows, accuracy.py's default
+# label), their cells the files in results/genotypes/ (that benchmark's searched and random cells) or bundled ones.
+RESULTS_DIR = REPO / "benchmarks" / "results"
+FULL_LABEL = "full"
+MIN_CELLS_FOR_TAU = 3  # with two cells τ is ±1 whatever the budgets: no evidence
+ROW_CELL = re.compile(r"^(?P<source>\w+?)(?:_seed\d+)?(?:[,:\s]|$)")  # a row's note names its cell first
+
+
+def kendall_tau(x: Sequence[float], y: Sequence[float]) -> tuple[float | None, float | None]:
+    """Kendall's τ-b between two rankings and its two-sided p-value: scipy.stats.kendalltau's where scipy is
+    installed, else :func:`kendall_tau_b` and no p-value; τ None where a ranking is all ties (undefined)."""
+    try:
+        from scipy.stats import kendalltau
+    except ImportError:
+        return kendall_tau_b(x, y), None
+    result = kendalltau(x, y)
+    tau, p = float(result.statistic), float(result.pvalue)
+    return (None, None) if math.isnan(tau) else (tau, None if math.isnan(p) else p)
+
+
+def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Kendall's τ-b, ties counted as scipy.stats.kendalltau counts them; None when a ranking is all ties. O(n²): a
+    benchmark has a handful of cells."""
+    if len(x) != len(y):
+        raise ValueError(f"kendall_tau_b needs two sequences of one length, got {len(x)} and {len(y)}")
+    concordant = discordant = ties_x = ties_y = 0
+    for i in range(len(x)):
+        for j in range(i + 1, len(x)):
+            dx, dy = x[i] - x[j], y[i] - y[j]
+            if dx == 0 and dy == 0:
+                continue  # tied in both: in neither ranking's count of untied pairs
+            if dx == 0:
+                ties_x += 1
+            elif dy == 0:
+                ties_y += 1
+            elif (dx > 0) == (dy > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    denominator = math.sqrt((concordant + discordant + ties_x) * (concordant + discordant + ties_y))
+    return None if denominator == 0 else (concordant - discordant) / denominator
+
+
+def cell_genotype(source: str, genotypes_dir: Path) -> Genotype | None:
+    """The cell a full-budget row names: a bundled genotype, or its file in ``genotypes_dir``; None if neither."""
+    if source in GENOTYPES:
+        return GENOTYPES[source]
+    path = genotypes_dir / f"{source}.json"
+    return Genotype.from_json(path.read_text()) if path.is_file() else None
+
+
+def cells_of_rows(rows: Sequence[Mapping[str, str]], label: str,
+                  genotypes_dir: Path) -> dict[str, tuple[str, list[float]]]:
+    """The test accuracies of the rows of case ``label/<arm>``, by cell: ``{genotype JSON: (source, accuracies)}``; a
+    row whose cell has no genotype (no file, not bundled) is left out."""
+    cells: dict[str, tuple[str, list[float]]] = {}
+    for row in rows:
+        found = ROW_CELL.match(row["note"])
+        if row["case"].rsplit("/", 1)[0] != label or row["metric"] != "test accuracy" or found is None:
+            continue
+        genotype = cell_genotype(found["source"], genotypes_dir)
+        if genotype is not None:
+            cells.setdefault(genotype.to_json(), (found["source"], []))[1].append(float(row["value"]))
+    return cells
+
+
+def full_budget_cells(results: Path = RESULTS_DIR) -> dict[str, tuple[str, list[float]]]:
+    """The full budget's arms in ``results``' search_vs_random.csv (:func:`cells_of_rows`); none without the file."""
+    path = results / "search_vs_random.csv"
+    return cells_of_rows(read_rows(path), FULL_LABEL, results / "genotypes") if path.is_file() else {}
+
+
+def rank_agreement(short: Mapping[str, tuple[str, Sequence[float]]],
+                   full: Mapping[str, tuple[str, Sequence[float]]]) -> dict[str, Any]:
+    """Kendall's τ-b between the mean test accuracies of the cells both budgets retrained (``{genotype JSON: (source,
+    accuracies)}`` each); τ None below MIN_CELLS_FOR_TAU cells in common or where a ranking is all ties."""
+    common = [key for key in short if key in full]
+    pairs = [{"cell": short[key][0], "short": statistics.fmean(short[key][1]), "full": statistics.fmean(full[key][1])}
+             for key in common]
+    tau = p = None
+    if len(pairs) >= MIN_CELLS_FOR_TAU:
+        tau, p = kendall_tau([pair["short"] for pair in pairs], [pair["full"] for pair in pairs])
+    return {"tau": tau, "p": p, "cells": pairs, "full_rows": f"results/search_vs_random.csv, case {FULL_LABEL}/<arm>"}
+
+
+def rank_agreement_line(agreement: Mapping[str, Any]) -> str:
+    cells = agreement["cells"]
+    names = ", ".join(pair["cell"] for pair in cells) or "none"
+    if agreement["tau"] is None:
+        why = (f"{len(cells)} cell(s) in common ({names}), it needs {MIN_CELLS_FOR_TAU}"
+               if len(cells) < MIN_CELLS_FOR_TAU else f"a ranking of the {len(cells)} cells in common is all ties")
+        return f"Kendall τ-b against the full budget: not defined ({why}); no row."
+    p = "" if agreement["p"] is None else f"; p = {agreement['p']:.2f}"
+    return (f"Kendall τ-b against the full budget ({agreement['full_rows']}): {agreement['tau']:.3f} over "
+            f"{len(cells)} cells in common ({names}){p}.")
+
+
+def short_budget_cells(rows: Sequence[Mapping[str, str]], label: str,
+                       genotypes_dir: Path) -> dict[str, tuple[str, list[float]]]:
+    """A short budget's arms from its rows (case ``label/<arm>``), for a benchmark that retrained the full benchmark's
+    cells (--searches-from): only then are its searched cells the files in ``genotypes_dir``."""
+    rows = [row for row in rows if row["case"].rsplit("/", 1)[0] == label]
+    if not rows:
+        raise UserInputError(f"no row of case {label}/<arm> in results/search_vs_random.csv; pass the label of "
+                             "a benchmark's rows (the part of their case before the last '/')")
+    if not all("--searches-from" in row["command"] for row in rows if row["metric"] == "test accuracy"):
+        raise UserInputError(f"the rows of case {label}/<arm> did not retrain the full benchmark's cells "
+                             "(--searches-from), so their searched cells are not in results/genotypes/; their τ is "
+                             "the one their benchmark printed (summary.json's rank_agreement)")
+    return cells_of_rows(rows, label, genotypes_dir)
+
+
+def rank_rows(label: str, rows_out: str | None, results: Path = RESULTS_DIR) -> int:
+    """--rank-rows: τ between the rows of case ``label`` and the full budget's, printed, and appended as a row when it
+    is defined (to ``rows_out``; '' writes none)."""
+    agreement = rank_agreement(short_budget_cells(read_rows(results / "search_vs_random.csv"), label,
+                                                  results / "genotypes"), full_budget_cells(results))
+    print(rank_agreement_line(agreement))
+    for pair in agreement["cells"]:
+        print(f"| {pair['cell']} | {pair['short']:.2f} | {pair['full']:.2f} |")
+    target = results / "search_vs_random.csv" if rows_out is None else rows_out
+    row = ranking_row(agreement, label)
+    if row is not None and target:
+        append_rows(Path(target), [row])
+        print(f"1 row appended to {target}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- the benchmark
 def minutes_per_arm(searches: Sequence[Mapping[str, Any]],
                     arms: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -528,6 +665,14 @@ def minutes_per_arm(searches: Sequence[Mapping[str, Any]],
     minutes["searched"].update(search_wall=sum(s["wall_minutes"] for s in searches),
                                search_cpu=sum(s["cpu_minutes"] for s in searches))
     return minutes
+
+
+def cells_of_summary(runs: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, list[float]]]:
+    """This benchmark's retrains by cell, as :func:`rank_agreement` takes them (test accuracy in %, as rows hold it)."""
+    cells: dict[str, tuple[str, list[float]]] = {}
+    for run in runs:
+        cells.setdefault(_genotype_of(run).to_json(), (run["source"], []))[1].append(100 * run["test_acc"])
+    return cells
 
 
 def by_arm(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
@@ -574,6 +719,8 @@ def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False)
     arms = by_arm(runs)
     stats = {arm: arm_stats(runs, plan.judge) for arm, runs in arms.items()}
     decision = verdict(stats, darts_v2_mean(arms, plan.judge), JUDGED[plan.judge])
+    # this budget's ranking against the full budget's rows of the same cells (none for a full benchmark itself)
+    agreement = None if plan.budget == "full" else rank_agreement(cells_of_summary(runs), full_budget_cells())
     by_source = dict(zip(search.names, searches))
     for run in arms["searched"]:
         run["alpha_entropy"] = by_source[run["source"]]["alpha_entropy"]["mean"]
@@ -588,6 +735,7 @@ def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False)
         "minutes": minutes_per_arm(searches, arms),
         "stats": {arm: vars(s) for arm, s in stats.items()},
         "search_spread": search_spread([_genotype_of(found) for found in searches], arms["searched"]),
+        "rank_agreement": agreement,
         "verdict": {"searched_beats_random": decision.searched_beats_random,
                     "poor_below_random": decision.poor_below_random,
                     "searched_beats_darts_v2": decision.searched_beats_darts_v2, "lines": list(decision.lines)},
@@ -728,6 +876,7 @@ def summary_markdown(summary: Mapping[str, Any], stats: Mapping[str, ArmStats], 
         f"{budget['epochs']} epochs, {budget['network']['layers']} cells of {budget['network']['channels']} channels.",
         f"Searches: `{' '.join(budget['search_overrides'])}`, seeds {budget['search_seeds']}; "
         f"final α mean edge entropy (nats): {entropies}.", spread_line(summary["search_spread"]),
+        *([rank_agreement_line(summary["rank_agreement"])] if summary.get("rank_agreement") else []),
         *filter(None, [pending_line([run for arm in ARMS for run in summary.get(arm, [])])]), "",
         table(stats), "", *[f"- {line}" for line in decision.lines], "",
         "Minutes per arm (wall, i.e. device time on a GPU / process CPU):",
@@ -740,7 +889,8 @@ def summary_markdown(summary: Mapping[str, Any], stats: Mapping[str, ArmStats], 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="a new or empty directory: every run and the summary")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="a new or empty directory: every run and the summary (required but for --rank-rows)")
     parser.add_argument("--smoke", action="store_true", help="experiment=smoke for every run: seconds each on a CPU")
     parser.add_argument("--budget", default="proxy", choices=BUDGETS,
                         help="the retrain budget: proxy (8 cells x 16 channels, 30 epochs; default) or full "
@@ -778,10 +928,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="a Hydra override for the searches only (repeatable)")
     parser.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override for the retrains only (repeatable)")
+    parser.add_argument("--rank-rows", default=None, metavar="LABEL",
+                        help="run nothing: Kendall τ-b between the rows of case LABEL/<arm> in "
+                             "results/search_vs_random.csv (a benchmark run with --searches-from the full one) and the "
+                             "full budget's rows of the same cells, appended as a row when defined")
+    parser.add_argument("--rows-out", default=None, help="--rank-rows: the rows file (default: results/"
+                                                         "search_vs_random.csv; '' writes none)")
     add_launcher_args(parser)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. data.root=... neuron=lif")
     args = parser.parse_args(argv)
     check_launcher_args(parser, args)
+    if args.out is None and args.rank_rows is None:
+        parser.error("the following arguments are required: --out")
     if args.budget == "full" and args.smoke:
         parser.error("--smoke is its own budget (experiment=smoke); drop --budget full")
     if args.budget == "full" and args.experiment not in (None, FULL_SEARCH_EXPERIMENT):
@@ -800,6 +958,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.rank_rows is not None:
+            return rank_rows(args.rank_rows, args.rows_out)
         plan = make_plan(args)
         if args.progress:
             if not any((plan.out / stage).is_dir() for stage in ("genotypes", "search")):
@@ -828,6 +988,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     stats = {arm: ArmStats(**values) for arm, values in summary["stats"].items()}
     print(f"summary: {plan.out / 'summary.json'}, {plan.out / 'summary.md'}, {plan.out / 'summary.png'}")
+    if summary["rank_agreement"] is not None:
+        print(rank_agreement_line(summary["rank_agreement"]))
     print("\n".join(summary["verdict"]["lines"]))
     print(table(stats))
     return 0

@@ -40,10 +40,11 @@ STRENGTH_PATHS = "strength_paths.pt"  # in checkpoints/: the paths derive=streng
 
 # Per-step scalars of the engine that go to TensorBoard (the rest are positions and counters).
 _STEP_SCALARS = ("loss", "accuracy", "arch_loss", "arch_accuracy", "lr", "temperature",
-                 "entropy", "entropy_weight", "beta_decay", "beta_decay_weight", "energy_uj", "images_per_second")
+                 "entropy", "entropy_weight", "beta_decay", "beta_decay_weight", "energy_uj", "latency_steps",
+                 "images_per_second")
 # Per-epoch figures of the engine shown in the epoch's log line.
 _EPOCH_SUMMARY = ("loss", "accuracy", "arch_loss", "arch_accuracy", "images_per_second", "lr",
-                  "temperature", "entropy", "arch_kl", "energy_uj", "seconds")
+                  "temperature", "entropy", "arch_kl", "energy_uj", "latency_steps", "seconds")
 
 
 class SearchCallbacks(SearchLoopCallbacks):

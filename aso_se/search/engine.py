@@ -56,7 +56,8 @@ class ASOSEEngine:
     training epoch (its length should be ``schedule.total_epochs``). ``grad_clip``: max norm of
     the weight gradients (None: no clipping). ``precision``: "bf16" runs forwards under
     autocast (weights, α and optimizer state stay fp32). ``energy_weight``: λ of the spike-aware
-    α loss, ``λ · E_α[energy] / E_uniform`` (``aso_se.search.energy_cost``); 0 = off.
+    α loss, ``λ · E_α[energy] / E_uniform`` (``aso_se.search.energy_cost``); 0 = off. ``latency_weight``: the same
+    for the deployed SNN's steps along its longest neuron chain (``aso_se.search.latency_cost``); 0 = off.
     """
 
     def __init__(
@@ -65,7 +66,7 @@ class ASOSEEngine:
         sampling: SamplingConfig = SamplingConfig(), evolution: EvolutionConfig = EvolutionConfig(),
         second_order: bool = False, grad_clip: float | None = 5.0, device: str | torch.device = "cpu",
         precision: Precision = "fp32", seed: int = 0, energy_weight: float = 0.0, channels_last: bool = False,
-        graph_ops: bool = False,
+        graph_ops: bool = False, latency_weight: float = 0.0,
     ) -> None:
         self.device = torch.device(device)
         self.schedule, self.sampling, self.evolution = schedule, sampling, evolution
@@ -77,7 +78,7 @@ class ASOSEEngine:
         generator = torch.Generator(device=self.device).manual_seed(seed)
         self.step = SearchStep(
             sampling=sampling, generator=generator, second_order=second_order, grad_clip=grad_clip,
-            device=self.device, precision=precision, energy_weight=energy_weight,
+            device=self.device, precision=precision, energy_weight=energy_weight, latency_weight=latency_weight,
             memory_format=self.memory_format,
         )
         # graph_ops: on CUDA, each op's forward and backward replayed from CUDA graphs (host-bound steps)
@@ -283,7 +284,7 @@ def build_engine(
     evolution: EvolutionConfig, second_order: bool, grad_clip: float | None, search_space: Any,
     neuron: Callable[[], nn.Module], num_classes: int, in_channels: int, optim: dict[str, Any],
     device: str | torch.device = "cpu", precision: Precision = "fp32", seed: int = 0, energy_weight: float = 0.0,
-    channels_last: bool = False, graph_ops: bool = False,
+    channels_last: bool = False, graph_ops: bool = False, latency_weight: float = 0.0,
 ) -> ASOSEEngine:
     """The engine of a composed ``search`` config node (Hydra ``_partial_``), completed by search.py
     with the search space, neuron, data shapes, optimizers (``optim``: weights, arch, weights_scheduler)
@@ -296,5 +297,5 @@ def build_engine(
         weights_scheduler=None if scheduler is None else functools.partial(scheduler, T_max=schedule.total_epochs),
         schedule=schedule, sampling=sampling, evolution=evolution, second_order=second_order,
         grad_clip=grad_clip, device=device, precision=precision, seed=seed, energy_weight=energy_weight,
-        channels_last=channels_last, graph_ops=graph_ops,
+        channels_last=channels_last, graph_ops=graph_ops, latency_weight=latency_weight,
     )

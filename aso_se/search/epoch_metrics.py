@@ -22,7 +22,7 @@ from aso_se.search.schedule import PlanEntry, StepKnobs
 from aso_se.search.step import mean_entropy
 
 # The step metrics whose epoch means the epoch's summary reports.
-SUMMED = ("images", "loss", "accuracy", "arch_loss", "arch_accuracy", "energy_uj")
+SUMMED = ("images", "loss", "accuracy", "arch_loss", "arch_accuracy", "energy_uj", "latency_steps")
 
 
 def non_finite_message(metrics: dict[str, Any], name: str) -> str:
@@ -43,9 +43,10 @@ class EpochMetrics:
 
     A step's metrics: cycle, phase, epoch, epoch_in_phase, step, global_step, lr, temperature, entropy_weight,
     beta_decay_weight, images, images_per_second, loss, accuracy, entropy (nats), and arch_loss, arch_accuracy (and
-    beta_decay when its weight is positive, energy_uj when the energy term is on) in the search phase. An epoch's
-    summary: its position, steps, seconds, images_per_second, lr, temperature, entropy, arch_kl and the epoch means
-    of the summed metrics. ``start_logits``: α's logits as the running epoch began (``arch_kl``'s reference).
+    beta_decay when its weight is positive, energy_uj and latency_steps when their terms are on) in the search phase.
+    An epoch's summary: its position, steps, seconds, images_per_second, lr, temperature, entropy, arch_kl and the
+    epoch means of the summed metrics. ``start_logits``: α's logits as the running epoch began (``arch_kl``'s
+    reference).
     """
 
     def __init__(self, start_logits: Tensor) -> None:

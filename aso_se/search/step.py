@@ -2,7 +2,7 @@
 
 :class:`SearchStep` is the algorithm: each step draws its ops once (one Gumbel top-k for both halves,
 ``aso_se.search.arch_params``), takes an α step on the arch batch with the second half of the draw
-(first- or second-order, ``aso_se.search.architect``; plus the entropy and energy terms), then a weight
+(first- or second-order, ``aso_se.search.architect``; plus the entropy, energy and latency terms), then a weight
 step on the weights batch with the first half. Without an arch batch (warm-up, re-stabilization) α is
 frozen and only the weight step runs. :class:`DrawAhead` is pipelining only: it starts the next step's
 draw during this one and changes no draw.
@@ -22,11 +22,19 @@ from aso_se.search import fast_math
 from aso_se.search.arch_params import ArchSample, PendingDraw, SamplingConfig
 from aso_se.search.architect import first_order_arch_step, second_order_arch_step
 from aso_se.search.energy_cost import expected_energy, measure_op_costs, uniform_energy
+from aso_se.search.latency_cost import CellChains, cells_per_type, expected_latency, steps_per_neuron, uniform_latency
 from aso_se.search.supernet import SearchNetwork
 from search_space.errors import UserInputError
 
 Precision = Literal["fp32", "bf16"]
 Batch = Sequence[Tensor]  # (inputs, labels)
+
+
+def check_loss_weight(name: str, weight: Any) -> float:
+    """A term's weight in the α loss as a float: a number >= 0 (0 = off), else one line naming its setting."""
+    if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight >= 0):
+        raise UserInputError(f"{name}={weight!r}: need a number >= 0 (0 = off); fix search.{name}")
+    return float(weight)
 
 
 def mean_entropy(logits: Tensor) -> Tensor:
@@ -107,22 +115,24 @@ class SearchStep:
 
     ``grad_clip``: max norm of the weight gradients (None: no clipping). ``precision``: "bf16" runs the
     forwards under autocast. ``energy_weight``: λ of the spike-aware α loss ``λ · E_α[energy] / E_uniform``
-    with the op costs of :meth:`measure_op_costs` (0 = off). ``memory_format``: the layout of image batches.
+    with the op costs of :meth:`measure_op_costs` (0 = off). ``latency_weight``: the same for the deployed SNN's
+    steps along its longest neuron chain (``aso_se.search.latency_cost``; 0 = off). ``memory_format``: the layout
+    of image batches.
     """
 
     def __init__(
         self, *, sampling: SamplingConfig, generator: torch.Generator, second_order: bool, grad_clip: float | None,
         device: torch.device, precision: Precision, energy_weight: float, memory_format: torch.memory_format,
+        latency_weight: float = 0.0,
     ) -> None:
         if precision not in ("fp32", "bf16"):
             raise UserInputError(f"precision {precision!r}: expected 'fp32' or 'bf16'; fix trainer.precision")
-        if not (isinstance(energy_weight, (int, float)) and math.isfinite(energy_weight) and energy_weight >= 0):
-            raise UserInputError(f"energy_weight={energy_weight!r}: need a number >= 0 (0 = off); "
-                                 "fix search.energy_weight")
+        self.energy_weight = check_loss_weight("energy_weight", energy_weight)
+        self.latency_weight = check_loss_weight("latency_weight", latency_weight)
         self.sampling, self.second_order, self.grad_clip = sampling, second_order, grad_clip
         self.device, self.precision, self.memory_format = device, precision, memory_format
-        self.energy_weight = float(energy_weight)
         self.op_costs: Tensor | None = None  # [types, edges, ops] µJ per image (measure_op_costs)
+        self.chains: CellChains | None = None  # the latency term's neurons per op (bind), None while it is off
         self.draws = DrawAhead(self._draw, generator, uses_generator=sampling.gumbel)
 
     def bind(self, supernet: SearchNetwork, weights_optimizer: Optimizer, arch_optimizer: Optimizer) -> None:
@@ -130,6 +140,9 @@ class SearchStep:
         self.supernet = supernet
         self.weight_params = list(supernet.weight_parameters())
         self.weights_optimizer, self.arch_optimizer = weights_optimizer, arch_optimizer
+        if self.latency_weight > 0:
+            chains = CellChains.of(supernet.search_space, steps_per_neuron(supernet.neuron))
+            self.chains = chains.to(supernet.arch_parameters()[0])
 
     def __call__(
         self, weights_batch: Batch, arch_batch: Batch | None, *, temperature: float, entropy_weight: float = 0.0,
@@ -177,22 +190,12 @@ class SearchStep:
         self, batch: tuple[Tensor, Tensor], weights_batch: tuple[Tensor, Tensor], sample: Sequence[ArchSample],
         entropy_weight: float, beta_decay_weight: float = 0.0,
     ) -> dict[str, Tensor]:
-        """An α step on ``batch``: cross-entropy + ``entropy_weight`` · mean edge entropy (+ ``beta_decay_weight`` ·
-        :func:`beta_decay`, + the energy term)."""
+        """An α step on ``batch`` that lowers :meth:`arch_objective`."""
         outputs: dict[str, Tensor] = {}  # the last arch_loss() call's parts, for the metrics
 
         def arch_loss() -> Tensor:
-            outputs["arch_loss"], outputs["arch_accuracy"] = self.loss(batch, sample, arch_grad=True)
-            logits = self.supernet.arch_logits()
-            outputs["entropy"] = mean_entropy(logits)
-            loss = outputs["arch_loss"] + entropy_weight * outputs["entropy"]
-            if beta_decay_weight > 0:
-                outputs["beta_decay"] = beta_decay(logits)
-                loss = loss + beta_decay_weight * outputs["beta_decay"]
-            if self.energy_weight > 0 and self.op_costs is not None:
-                outputs["energy_uj"] = expected_energy(logits, self.op_costs)
-                unit = uniform_energy(logits.detach(), self.op_costs).clamp_min(1e-12)
-                loss = loss + self.energy_weight * outputs["energy_uj"] / unit
+            loss, parts = self.arch_objective(batch, sample, entropy_weight, beta_decay_weight)
+            outputs.update(parts)
             return loss
 
         def train_loss() -> Tensor:
@@ -208,6 +211,33 @@ class SearchStep:
         self.arch_optimizer.step()
         return {name: value.detach() for name, value in outputs.items()}
 
+    def arch_objective(
+        self, batch: tuple[Tensor, Tensor], sample: Sequence[ArchSample], entropy_weight: float,
+        beta_decay_weight: float = 0.0,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """α's loss on ``batch`` and its parts: cross-entropy + ``entropy_weight`` · mean edge entropy
+        (+ ``beta_decay_weight`` · :func:`beta_decay`, + the energy and latency terms, each its weight times α's
+        expectation over the uniform mixture's)."""
+        parts: dict[str, Tensor] = {}
+        parts["arch_loss"], parts["arch_accuracy"] = self.loss(batch, sample, arch_grad=True)
+        logits = self.supernet.arch_logits()
+        parts["entropy"] = mean_entropy(logits)
+        loss = parts["arch_loss"] + entropy_weight * parts["entropy"]
+        if beta_decay_weight > 0:
+            parts["beta_decay"] = beta_decay(logits)
+            loss = loss + beta_decay_weight * parts["beta_decay"]
+        if self.energy_weight > 0 and self.op_costs is not None:
+            parts["energy_uj"] = expected_energy(logits, self.op_costs)
+            unit = uniform_energy(logits.detach(), self.op_costs).clamp_min(1e-12)
+            loss = loss + self.energy_weight * parts["energy_uj"] / unit
+        if self.latency_weight > 0 and self.chains is not None:
+            cells = cells_per_type(self.supernet.structure.cells)
+            parts["latency_steps"] = expected_latency(logits, self.chains, cells)
+            with torch.no_grad():
+                unit = uniform_latency(logits, self.chains, cells).clamp_min(1e-12)
+            loss = loss + self.latency_weight * parts["latency_steps"] / unit
+        return loss, parts
+
     def loss(
         self, batch: tuple[Tensor, Tensor], sample: Sequence[ArchSample], *, arch_grad: bool
     ) -> tuple[Tensor, Tensor]:
@@ -215,7 +245,8 @@ class SearchStep:
         inputs, labels = batch
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
             logits = self.supernet(inputs, sample, arch_grad=arch_grad)
-        loss = F.cross_entropy(logits.float(), labels)
+        # bf16 logits in fp32; a float64 supernet (the gradient checks) keeps float64
+        loss = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), labels)
         return loss, (logits.detach().argmax(dim=-1) == labels).float().mean()
 
     def update_op_costs(self, arch_batch: Batch, *, epoch_start: bool) -> None:

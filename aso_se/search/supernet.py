@@ -191,6 +191,11 @@ class SearchNetwork(nn.Module):
         )
         self.op_graphs: OpGraphs | None = None
 
+    @property
+    def neuron(self) -> Callable[[], nn.Module]:
+        """The factory of every neuron in the ops (what the latency term reads the neurons' levels from)."""
+        return self._neuron
+
     def use_op_graphs(self, enabled: bool) -> None:
         """Training forwards on CUDA replay each op from CUDA graphs (``aso_se.search.graphed_ops``), or not."""
         self.op_graphs = OpGraphs() if enabled else None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import torch
@@ -70,3 +71,25 @@ class Recorder(SearchLoopCallbacks):
 
     def on_cycle_end(self, result: CycleResult) -> None:
         self.cycles.append(result)
+
+
+def central_differences(function, values: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """d function / d values by central differences, entry by entry (``-inf`` entries, pruned ops: 0)."""
+    grad = torch.zeros_like(values)
+    for index in zip(*torch.nonzero(torch.isfinite(values), as_tuple=True)):
+        saved = values[index].item()
+        values[index] = saved + eps
+        above = function(values).item()
+        values[index] = saved - eps
+        below = function(values).item()
+        values[index] = saved
+        grad[index] = (above - below) / (2 * eps)
+    return grad
+
+
+def random_logits(seed: int) -> torch.Tensor:
+    """``[cell types, edges, ops]`` float64 α of SMALL_SPACE's cells, two ops pruned (``-inf``)."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2, 5, 5, dtype=torch.float64, generator=generator)
+    logits[0, 3, 1] = logits[1, 0, 4] = -math.inf  # pruned ops
+    return logits

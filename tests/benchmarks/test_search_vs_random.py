@@ -207,6 +207,10 @@ def test_smoke_budget_stats_and_outputs(smoke):
     darts_v2 = next(run["test_acc"] for run in summary["reference"] if run["source"] == "DARTS_V2")
     assert summary["verdict"]["searched_beats_darts_v2"] is (summary["stats"]["searched"]["mean"] >= darts_v2)
     assert summary["search_spread"]["cells"] == 1 and summary["search_spread"]["pairs"] == 0
+    # the smoke's random cells are the full benchmark's (one space, one seed each): ranked against its rows
+    agreement = summary["rank_agreement"]
+    assert {pair["cell"] for pair in agreement["cells"]} == {"DARTS_V2", "random_0", "random_1"}
+    assert bench.rank_agreement_line(agreement) in stdout
     markdown = (out / "summary.md").read_text()
     assert "| searched | 1 |" in markdown and "| poor | 1 |" in markdown and "budget **smoke**" in markdown
     assert "Searches' spread: 1 searched cell(s)" in markdown
@@ -500,10 +504,11 @@ def test_the_cifar10_plan_and_its_flags(tmp_path):
     assert sweep.run_dirs() == [tmp_path / "retrain" / "search_0_seed0", tmp_path / "retrain" / "random_3_seed0"]
 
 
-def test_the_qann_experiment_is_every_runs_experiment(tmp_path):
-    plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--experiment", "cifar10_qann"]))
-    assert plan.search_overrides == ("experiment=cifar10_qann",)
-    assert plan.train_overrides[0] == "experiment=cifar10_qann"
+@pytest.mark.parametrize("experiment", ["cifar10_qann", "cifar10_binary_snn"])
+def test_the_qann_experiment_is_every_runs_experiment(tmp_path, experiment):
+    plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--experiment", experiment]))
+    assert plan.search_overrides == (f"experiment={experiment}",)
+    assert plan.train_overrides[0] == f"experiment={experiment}"
     rules = bench.search_space_rules(plan)  # both entry points compose it
     assert rules.primitives == PRIMITIVE_SETS["darts"]
 
@@ -745,3 +750,109 @@ def test_search_spread_of_three_cells():
     assert "no pair" in bench.spread_line(one)
     untrained = bench.search_spread(list(cells.values()), [])  # the found cells apart before any retrain
     assert untrained["pairs"] == 3 and untrained["normal"] == spread["normal"] and untrained["acc_std"] is None
+
+
+# ----------------------------------------------------------------------------- the ranking against the full budget
+def test_kendall_tau_b_by_hand_and_with_ties_as_scipy_counts_them(monkeypatch):
+    assert bench.kendall_tau_b([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)  # one discordant pair of six
+    assert bench.kendall_tau_b([1, 2, 3], [3, 2, 1]) == -1
+    # one pair tied in x, one in y, the other four concordant: 4 / sqrt(5 * 5)
+    assert bench.kendall_tau_b([1, 1, 2, 3], [1, 2, 2, 3]) == pytest.approx(0.8)
+    assert bench.kendall_tau_b([1, 1, 2], [5, 5, 5]) is None  # a ranking of ties alone ranks nothing
+    monkeypatch.setitem(sys.modules, "scipy.stats", None)  # as without scipy: the own τ-b, no p-value
+    assert bench.kendall_tau([1, 1, 2, 3], [1, 2, 2, 3]) == (pytest.approx(0.8), None)
+
+
+def test_kendall_tau_is_scipys_where_scipy_is_installed():
+    stats = pytest.importorskip("scipy.stats")
+    rng = random.Random(5)
+    for _ in range(20):
+        x = [rng.randint(0, 4) for _ in range(7)]
+        y = [rng.randint(0, 4) for _ in range(7)]
+        tau, p = bench.kendall_tau(x, y)
+        expected = stats.kendalltau(x, y)
+        if math.isnan(expected.statistic):
+            assert tau is None and bench.kendall_tau_b(x, y) is None
+        else:
+            assert tau == pytest.approx(expected.statistic) == bench.kendall_tau_b(x, y)
+            assert p == pytest.approx(expected.pvalue)
+
+
+def _results(tmp_path: Path, proxy_command: str = "python benchmarks/search_vs_random.py --searches-from DIR") -> Path:
+    """A results dir: rows of a full benchmark (two seeds of random_0, a cell without a file, a variant's rows, an
+    energy row) and of a proxy one, and the full benchmark's cells (search_0 is PC_DARTS here)."""
+    from benchmarks.rows import Measurement, append_rows
+
+    results = tmp_path / "results"
+    (results / "genotypes").mkdir(parents=True)
+    (results / "genotypes" / "search_0.json").write_text(GENOTYPES["PC_DARTS"].to_json())
+    (results / "genotypes" / "random_0.json").write_text(random_genotype(DARTS, 4, random.Random(0), 2).to_json())
+    full = [Measurement("full/DARTS_V2", "test accuracy", 93.5, "%", "DARTS_V2, retrain seed 0, 20×36"),
+            Measurement("full/DARTS_V2", "SNN energy per image", 67756, "µJ", "DARTS_V2"),
+            Measurement("full/random", "test accuracy", 93.0, "%", "random_0_seed0"),
+            Measurement("full/random", "test accuracy", 92.0, "%", "random_0_seed1"),
+            Measurement("full/searched", "test accuracy", 94.0, "%", "search_0, retrain seed 0"),
+            Measurement("full/searched", "test accuracy", 91.0, "%", "search_9_seed0"),  # no file: left out
+            Measurement("full, a change/searched", "test accuracy", 99.0, "%", "search_0_seed0")]  # another label
+    append_rows(results / "search_vs_random.csv", full, command="python benchmarks/search_vs_random.py --budget full")
+    proxy = [Measurement("proxy 5/DARTS_V2", "test accuracy", 63.0, "%", "DARTS_V2: the full benchmark's cells"),
+             Measurement("proxy 5/random", "test accuracy", 60.0, "%", "random_0: the full benchmark's cells"),
+             Measurement("proxy 5/searched", "test accuracy", 65.0, "%", "search_0: the full benchmark's cells")]
+    append_rows(results / "search_vs_random.csv", proxy, command=proxy_command)
+    return results
+
+
+def test_the_full_budget_cells_are_its_rows_by_genotype(tmp_path):
+    full = bench.full_budget_cells(_results(tmp_path))
+    assert {source: accuracies for source, accuracies in full.values()} == {
+        "DARTS_V2": [93.5], "random_0": [93.0, 92.0], "search_0": [94.0]}
+    assert full[GENOTYPES["PC_DARTS"].to_json()][0] == "search_0"
+    assert bench.full_budget_cells(tmp_path / "none") == {}
+
+
+def test_rank_agreement_pairs_cells_by_genotype_and_needs_three_in_common(tmp_path):
+    from benchmarks.accuracy import TAU_METRIC, ranking_row
+
+    full = bench.full_budget_cells(_results(tmp_path))
+    runs = [{"source": source, "genotype": json.loads(genotype.to_json()), "test_acc": acc}
+            for source, genotype, acc in [("DARTS_V2", GENOTYPES["DARTS_V2"], 0.60),
+                                          ("random_0", random_genotype(DARTS, 4, random.Random(0), 2), 0.50),
+                                          ("search_0", GENOTYPES["PC_DARTS"], 0.70),  # found again by this budget
+                                          ("POOR_POOL_SKIP", GENOTYPES["POOR_POOL_SKIP"], 0.30)]]  # no full row
+    agreement = bench.rank_agreement(bench.cells_of_summary(runs), full)
+    assert [(pair["cell"], pair["short"], pair["full"]) for pair in agreement["cells"]] == [
+        ("DARTS_V2", 60.0, 93.5), ("random_0", 50.0, 92.5), ("search_0", 70.0, 94.0)]
+    assert agreement["tau"] == pytest.approx(1.0)  # the same order at both budgets
+    assert "1.000 over 3 cells in common (DARTS_V2, random_0, search_0)" in bench.rank_agreement_line(agreement)
+    row = ranking_row(agreement, "proxy")
+    assert (row.case, row.metric, row.value) == ("proxy/ranking", TAU_METRIC, 1.0)
+    assert row.note.startswith("3 cells in common: DARTS_V2, random_0, search_0")
+    two = bench.rank_agreement(bench.cells_of_summary(runs[1:]), full)
+    assert two["tau"] is None and ranking_row(two, "proxy") is None
+    assert bench.rank_agreement_line(two) == ("Kendall τ-b against the full budget: not defined (2 cell(s) in common "
+                                              "(random_0, search_0), it needs 3); no row.")
+
+
+def test_rank_rows_ranks_a_proxy_benchmarks_rows_and_appends_tau(tmp_path, capsys):
+    from benchmarks.accuracy import TAU_METRIC
+    from benchmarks.rows import read_rows
+
+    results = _results(tmp_path)
+    out = tmp_path / "rows.csv"
+    assert bench.rank_rows("proxy 5", str(out), results) == 0
+    assert "1.000 over 3 cells in common" in capsys.readouterr().out
+    [row] = read_rows(out)
+    assert (row["case"], row["metric"], row["value"]) == ("proxy 5/ranking", TAU_METRIC, "1.0")
+    assert bench.rank_rows("proxy 5", "", results) == 0 and len(read_rows(out)) == 1  # '' writes none
+    with pytest.raises(bench.UserInputError, match="no row of case nothing"):
+        bench.rank_rows("nothing", "", results)
+    searched_anew = _results(tmp_path / "other", proxy_command="python benchmarks/search_vs_random.py --out DIR")
+    with pytest.raises(bench.UserInputError, match="--searches-from"):  # its searched cells are not the files
+        bench.rank_rows("proxy 5", "", searched_anew)
+
+
+def test_rank_rows_needs_no_out_dir_and_other_modes_still_do(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--smoke"])
+    assert "required: --out" in capsys.readouterr().err
+    assert bench.parse_args(["--rank-rows", "proxy"]).rank_rows == "proxy"

@@ -45,6 +45,17 @@ def test_search_vs_random_rows_name_the_protocol_and_the_cell():
         ("full/DARTS_V2", "test accuracy", 92.98, "%", "DARTS_V2_seed0"),
         ("full/DARTS_V2", "SNN energy per image", 45072, "µJ", "DARTS_V2_seed0")]
     assert accuracy.default_label("search_vs_random", ["--budget", "full"]) == "full"
+    # beyond the retrains: the searches' spread and the ranking against the full budget, where defined
+    summary["search_spread"] = {"cells": 3, "pairs": 3, "normal": {"edges": 8, "mean": 5.0, "max": 6},
+                                "reduce": {"edges": 8, "mean": 4.333, "max": 5}}
+    summary["rank_agreement"] = {"tau": 0.14286, "p": 0.7726, "cells": [{"cell": name} for name in ("a", "b", "c")]}
+    extra = [(m.case, m.metric, m.value, m.unit) for m in accuracy.search_vs_random_rows(summary, "proxy")[5:]]
+    assert extra == [("proxy/searches", accuracy.DISTANCE_METRIC, 9.33, "edges"),
+                     ("proxy/ranking", accuracy.TAU_METRIC, 0.143, "")]
+    assert accuracy.search_vs_random_rows(summary, "proxy")[-1].note == "3 cells in common: a, b, c; p = 0.77"
+    summary["rank_agreement"]["tau"] = None  # fewer than three cells in common: no τ row
+    summary["search_spread"]["pairs"] = 0
+    assert len(accuracy.search_vs_random_rows(summary, "proxy")) == 5
     assert accuracy.default_label("energy_sweep", ["--search-override", "search_space=spike_native"]) == \
         "spike-native space"
 

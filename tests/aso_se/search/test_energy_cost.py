@@ -11,7 +11,7 @@ from aso_se.search.energy_cost import expected_energy, measure_op_costs, uniform
 from aso_se.search.schedule import SearchSchedule
 from search_space.energy import E_MAC_PJ
 from search_space.errors import UserInputError
-from tests.aso_se.helpers import SMALL_SPACE, Recorder, make_engine, tiny_supernet
+from tests.aso_se.helpers import SMALL_SPACE, Recorder, central_differences, make_engine, random_logits, tiny_supernet
 from tests.aso_se.search.test_engine import EVOLUTION, loaders, roundtrip
 
 OPS = {name: i for i, name in enumerate(SMALL_SPACE.primitives)}
@@ -57,6 +57,20 @@ def test_expected_energy_and_its_gradient():
     pruned[0, 0, 1:] = -math.inf
     assert uniform_energy(pruned, costs).item() == pytest.approx(
         costs[0, 0, 0].item() + costs[0, 1:].mean(dim=-1).sum().item() + costs[1].mean(dim=-1).sum().item(), rel=1e-6)
+
+
+def test_the_energy_term_gradient_matches_finite_differences():
+    logits = random_logits(1)
+    costs = torch.rand(2, 5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    unit = uniform_energy(logits, costs)
+
+    def term(values: torch.Tensor) -> torch.Tensor:
+        return expected_energy(values, costs) / unit
+
+    leaf = logits.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(term(leaf), leaf)
+    torch.testing.assert_close(grad, central_differences(term, logits.clone()), rtol=1e-6, atol=1e-9)
+    assert grad.abs().max() > 1e-3
 
 
 def search(energy_weight: float, stop_at: int | None = None, state: dict | None = None):
