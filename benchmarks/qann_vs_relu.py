@@ -87,7 +87,8 @@ def arm_name(arm: str) -> str:
 def plan_sweeps(out: Path, arms: Sequence[str], seeds: int, timesteps: int, common: Sequence[str]) -> list[Sweep]:
     """One multirun per arm over the seeds (arms differ in their overrides, a multirun only in the swept key)."""
     return [Sweep(label=arm_name(arm), script="train.py", stage_dir=out / "train",
-                  overrides=(*common, *warm_start_from_arms(arm_overrides(arm, timesteps), arms[:index], out / "train")),
+                  overrides=(*common,
+                             *warm_start_from_arms(arm_overrides(arm, timesteps), arms[:index], out / "train")),
                   key="seed",
                   values=tuple(map(str, range(seeds))),
                   names=tuple(f"{arm_name(arm)}_s{seed}" for seed in range(seeds)),
