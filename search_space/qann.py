@@ -38,7 +38,8 @@ REPORTED_TIMESTEPS = (1, 2, 4, 6, 8, 16)
 def _add_at_first_step(y: Tensor, shift: Tensor, timesteps: int) -> Tensor:
     """``y`` (``[T*B, C, ...]``) plus the per-channel ``shift`` at t = 0 only."""
     steps = y.unflatten(0, (timesteps, -1))
-    first = steps[:1] + shift.view((1, 1, -1) + (1,) * (y.dim() - 2))
+    # in y's dtype: under autocast the fp32 shift would otherwise promote every step (and the neuron's input)
+    first = steps[:1] + shift.to(y.dtype).view((1, 1, -1) + (1,) * (y.dim() - 2))
     return torch.cat([first, steps[1:]]).flatten(0, 1)
 
 
@@ -55,7 +56,7 @@ class _ShiftAtFirstStep(nn.Module):
         self.timesteps = timesteps
 
     def forward(self, x: Tensor) -> Tensor:
-        scaled = x * self.scale.view((1, -1) + (1,) * (x.dim() - 2))
+        scaled = x * self.scale.to(x.dtype).view((1, -1) + (1,) * (x.dim() - 2))
         return _add_at_first_step(scaled, self.shift, self.timesteps)
 
 

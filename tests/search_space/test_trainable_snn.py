@@ -114,3 +114,20 @@ def test_accuracy_after_each_step_equals_a_run_of_that_many_steps() -> None:
     assert len(set(result.accuracy_at.values())) > 1  # the answer changes over the steps
     with pytest.raises(UserInputError, match="positive integers"):
         accuracy_against_timesteps(snn, [(x, labels)], device="cpu", timesteps=[0, 4])
+
+
+@pytest.mark.parametrize("genotype", ["DARTS_V2", "DARTS_V2_SPIKE_NATIVE"])
+def test_under_autocast_every_neuron_reads_the_half_precision_it_is_given(genotype: str) -> None:
+    """The folded batch norms' fp32 scale and shift take the dtype of what they scale: under autocast the neurons
+    read half-precision inputs (half the bytes of the BPTT's largest tensors), not fp32 promoted by a parameter."""
+    snn = trainable_snn(qann_network(GENOTYPES[genotype], seed=0, level=4, sym=False), timesteps=2)
+    seen: list[torch.dtype] = []
+    for module in snn.modules():
+        if isinstance(module, SpikingNeuron):
+            module.register_forward_pre_hook(lambda _, args: seen.append(args[0].dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = snn(torch.randn(3, 2, 12, 12))
+    logits = logits[0] if isinstance(logits, tuple) else logits
+    assert len(seen) > 10 and set(seen) == {torch.bfloat16}
+    logits.float().sum().backward()
+    assert all(p.grad is None or (p.grad.dtype == p.dtype and torch.isfinite(p.grad).all()) for p in snn.parameters())
