@@ -37,6 +37,16 @@ def percent(run: dict[str, Any], key: str) -> float:
     return round(100 * run[key], 2)
 
 
+def deployed_snn_rows(case: str, accuracy_at: dict[str, float | None], energy_uj: float | None,
+                      note: str) -> list[Measurement]:
+    """The binary SNN a user deploys (fine-tuned where the run fine-tuned it): accuracy at T = 4 and 8, energy."""
+    rows = [Measurement(case, f"binary SNN, T = {steps}: test accuracy", round(100 * accuracy_at[steps], 2), "%", note)
+            for steps in ("4", "8") if accuracy_at.get(steps) is not None]
+    if rows and energy_uj:
+        rows.append(Measurement(case, "binary SNN: energy per image", round(energy_uj, 1), "µJ", note))
+    return rows
+
+
 def search_vs_random_rows(summary: dict[str, Any], label: str) -> list[Measurement]:
     """A row per retrained cell (test accuracy, energy), then how far apart the searches landed and how the budget
     ranks the cells against the full budget (Kendall τ-b), each where the summary defines it."""
@@ -48,6 +58,7 @@ def search_vs_random_rows(summary: dict[str, Any], label: str) -> list[Measureme
             rows.append(Measurement(case, "test accuracy", percent(run, "test_acc"), "%", cell))
             if run.get("energy_per_image_uj"):
                 rows.append(Measurement(case, "SNN energy per image", round(run["energy_per_image_uj"]), "µJ", cell))
+            rows += deployed_snn_rows(case, run.get("snn_acc_at_t") or {}, run.get("snn_energy_uj"), cell)
     spread = summary.get("search_spread")
     if spread and spread["pairs"]:
         normal, reduce = spread["normal"], spread["reduce"]
@@ -79,6 +90,8 @@ def retrain_arms_rows(summary: dict[str, Any], label: str) -> list[Measurement]:
         if run.get("snn_test_acc") is not None:
             rows.append(Measurement(f"{label}/{run['arm']}", "its SNN: test accuracy", percent(run, "snn_test_acc"),
                                     "%", f"seed {run['seed']}; {run['snn_timesteps']} steps"))
+        rows += deployed_snn_rows(f"{label}/{run['arm']}", {"4": run.get("snn_acc_t4"), "8": run.get("snn_acc_t8")},
+                                  run.get("energy_per_image_uj"), f"seed {run['seed']}")
     return rows
 
 

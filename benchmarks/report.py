@@ -75,7 +75,10 @@ class AgainstT:
 TABLES = {
     "speed": Latest("speed.csv"),
     "accuracy": Latest("accuracy.csv"),
-    "search_vs_random": Groups("search_vs_random.csv", ("test accuracy", "SNN energy per image")),
+    "search_vs_random": Groups("search_vs_random.csv", ("test accuracy", "SNN energy per image",
+                                                        "binary SNN, T = 4: test accuracy",
+                                                        "binary SNN, T = 8: test accuracy",
+                                                        "binary SNN: energy per image")),
     "search_vs_random_agreement": Latest("search_vs_random.csv", metrics=(TAU_METRIC, DISTANCE_METRIC)),
     "graded_spikes": Latest("snn.csv", cases=("graded_20x36", "energy_20x36")),
     "spike_native": Latest("snn.csv", cases=("spike_native_8x16",)),
@@ -160,13 +163,14 @@ def groups_table(spec: Groups, rows: list[dict[str, str]]) -> list[str]:
     for row in selected(spec, rows):
         by_case.setdefault(row["case"], []).append(row)
     commands = Commands()
-    units = {metric: next((row["unit"] for row in rows if row["metric"] == metric), "") for metric in spec.metrics}
-    heads = " | ".join(f"{metric} ({units[metric]})" for metric in spec.metrics)
+    metrics = [metric for metric in spec.metrics if any(row["metric"] == metric for row in selected(spec, rows))]
+    units = {metric: next((row["unit"] for row in rows if row["metric"] == metric), "") for metric in metrics}
+    heads = " | ".join(f"{metric} ({units[metric]})" for metric in metrics)
     lines = [f"| case | n | {heads} | GPU | dates | commits | command |",
-             "|---|---:|" + "---|" * len(spec.metrics) + "---|---|---|---|"]
+             "|---|---:|" + "---|" * len(metrics) + "---|---|---|---|"]
     for case, case_rows in by_case.items():
         cells, count = [], 0
-        for metric in spec.metrics:
+        for metric in metrics:
             values = [float(row["value"]) for row in case_rows if row["metric"] == metric]
             count = count or len(values)
             cells.append(spread(values) if values else "—")

@@ -84,3 +84,25 @@ def test_a_smoke_run_writes_no_rows_and_tools_name_their_tools(tmp_path, monkeyp
     assert accuracy.main(["energy_sweep", "--out", str(out), "--smoke"]) == 0
     assert not (tmp_path / "results").exists()
     assert tools.main(["nothing"]) == 2 and "derive_cell,op_strength,snn_latency" in capsys.readouterr().err
+
+
+def test_the_deployed_binary_snn_gets_rows_at_t4_and_t8_in_both_protocols():
+    fine_tuned = {"test_acc": 0.7675, "energy_per_image_uj": 827.0, "snn_energy_uj": 344.5,
+                  "snn_acc_at_t": {"1": 0.10, "4": 0.7709, "8": 0.7387, "16": 0.7387}}
+    summary = {"searched": [{**fine_tuned, "run_dir": "/o/retrain/search_0_seed0"}], "random": [], "reference": [],
+               "poor": []}
+    rows = [(m.case, m.metric, m.value, m.unit) for m in accuracy.search_vs_random_rows(summary, "8x16")]
+    assert rows[2:] == [("8x16/searched", "binary SNN, T = 4: test accuracy", 77.09, "%"),
+                        ("8x16/searched", "binary SNN, T = 8: test accuracy", 73.87, "%"),
+                        ("8x16/searched", "binary SNN: energy per image", 344.5, "µJ")]
+    runs = [{"arm": "relu", "seed": 0, "test_acc": 0.814, "snn_test_acc": None, "snn_acc_t4": None,
+             "snn_acc_t8": None, "energy_per_image_uj": 199.8},
+            {"arm": "st_bif_qann:level=4", "seed": 0, "test_acc": 0.7675, "snn_test_acc": 0.7681, "snn_timesteps": 10,
+             "snn_acc_t4": 0.7709, "snn_acc_t8": 0.7387, "energy_per_image_uj": 344.5}]
+    rows = [(m.case, m.metric, m.value) for m in accuracy.retrain_arms_rows({"runs": runs}, "small")]
+    assert rows == [("small/relu", "test accuracy", 81.4),
+                    ("small/st_bif_qann:level=4", "test accuracy", 76.75),
+                    ("small/st_bif_qann:level=4", "its SNN: test accuracy", 76.81),
+                    ("small/st_bif_qann:level=4", "binary SNN, T = 4: test accuracy", 77.09),
+                    ("small/st_bif_qann:level=4", "binary SNN, T = 8: test accuracy", 73.87),
+                    ("small/st_bif_qann:level=4", "binary SNN: energy per image", 344.5)]
