@@ -83,6 +83,29 @@ def trainable_snn(qann: nn.Module, timesteps: int, surrogate: str = "sigmoid") -
     return snn.train()
 
 
+def with_early_readout(snn: nn.Module, early: int) -> nn.Module:
+    """``snn`` trained for its answer after ``early`` of its T steps too: in training its forward returns ``(logits
+    after T steps, logits after early steps)``, the second in the auxiliary head's slot, so a Retrainer with
+    auxiliary weight w minimizes CE(T) + w·CE(early) and one SNN answers at either T. Evaluation is unchanged."""
+    if isinstance(early, bool) or not isinstance(early, int) or not 1 <= early < snn.timesteps:
+        raise UserInputError(f"snn_finetune.early_timesteps={early!r} must be an integer from 1 to "
+                             f"snn_finetune.timesteps - 1 = {snn.timesteps - 1}, or null")
+    kept: dict[str, Tensor] = {}
+
+    def keep_pooled(module: nn.Module, args: tuple, pooled: Tensor) -> None:
+        kept["pooled"] = pooled
+
+    def add_early_logits(network: nn.Module, args: tuple, output: tuple[Tensor, Tensor | None]):
+        if not network.training:
+            return output
+        steps = kept.pop("pooled").flatten(1).unflatten(0, (network.timesteps, -1))
+        return output[0], network.classifier.linear(steps[:early].sum(0))  # the bias once, as at T
+
+    snn.global_pooling.register_forward_hook(keep_pooled)
+    snn.register_forward_hook(add_early_logits)
+    return snn
+
+
 def with_neurons(snn: nn.Module, replace: Callable[[nn.Module], nn.Module]) -> nn.Module:
     """A copy of ``snn`` in which every spiking neuron runs ``replace(neuron)`` (given the copy's own multi-step
     neuron): the same network around another neuron, for comparing neurons or their backends on one network."""

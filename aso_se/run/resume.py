@@ -24,13 +24,14 @@ log = logging.getLogger(__name__)
 # What a resume may set anew: where this machine keeps the data and how many processes read it
 # (``+data.root=<dir>``: the default config a resume composes, mnist5k's, has no root).
 MACHINE_KEYS = ("data.root", "data.num_workers")
+# How a finished QANN run's SNN is fine-tuned: settable until its fine-tuning starts (one QANN, fine-tuned at several
+# T from copies of its run dir).
+FINETUNE_START_KEYS = ("snn_finetune.timesteps", "snn_finetune.lr", "snn_finetune.surrogate",
+                       "snn_finetune.early_timesteps", "snn_finetune.early_weight")
 # ... and how train.py evaluates the exact SNN at the end: evaluation only, the training is unchanged. A finished
 # QANN run may also be resumed to fine-tune its SNN, or to fine-tune it for longer.
 EVALUATION_KEYS = ("snn_max_timesteps", "snn_first_timesteps", "snn_eval_samples", "snn_eval_dtype",
-                   "snn_spikes_per_step", "snn_finetune.epochs") + ("snn_finetune.timesteps", "snn_finetune.lr",
-                                                                   "snn_finetune.surrogate")
-# ... of which these only until the fine-tuning starts (one QANN, fine-tuned at several T from copies of its run dir)
-FINETUNE_START_KEYS = ("snn_finetune.timesteps", "snn_finetune.lr", "snn_finetune.surrogate")
+                   "snn_spikes_per_step", "snn_finetune.epochs", *FINETUNE_START_KEYS)
 # Evaluation settings newer than some saved runs: their defaults, so that those runs resume (and re-evaluate).
 NEWER_EVALUATION_DEFAULTS = {"snn_spikes_per_step": 1, "snn_first_timesteps": None,
                              "snn_finetune": asdict(FinetuneSettings())}
@@ -62,6 +63,9 @@ def load_resumed(checkpoint_path: Path, entry_point: str) -> tuple[dict[str, Any
     if entry_point == "train":
         for key, default in NEWER_EVALUATION_DEFAULTS.items():
             cfg.setdefault(key, default)
+            if isinstance(default, dict):  # settings added to a group since the run was saved
+                for name, value in default.items():
+                    cfg[key].setdefault(name, value)
     _fit_to_this_launch(cfg, state.get("world_size"))
     for override in allowed:  # where this machine keeps the data (a run dir copied here resumes), the SNN's eval
         key, value = override.split("=", 1)

@@ -21,7 +21,7 @@ from aso_se.train.retrain import OptimizerFactory, Retrainer
 from kernels.st_bif.surrogates import get_surrogate
 from search_space.errors import UserInputError
 from search_space.qann import REPORTED_TIMESTEPS
-from search_space.trainable_snn import accuracy_against_timesteps, trainable_snn
+from search_space.trainable_snn import accuracy_against_timesteps, trainable_snn, with_early_readout
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,8 @@ class FinetuneSettings:
     timesteps: int = 4           # T of the BPTT and of the deployed SNN
     lr: float = 0.01             # the retrain optimizer's, annealed to 0 by a cosine over the epochs
     surrogate: str = "sigmoid"   # the ST-BIF neuron's surrogate derivative: sigmoid | atan | rectangular
+    early_timesteps: int | None = None  # also train the answer after these steps (< T): one SNN for both T
+    early_weight: float = 1.0    # that answer's cross-entropy weight
 
     @classmethod
     def from_config(cls, node: Any) -> FinetuneSettings:
@@ -39,14 +41,22 @@ class FinetuneSettings:
         values = {**asdict(cls()), **dict(node or {})}
         unknown = sorted(set(values) - set(asdict(cls())))
         if unknown:
-            raise UserInputError(f"snn_finetune has no setting {unknown[0]!r}; use epochs, timesteps, lr or surrogate")
+            raise UserInputError(f"snn_finetune has no setting {unknown[0]!r}; use epochs, timesteps, lr, surrogate, "
+                                 "early_timesteps or early_weight")
         for name in ("epochs", "timesteps"):
             value = values[name]
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "epochs" else 1):
                 least = "a non-negative" if name == "epochs" else "a positive"
                 raise UserInputError(f"snn_finetune.{name}={value!r} must be {least} integer, e.g. 4")
-        if isinstance(values["lr"], bool) or not isinstance(values["lr"], (int, float)) or not values["lr"] > 0:
-            raise UserInputError(f"snn_finetune.lr={values['lr']!r} must be a positive number, e.g. 0.01")
+        for name, example in (("lr", "0.01"), ("early_weight", "1.0")):
+            value = values[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise UserInputError(f"snn_finetune.{name}={value!r} must be a positive number, e.g. {example}")
+        early = values["early_timesteps"]
+        if early is not None and (isinstance(early, bool) or not isinstance(early, int)
+                                  or not 1 <= early < values["timesteps"]):
+            raise UserInputError(f"snn_finetune.early_timesteps={early!r} must be an integer from 1 to "
+                                 f"snn_finetune.timesteps - 1 = {values['timesteps'] - 1}, or null")
         try:
             get_surrogate(values["surrogate"])
         except (KeyError, ValueError) as error:
@@ -62,12 +72,16 @@ def finetune_trainer(qann: nn.Module, settings: FinetuneSettings, *, optimizer: 
     """A Retrainer of ``qann``'s SNN at ``settings.timesteps`` (the QANN is left as it is). ``snn``: that SNN made
     already (``trainable_snn``'s, e.g. with other neurons: ``with_neurons``), to train it with the same recipe."""
     snn = trainable_snn(qann, settings.timesteps, settings.surrogate) if snn is None else snn
+    if settings.early_timesteps is not None:
+        snn = with_early_readout(snn, settings.early_timesteps)
     trainer = Retrainer(snn, optimizer=functools.partial(optimizer, lr=settings.lr),
                      scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=settings.epochs),
-                     epochs=settings.epochs, auxiliary_weight=0.0, drop_path_prob=0.0, grad_clip=grad_clip,
+                     epochs=settings.epochs, auxiliary_weight=settings.early_weight, drop_path_prob=0.0,
+                     grad_clip=grad_clip,
                      precision=precision, ctx=ctx, log_every_n_steps=log_every_n_steps, cuda_graph=cuda_graph,
                      channels_last=channels_last, label_smoothing=label_smoothing)
-    trainer.label = f"SNN fine-tune (T = {settings.timesteps})"
+    also = "" if settings.early_timesteps is None else f", also {settings.early_timesteps}"
+    trainer.label = f"SNN fine-tune (T = {settings.timesteps}{also})"
     return trainer
 
 

@@ -12,7 +12,12 @@ from search_space.errors import UserInputError
 from search_space.genotypes import GENOTYPES
 from search_space.neurons import SpikingNeuron
 from search_space.qann import REPORTED_TIMESTEPS, convert_to_snn, set_timesteps
-from search_space.trainable_snn import accuracy_against_timesteps, trainable_snn, with_neuron_backend
+from search_space.trainable_snn import (
+    accuracy_against_timesteps,
+    trainable_snn,
+    with_early_readout,
+    with_neuron_backend,
+)
 from tests.search_space.test_qann import ALL_OPS, qann_network
 
 DARTS_V2 = GENOTYPES["DARTS_V2"]
@@ -131,3 +136,21 @@ def test_under_autocast_every_neuron_reads_the_half_precision_it_is_given(genoty
     assert len(seen) > 10 and set(seen) == {torch.bfloat16}
     logits.float().sum().backward()
     assert all(p.grad is None or (p.grad.dtype == p.dtype and torch.isfinite(p.grad).all()) for p in snn.parameters())
+
+
+def test_the_early_readout_is_the_answer_of_the_first_steps_and_trains_them() -> None:
+    """with_early_readout: in training the second output is the SNN's answer after ``early`` steps (equal to a run of
+    that many steps, in fp64); its loss reaches the weights; in evaluation the output is the plain SNN's."""
+    qann = qann_network(DARTS_V2, seed=3, level=4, sym=False).double()
+    x = torch.randn(4, 2, 12, 12, dtype=torch.float64)
+    snn = with_early_readout(trainable_snn(qann, 6), 2)
+    logits, early = snn(x)
+    torch.testing.assert_close(logits, trainable_snn(qann, 6)(x)[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(early, trainable_snn(qann, 2)(x)[0], rtol=0, atol=1e-12)
+    assert not torch.allclose(early, logits)
+    nn.functional.cross_entropy(early, torch.tensor([0, 1, 2, 3])).backward()
+    assert snn.classifier.linear.weight.grad.abs().sum() > 0 and snn.stem.stem[0].weight.grad.abs().sum() > 0
+    assert snn.eval()(x)[1] is None
+    for bad in (0, 6, 2.0, True):
+        with pytest.raises(UserInputError, match="snn_finetune.early_timesteps=.* must be an integer from 1 to"):
+            with_early_readout(trainable_snn(qann, 6), bad)

@@ -25,6 +25,9 @@ def test_the_python_defaults_are_the_config_values() -> None:
     ({"lr": 0}, "snn_finetune.lr=0 must be a positive number"),
     ({"surrogate": "tanh"}, "sigmoid, atan or rectangular"),
     ({"steps": 4}, "no setting 'steps'"),
+    ({"timesteps": 4, "early_timesteps": 4}, "snn_finetune.early_timesteps=4 must be an integer from 1 to"),
+    ({"early_timesteps": 0}, "snn_finetune.early_timesteps=0"),
+    ({"early_weight": 0}, "snn_finetune.early_weight=0 must be a positive number"),
 ])
 def test_bad_settings_are_refused_in_one_line(values: dict, fragment: str) -> None:
     with pytest.raises(UserInputError, match=fragment.replace(".", r"\.").replace("(", r"\(")):

@@ -1,0 +1,26 @@
+"""train.py snn_finetune.early_timesteps: one fine-tuning that trains the SNN's answers at two T."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.aso_se.run.helpers import SMOKE, RunApp
+
+
+def test_a_fine_tune_with_an_early_readout_reports_both_timesteps(run_app: RunApp, tmp_path: Path) -> None:
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann", "neuron.level=4",
+                           "snn_max_timesteps=4", "snn_finetune.epochs=1", "snn_finetune.timesteps=4",
+                           "snn_finetune.early_timesteps=2", "snn_finetune.early_weight=0.5", "hydra.run.dir=run")
+    assert code == 0, stderr
+    finetuned = json.loads((tmp_path / "run" / "metrics.json").read_text())["snn_finetune"]
+    assert (finetuned["early_timesteps"], finetuned["early_weight"]) == (2, 0.5)
+    assert {"2", "4"} <= set(finetuned["acc_at_t"]) and finetuned["test_acc"] == finetuned["acc_at_t"]["4"]
+    assert "SNN fine-tune (T = 4, also 2)" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_an_early_readout_not_before_t_is_refused_in_one_line(run_app: RunApp, tmp_path: Path) -> None:
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann", "neuron.level=4",
+                           "snn_finetune.epochs=1", "snn_finetune.timesteps=4", "snn_finetune.early_timesteps=4",
+                           "hydra.run.dir=run")
+    assert code != 0 and "snn_finetune.early_timesteps=4 must be an integer from 1 to" in stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the QANN trained
