@@ -22,5 +22,6 @@ def test_an_early_readout_not_before_t_is_refused_in_one_line(run_app: RunApp, t
     code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann", "neuron.level=4",
                            "snn_finetune.epochs=1", "snn_finetune.timesteps=4", "snn_finetune.early_timesteps=4",
                            "hydra.run.dir=run")
-    assert code != 0 and "snn_finetune.early_timesteps=4 must be an integer from 1 to" in stderr.strip().splitlines()[-1]
+    last_line = stderr.strip().splitlines()[-1]
+    assert code != 0 and "snn_finetune.early_timesteps=4 must be an integer from 1 to" in last_line
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the QANN trained
