@@ -20,7 +20,7 @@ from aso_se.run.guard import main_guard
 from aso_se.run.inputs import check_timesteps, genotype_to_train
 from aso_se.run.lifecycle import Run
 from aso_se.run.train_callbacks import TrainCallbacks
-from aso_se.run.warm_start import check_warm_start, warm_start
+from aso_se.run.warm_start import check_warm_start, distillation, warm_start
 from aso_se.train.retrain import Retrainer
 
 
@@ -40,7 +40,7 @@ def main(cfg: DictConfig) -> None:
             epochs=cfg.epochs, auxiliary_weight=cfg.model.auxiliary_weight, drop_path_prob=cfg.model.drop_path_prob,
             grad_clip=cfg.grad_clip, precision=cfg.trainer.precision, ctx=ctx,
             log_every_n_steps=cfg.trainer.log_every_n_steps, cuda_graph=cfg.cuda_graph,
-            channels_last=cfg.channels_last, label_smoothing=cfg.label_smoothing)
+            channels_last=cfg.channels_last, label_smoothing=cfg.label_smoothing, distill=distillation(run, data))
         run.restore(trainer, "trainer")
         board = run.tensorboard(cfg.logger, step=trainer.global_step)
         callbacks = TrainCallbacks(run, board, trainer=trainer, genotype=genotype)

@@ -4,7 +4,8 @@ Every run is ``train.py`` with the same overrides but ``neuron=<arm>`` and ``see
 also get ``neuron.timesteps=--timesteps``). An arm may set its neuron's options: ``st_bif_qann:level=16``
 runs ``neuron=st_bif_qann neuron.level=16``; an option with a dot is a run setting of its own:
 ``st_bif_qann:level=4:snn_finetune.epochs=2`` also fine-tunes the QANN's binary SNN, and ``init_from=<an earlier arm>``
-(with ``threshold_init=lsq``) warm-starts each seed's run from that arm's run of the same seed. Writes DIR/summary.json
+(with ``threshold_init=lsq``) warm-starts each seed's run from that arm's run of the same seed, and
+``distill.teacher=<an earlier arm>`` distils it from that run. Writes DIR/summary.json
 (every run: test accuracy, the QANN's SNN accuracy, steps to silence, the deployed binary SNN's accuracy at
 T = 4 and 8 and energy, train images/s), summary.md (mean ± std per arm and the verdicts: QANN and its SNN
 within 1 point of ReLU, the binary SNN at T = 8 / 4 within 1 / 2 points, QANN above BPTT); prints the table
@@ -68,13 +69,14 @@ def arm_overrides(arm: str, timesteps: int) -> tuple[str, ...]:
 
 
 def warm_start_from_arms(overrides: Sequence[str], arms: Sequence[str], stage_dir: Path) -> tuple[str, ...]:
-    """``init_from=<arm>`` naming an arm listed before: that arm's run dir of the same seed (Hydra fills ``seed``)."""
+    """``init_from=<arm>`` or ``distill.teacher=<arm>`` naming an arm listed before: that arm's run dir of the same
+    seed (Hydra fills ``seed``)."""
     names = {arm_name(arm): arm for arm in arms}
     resolved = []
     for override in overrides:
         key, _, value = override.partition("=")
-        if key == "init_from" and value in names:
-            override = f"init_from={stage_dir / arm_name(value)}_s${{seed}}"
+        if key in ("init_from", "distill.teacher") and value in names:
+            override = f"{key}={stage_dir / arm_name(value)}_s${{seed}}"
         resolved.append(override)
     return tuple(resolved)
 

@@ -34,6 +34,7 @@ from aso_se.monitor.progress import EpochProgress
 from aso_se.monitor.tensorboard import layer_of
 from aso_se.parallel.distributed import DistributedContext, broadcast_module, wrap_model
 from aso_se.parallel.rng_state import capture_rng_state, restore_rng_state
+from aso_se.train.distill import Distillation
 from aso_se.train.graphed_step import FlatGradients, GraphedTrainStep, check_capturable
 from kernels.sparse_conv import PATH_COUNTS
 from search_space.errors import UserInputError
@@ -72,7 +73,8 @@ class Retrainer:
                  scheduler: SchedulerFactory, epochs: int, auxiliary_weight: float,
                  drop_path_prob: float, grad_clip: float, precision: str,
                  ctx: DistributedContext, log_every_n_steps: int, cuda_graph: bool = False,
-                 channels_last: bool = False, grad_reduction: str = "auto", label_smoothing: float = 0.0) -> None:
+                 channels_last: bool = False, grad_reduction: str = "auto", label_smoothing: float = 0.0,
+                 distill: Distillation | None = None) -> None:
         if epochs < 1:
             raise UserInputError(f"epochs={epochs}: a retrain needs at least one epoch; "
                                  f"set epochs=<n>")
@@ -85,6 +87,9 @@ class Retrainer:
         # channels_last: NHWC weights and batches, where cuDNN's batch norm and depthwise convs are faster
         self.memory_format = torch.channels_last if channels_last else torch.preserve_format
         self.network = model.to(ctx.device, memory_format=self.memory_format)
+        self.distill = distill  # a teacher's soft answers blended into the loss (aso_se.train.distill)
+        if distill is not None:
+            distill.teacher.to(ctx.device, memory_format=self.memory_format)
         # Several ranks with graphs: no DDP (its reduction hooks cannot be replayed); the gradients live in
         # one flat buffer, all-reduced between the forward-backward graph and the clip-and-step graph.
         if grad_reduction == "auto":
@@ -252,6 +257,8 @@ class Retrainer:
                             cache_enabled=self.graphed_step is None):  # capture needs the cache off
             logits, logits_aux = self.model(inputs)
             loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
+            if self.distill is not None:
+                loss = self.distill.blend(loss, logits, inputs)
             if logits_aux is not None:
                 loss = loss + self.auxiliary_weight * F.cross_entropy(logits_aux, labels,
                                                                       label_smoothing=self.label_smoothing)

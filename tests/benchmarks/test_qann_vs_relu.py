@@ -122,5 +122,7 @@ def test_a_warm_started_arm_starts_each_seed_from_an_earlier_arms_run_of_that_se
     relu, warm = bench.plan_sweeps(Path("/o"), ["relu", "st_bif_qann:level=4:init_from=relu:threshold_init=lsq"], 2, 4,
                                    ("epochs=1",))
     assert "init_from=/o/train/relu_s${seed}" in warm.overrides and not any("init_from" in o for o in relu.overrides)
+    _, taught = bench.plan_sweeps(Path("/o"), ["relu", "st_bif_qann:distill.teacher=relu"], 1, 4, ())
+    assert "distill.teacher=/o/train/relu_s${seed}" in taught.overrides
     (alone,) = bench.plan_sweeps(Path("/o"), ["st_bif_qann:init_from=/runs/relu"], 1, 4, ())
     assert "init_from=/runs/relu" in alone.overrides  # a run dir, not an arm: as given

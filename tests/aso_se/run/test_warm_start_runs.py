@@ -34,3 +34,18 @@ def test_a_missing_init_from_is_refused_in_one_line_before_any_training(run_app:
     assert not (tmp_path / "run" / "checkpoints").exists()
     code, stderr = run_app("train", *QANN, "threshold_init=percentile", "hydra.run.dir=run2")
     assert code != 0 and "threshold_init='percentile': use one of config, lsq" in stderr
+
+
+def test_a_qann_distilled_from_a_relu_run(run_app: RunApp, tmp_path: Path) -> None:
+    """distill.teacher=<ReLU run>: the QANN trains on the blended loss (the teacher frozen, rebuilt from its run);
+    a missing teacher is refused before any training."""
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=relu", "hydra.run.dir=relu")
+    assert code == 0, stderr
+    code, stderr = run_app("train", *QANN, f"distill.teacher={tmp_path / 'relu'}", "distill.weight=0.7",
+                           "hydra.run.dir=qann")
+    assert code == 0, stderr
+    log = (tmp_path / "qann" / "train.log").read_text()
+    assert "distill: teacher" in log and "(relu neurons), weight 0.7" in log
+    code, stderr = run_app("train", *QANN, f"distill.teacher={tmp_path / 'nowhere'}", "hydra.run.dir=run")
+    assert code != 0 and "distill.teacher=" in stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "run" / "checkpoints").exists()
