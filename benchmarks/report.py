@@ -126,7 +126,7 @@ def selected(spec, rows: list[dict[str, str]]) -> list[dict[str, str]]:
             and (not metrics or row["metric"] in metrics)]
 
 
-def latest_table(spec: Latest, rows: list[dict[str, str]]) -> list[str]:
+def latest_table(spec: Latest, rows: list[dict[str, str]], *, notes: bool = True) -> list[str]:
     newest: dict[tuple[str, str], dict[str, str]] = {}
     for row in selected(spec, rows):  # file order is oldest first; a later row of equal date replaces an earlier
         key = (row["case"], row["metric"])
@@ -134,9 +134,12 @@ def latest_table(spec: Latest, rows: list[dict[str, str]]) -> list[str]:
             newest[key] = row
     commands = Commands()
     lines = ["| case | metric | value | note | GPU | date | commit | command |", "|---|---|---:|---|---|---|---|---|"]
+    if not notes:  # the notes are given once per case above the table
+        lines = [line.replace(" note |", "", 1).replace("---:|---|", "---:|", 1) for line in lines]
     for row in newest.values():
         value = f"{number(row['value'])} {row['unit']}".rstrip()  # a unitless value (τ) without a trailing space
-        lines.append(f"| {row['case']} | {row['metric']} | {value} | {row['note']} | "
+        note = f" {row['note']} |" if notes else ""
+        lines.append(f"| {row['case']} | {row['metric']} | {value} |{note} "
                      f"{gpu_name(row['gpu'])} | {row['date'] or '—'} | {row['commit'] or '—'} | "
                      f"{commands.name(row['command'])} |")
     return lines + commands.listing()
@@ -210,7 +213,7 @@ def against_t_table(spec: AgainstT, rows: list[dict[str, str]]) -> list[str]:
                      f"{first['commit'] or '—'} | {commands.name(first['command'])} |")
     notes = joined(f"{case}: {next(iter(curve.values()))['note']}" for (case, _), curve in curves.items())
     lines += ["", f"Budgets — {notes}", ""]
-    rest = latest_table(Latest(spec.file), others) if others else []
+    rest = latest_table(Latest(spec.file), others, notes=False) if others else []
     return lines + commands.listing() + ([""] + rest if rest else [])
 
 
