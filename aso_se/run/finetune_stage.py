@@ -99,6 +99,9 @@ def run_finetune(run: Run, board: TensorBoardLogger | None, settings: FinetuneSe
         follow_new_epochs(trainer)  # a resume may fine-tune for longer
     log.info("spike-domain fine-tuning: %d epochs of the binary SNN at T = %d", settings.epochs, settings.timesteps)
     callbacks = FinetuneCallbacks(run, board, trainer=trainer, qann=qann, qann_metrics=metrics)
+    if settings.batch_size is not None and settings.batch_size != cfg.batch_size:  # BPTT holds T steps' activations
+        train_loader, test_loader = data.train_loaders(settings.batch_size, seed=cfg.seed, rank=ctx.rank,
+                                                       world_size=ctx.world_size, device=ctx.device)
     if not trainer.fit(train_loader, test_loader, callbacks=callbacks, should_stop=run.should_stop):
         callbacks.save_checkpoint()
         run.raise_if_stopped()

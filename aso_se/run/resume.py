@@ -27,7 +27,7 @@ MACHINE_KEYS = ("data.root", "data.num_workers")
 # How a finished QANN run's SNN is fine-tuned: settable until its fine-tuning starts (one QANN, fine-tuned at several
 # T from copies of its run dir).
 FINETUNE_START_KEYS = ("snn_finetune.timesteps", "snn_finetune.lr", "snn_finetune.surrogate",
-                       "snn_finetune.early_timesteps", "snn_finetune.early_weight")
+                       "snn_finetune.early_timesteps", "snn_finetune.early_weight", "snn_finetune.batch_size")
 # ... and how train.py evaluates the exact SNN at the end: evaluation only, the training is unchanged. A finished
 # QANN run may also be resumed to fine-tune its SNN, or to fine-tune it for longer.
 EVALUATION_KEYS = ("snn_max_timesteps", "snn_first_timesteps", "snn_eval_samples", "snn_eval_dtype",
@@ -96,6 +96,13 @@ def _fit_to_this_launch(cfg: DictConfig, saved_world: int | None) -> None:
                              f"{cfg.batch_size} on {saved_world} processes), which {world} processes cannot "
                              f"split evenly; resume it on a number of processes that divides {global_batch}")
     cfg.batch_size = global_batch // world
+    finetune_batch = OmegaConf.select(cfg, "snn_finetune.batch_size")
+    if finetune_batch is not None:  # the fine-tuning's own per-process batch, kept global in the same way
+        if finetune_batch * saved_world % world:
+            raise UserInputError(f"this run fine-tunes with a global batch of {finetune_batch * saved_world}, which "
+                                 f"{world} processes cannot split evenly; resume it on a number of processes that "
+                                 f"divides it")
+        cfg.snn_finetune.batch_size = finetune_batch * saved_world // world
     cfg.trainer.ddp = world > 1
     if int(os.environ.get("RANK", "0")) == 0:
         log.warning("resumed on %d process%s (saved on %d): batch_size per process %d -> %d, the global batch "

@@ -34,6 +34,7 @@ class FinetuneSettings:
     surrogate: str = "sigmoid"   # the ST-BIF neuron's surrogate derivative: sigmoid | atan | rectangular
     early_timesteps: int | None = None  # also train the answer after these steps (< T): one SNN for both T
     early_weight: float = 1.0    # that answer's cross-entropy weight
+    batch_size: int | None = None  # per process; None: the QANN's (BPTT keeps T steps of activations)
 
     @classmethod
     def from_config(cls, node: Any) -> FinetuneSettings:
@@ -42,7 +43,7 @@ class FinetuneSettings:
         unknown = sorted(set(values) - set(asdict(cls())))
         if unknown:
             raise UserInputError(f"snn_finetune has no setting {unknown[0]!r}; use epochs, timesteps, lr, surrogate, "
-                                 "early_timesteps or early_weight")
+                                 "early_timesteps, early_weight or batch_size")
         for name in ("epochs", "timesteps"):
             value = values[name]
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "epochs" else 1):
@@ -52,6 +53,9 @@ class FinetuneSettings:
             value = values[name]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise UserInputError(f"snn_finetune.{name}={value!r} must be a positive number, e.g. {example}")
+        batch = values["batch_size"]
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+            raise UserInputError(f"snn_finetune.batch_size={batch!r} must be a positive integer, e.g. 64, or null")
         early = values["early_timesteps"]
         if early is not None and (isinstance(early, bool) or not isinstance(early, int)
                                   or not 1 <= early < values["timesteps"]):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from aso_se.run.checkpoint import load_checkpoint
 from tests.aso_se.run.helpers import SMOKE, RunApp
 
 
@@ -25,3 +26,16 @@ def test_an_early_readout_not_before_t_is_refused_in_one_line(run_app: RunApp, t
     last_line = stderr.strip().splitlines()[-1]
     assert code != 0 and "snn_finetune.early_timesteps=4 must be an integer from 1 to" in last_line
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the QANN trained
+
+
+def test_a_fine_tune_with_its_own_batch_size(run_app: RunApp, tmp_path: Path) -> None:
+    """snn_finetune.batch_size: BPTT keeps T steps of activations, so the fine-tuning may take smaller batches than
+    the QANN: its epoch takes as many more steps."""
+    code, stderr = run_app("train", *SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann", "neuron.level=4",
+                           "snn_max_timesteps=4", "batch_size=64", "data.max_train_samples=256",
+                           "snn_finetune.epochs=1", "snn_finetune.timesteps=2", "snn_finetune.batch_size=32",
+                           "hydra.run.dir=run")
+    assert code == 0, stderr
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", kind="train")
+    assert state["trainer"]["global_step"] == 256 // 64
+    assert state["snn_trainer"]["global_step"] == 256 // 64 + 256 // 32
