@@ -264,3 +264,36 @@ def test_fp16_with_loss_scaling_captures_once_and_matches_eager(deterministic_fp
     assert graphed.graphed_step.captures == 1
     assert graphed.scaler.get_scale() == eager.scaler.get_scale()
     assert_graphed_follows_eager(eager, graphed, rel=2e-2, abs_loss=1e-4)
+
+
+def test_a_distilled_retrain_with_cuda_graph_matches_eager(deterministic_fp32):
+    """The teacher's forward inside the captured step: graphed and eager distillation from one frozen teacher train
+    the same student to the same losses and weights."""
+    from aso_se.train.distill import Distillation
+
+    torch.manual_seed(1)
+    teacher = build_network("DARTS_V2", neuron=NeuronFactory("relu", timesteps=1), channels=8, layers=3,
+                            num_classes=10, in_channels=1, image_size=16, auxiliary=False).cuda()
+    network = spiking_network(auxiliary=True)
+    for conv in (m for m in network.modules() if isinstance(m, SparseConv2d)):
+        conv.backend = "torch"
+    twin = copy.deepcopy(network)
+    train = random_batches([16] * 6, (1, 16, 16), 10, seed=2)
+    test = random_batches([16] * 2, (1, 16, 16), 10, seed=3)
+    trainers = []
+    for student, graphed in ((network, False), (twin, True)):
+        trainer = Retrainer(
+            student, optimizer=SGD, scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=2),
+            epochs=2, auxiliary_weight=0.4, drop_path_prob=0.0, grad_clip=5.0, precision="fp32",
+            ctx=DistributedContext(torch.device("cuda")), log_every_n_steps=100, cuda_graph=graphed,
+            distill=Distillation(copy.deepcopy(teacher), weight=0.5, temperature=4.0))
+        fit(trainer, train, test)
+        trainers.append(trainer)
+    eager, graphed = trainers
+    assert graphed.graphed_step.captures >= 1
+    for record_eager, record_graphed in zip(eager.history, graphed.history):
+        assert record_graphed["train_loss"] == pytest.approx(record_eager["train_loss"], rel=1e-3)
+        assert record_graphed["test_acc"] == record_eager["test_acc"]
+    for (name, eager_param), graphed_param in zip(network.named_parameters(), twin.parameters()):
+        error = ((graphed_param - eager_param).norm() / eager_param.norm().clamp_min(1e-12)).item()
+        assert error < 1e-3, (name, error)

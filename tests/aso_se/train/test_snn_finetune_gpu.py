@@ -42,11 +42,12 @@ def test_triton_bptt_equals_reference_bptt_on_the_gpu(exact_fp32, timesteps):
         torch.testing.assert_close(grad, ref[name], rtol=1e-3, atol=1e-5, msg=name)
 
 
-def test_graphed_fine_tuning_trains_as_eager(exact_fp32):
+@pytest.mark.parametrize("early", [None, 2], ids=["at_t", "with_early_readout"])
+def test_graphed_fine_tuning_trains_as_eager(exact_fp32, early):
     """Two epochs of the fine-tuning Retrainer at T = 4 (fused kernel), CUDA graphs against eager from the same
-    QANN: the same losses and accuracies, and weights within rounding."""
+    QANN: the same losses and accuracies, and weights within rounding (with the early readout's hooks too)."""
     qann = qann_network(GENOTYPES["DARTS_V2"], seed=4, level=4, sym=False).cuda()
-    settings = FinetuneSettings(epochs=2, timesteps=4, lr=0.01)
+    settings = FinetuneSettings(epochs=2, timesteps=4, lr=0.01, early_timesteps=early)
     sgd = functools.partial(torch.optim.SGD, lr=0.01, momentum=0.9)
     trainers = [finetune_trainer(qann, settings, optimizer=sgd, grad_clip=5.0, precision="fp32",
                                  ctx=DistributedContext(torch.device("cuda")), log_every_n_steps=100,
