@@ -211,8 +211,10 @@ def against_t_table(spec: AgainstT, rows: list[dict[str, str]]) -> list[str]:
         first = next(iter(curve.values()))
         lines.append(f"| {case} | {network} | {cells} | {gpu_name(first['gpu'])} | {first['date'] or '—'} | "
                      f"{first['commit'] or '—'} | {commands.name(first['command'])} |")
-    notes = joined(f"{case}: {next(iter(curve.values()))['note']}" for (case, _), curve in curves.items())
-    lines += ["", f"Budgets — {notes}", ""]
+    budgets: dict[str, str] = {}  # a case's budget once: the note of its first curve (later ones add their method)
+    for (case, _), curve in curves.items():
+        budgets.setdefault(case, next(iter(curve.values()))["note"])
+    lines += ["", "Budgets:", "", *(f"- {case}: {note}" for case, note in budgets.items()), ""]
     rest = latest_table(Latest(spec.file), others, notes=False) if others else []
     return lines + commands.listing() + ([""] + rest if rest else [])
 
