@@ -3,7 +3,8 @@
 Every run is ``train.py`` with the same overrides but ``neuron=<arm>`` and ``seed=<s>`` (spiking BPTT arms
 also get ``neuron.timesteps=--timesteps``). An arm may set its neuron's options: ``st_bif_qann:level=16``
 runs ``neuron=st_bif_qann neuron.level=16``; an option with a dot is a run setting of its own:
-``st_bif_qann:level=4:snn_finetune.epochs=2`` also fine-tunes the QANN's binary SNN, and ``init_from=<an earlier arm>``
+``st_bif_qann:level=4:snn_finetune.epochs=2`` also fine-tunes the QANN's binary SNN, ``epochs=5`` gives the arm its
+own epochs, and ``init_from=<an earlier arm>``
 (with ``threshold_init=lsq``) warm-starts each seed's run from that arm's run of the same seed, and
 ``distill.teacher=<an earlier arm>`` distils it from that run. Writes DIR/summary.json
 (every run: test accuracy, the QANN's SNN accuracy, steps to silence, the deployed binary SNN's accuracy at
@@ -46,7 +47,7 @@ ARMS = ("relu", "st_bif_qann", "st_bif")
 BPTT = ("st_bif", "lif")  # arms trained through time: they get --timesteps
 TOLERANCE = 0.01  # "within 1 point" of ReLU's mean test accuracy
 RESERVED_KEYS = ("neuron", "seed", "resume")  # set by the benchmark for every run
-RUN_KEYS = ("init_from", "threshold_init")  # arm options that are run settings though they have no dot
+RUN_KEYS = ("init_from", "threshold_init", "epochs")  # arm options that are run settings though they have no dot
 
 
 def check_overrides(overrides: Sequence[str]) -> tuple[str, ...]:

@@ -126,3 +126,5 @@ def test_a_warm_started_arm_starts_each_seed_from_an_earlier_arms_run_of_that_se
     assert "distill.teacher=/o/train/relu_s${seed}" in taught.overrides
     (alone,) = bench.plan_sweeps(Path("/o"), ["st_bif_qann:init_from=/runs/relu"], 1, 4, ())
     assert "init_from=/runs/relu" in alone.overrides  # a run dir, not an arm: as given
+    (short,) = bench.plan_sweeps(Path("/o"), ["st_bif_qann:epochs=5"], 1, 4, ("epochs=10",))
+    assert short.overrides[-1] == "epochs=5"  # the arm's own epochs, after the common ones: Hydra keeps the last
