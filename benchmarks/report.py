@@ -8,8 +8,9 @@ makes from its rows file. To add a section: write its rows (a suite's ``--rows``
 the columns of benchmarks/rows.py), add a ``TABLES`` entry naming the file, and put ``{{name}}`` where it goes in the
 template; then run this script and commit RESULTS.md with the rows (a CPU test runs ``--check``).
 
-Three kinds of table: ``Latest`` shows the newest row of each (case, metric) of its file, ``Groups`` the mean ± std
-of each case's rows per metric (seeds, searches), and ``Lines`` one line per row (the negative results). Every row
+The kinds of table: ``Latest`` shows the newest row of each (case, metric) of its file, ``Groups`` the mean ± std
+of each case's rows per metric (seeds, searches), ``Lines`` one line per row (the negative results), ``AgainstT`` the
+SNN's accuracy against its time steps and ``Pivot`` a row per line and a column per quantity (the roofline). Every row
 keeps its GPU, date, commit and command; a table's commands are listed under it once each, as c1, c2, ...
 """
 from __future__ import annotations
@@ -43,6 +44,16 @@ class Latest:
     file: str
     cases: tuple[str, ...] = ()
     metrics: tuple[str, ...] = ()
+    skip_cases: tuple[str, ...] = ()  # shown by another table
+
+
+@dataclass(frozen=True)
+class Pivot:
+    """Rows of ``cases`` whose metric is "<network>: <line>: <quantity>" (the roofline): per network, its newest
+    rows as a table with a row per line and a column per quantity, both in order of appearance."""
+
+    file: str
+    cases: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -73,7 +84,8 @@ class AgainstT:
 
 
 TABLES = {
-    "speed": Latest("speed.csv"),
+    "speed": Latest("speed.csv", skip_cases=("roofline",)),
+    "roofline": Pivot("speed.csv", cases=("roofline",)),
     "accuracy": Latest("accuracy.csv"),
     "search_vs_random": Groups("search_vs_random.csv", ("test accuracy", "SNN energy per image",
                                                         "binary SNN, T = 4: test accuracy",
@@ -123,7 +135,7 @@ class Commands:
 def selected(spec, rows: list[dict[str, str]]) -> list[dict[str, str]]:
     metrics = getattr(spec, "metrics", ())
     return [row for row in rows if (not spec.cases or row["case"] in spec.cases)
-            and (not metrics or row["metric"] in metrics)]
+            and (not metrics or row["metric"] in metrics) and row["case"] not in getattr(spec, "skip_cases", ())]
 
 
 def latest_table(spec: Latest, rows: list[dict[str, str]], *, notes: bool = True) -> list[str]:
@@ -219,6 +231,30 @@ def against_t_table(spec: AgainstT, rows: list[dict[str, str]]) -> list[str]:
     return lines + commands.listing() + ([""] + rest if rest else [])
 
 
+def pivot_table(spec: Pivot, rows: list[dict[str, str]]) -> list[str]:
+    newest: dict[tuple[str, str, str], dict[str, str]] = {}
+    for row in selected(spec, rows):
+        network, line, quantity = row["metric"].rsplit(": ", 2)
+        key = (network, line, quantity)
+        if key not in newest or row["date"] >= newest[key]["date"]:
+            newest[key] = row
+    commands, lines = Commands(), []
+    for network in dict.fromkeys(network for network, _, _ in newest):
+        mine = {(line, quantity): row for (net, line, quantity), row in newest.items() if net == network}
+        quantities = list(dict.fromkeys(quantity for _, quantity in mine))
+        units = {quantity: row["unit"] for (_, quantity), row in mine.items()}
+        first = next(iter(mine.values()))
+        lines += [f"{network} ({gpu_name(first['gpu'])}, {first['date'] or '—'}, {first['commit'] or '—'}, "
+                  f"{commands.name(first['command'])}; {first['note']}):", "",
+                  "| | " + " | ".join(f"{quantity} ({units[quantity]})" for quantity in quantities) + " |",
+                  "|---|" + "---:|" * len(quantities)]
+        for line in dict.fromkeys(line for line, _ in mine):
+            cells = " | ".join(number(mine[line, q]["value"]) if (line, q) in mine else "—" for q in quantities)
+            lines.append(f"| {line} | {cells} |")
+        lines.append("")
+    return lines + commands.listing()
+
+
 def lines_list(spec: Lines, rows: list[dict[str, str]]) -> list[str]:
     return [f"- {row['metric']}: **{number(row['value'])}{row['unit']}**; {row['note']} ({gpu_name(row['gpu'])}, "
             f"{row['date'] or '—'}, {row['commit'] or '—'}: `{row['command']}`)" for row in rows]
@@ -230,7 +266,8 @@ def table(name: str, results: Path = RESULTS) -> str:
     if not selected(spec, rows):
         which = "".join(f"; {metric}" for metric in getattr(spec, "metrics", ()) if isinstance(spec, Latest))
         return f"No rows yet (`benchmarks/results/{spec.file}`{which})."
-    make = {Latest: latest_table, Groups: groups_table, Lines: lines_list, AgainstT: against_t_table}[type(spec)]
+    make = {Latest: latest_table, Groups: groups_table, Lines: lines_list, AgainstT: against_t_table,
+            Pivot: pivot_table}[type(spec)]
     return "\n".join(make(spec, rows))
 
 

@@ -13,7 +13,8 @@
 
 Arguments after --case go to the case (``--help`` after it lists them). The cases but the scaling ones are each
 benchmarks/speed_<case>.py; they need a GPU (all but st_bif take ``--tiny``, a smoke run on a CPU that writes no
-rows) and write to benchmarks/results/speed.csv. The scaling cases run search.py or train.py under torchrun on 1, then
+rows) and write to benchmarks/results/speed.csv. SIGTERM (``timeout``) stops a case like Ctrl-C; bptt_step and
+snn_eval then write the rows they timed so far. The scaling cases run search.py or train.py under torchrun on 1, then
 more GPUs of this machine (same batch per GPU, so N GPUs take N times fewer steps) and write the median epoch's
 images/s and the speed-up over the first count to scaling.csv.
 """
@@ -23,6 +24,7 @@ import argparse
 import importlib
 import json
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -87,6 +89,14 @@ def run_case(case: str, argv: Sequence[str]) -> list[Measurement]:
     return module.main(argv)
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (``timeout``, a scheduler) raises KeyboardInterrupt like Ctrl-C: the cases that time row by row
+    (bptt_step, snn_eval) catch it and return the rows they have, which are then written."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False, add_help=False)
     parser.add_argument("--case", required=True, choices=tuple(DEFAULT_ROWS))
@@ -109,4 +119,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     sys.exit(main())

@@ -233,9 +233,8 @@ def compared(row: Row, baseline: Row | None, name: str) -> Row:
                row.time.wall / baseline.time.wall)
 
 
-def genotype_rows(genotype: str, args, device, peers: list[str]) -> list[Row]:
+def genotype_rows(genotype: str, args, device, peers: list[str], rows: list[Row]) -> None:
     qann = qann_network(genotype, args)
-    rows = []
     for mode in args.modes:
         graph = mode == "graph" and device.type == "cuda"
         batches = {timesteps: max(1, args.image_steps // timesteps) for timesteps in args.timesteps}
@@ -269,7 +268,6 @@ def genotype_rows(genotype: str, args, device, peers: list[str]) -> list[Row]:
                     continue
                 rows.append(row)
                 print_row(row)
-    return rows
 
 
 def positive_ints(text: str) -> list[int]:
@@ -333,7 +331,10 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
           f"{args.level}, {args.precision}, {args.layout}, {args.image_steps} image-steps per batch")
     print("| genotype | network | T | batch | mode | wall ms / step | GPU ms / step | host issue ms / step | "
           "images/s | step / baseline | peak GiB |\n|---|---|---:|---:|---|---:|---:|---:|---:|---|---:|")
-    rows = []
-    for index, genotype in enumerate(genotypes):
-        rows += genotype_rows(genotype, args, device, args.peers if index == 0 else [])
+    rows: list[Row] = []  # filled as each row is timed: a stopped case (speed.py's SIGTERM) keeps the rows it has
+    try:
+        for index, genotype in enumerate(genotypes):
+            genotype_rows(genotype, args, device, args.peers if index == 0 else [], rows)
+    except KeyboardInterrupt:
+        print(f"stopped after {len(rows)} rows: keeping them", file=sys.stderr)
     return measurements(rows, args)

@@ -147,17 +147,20 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
           f"{args.level}, {count:,} {images_name} in batches of {args.batch}, T = 1 … {args.max_timesteps}")
     print("| genotype | function | wall (s) | images/s | accuracy at T = 1, max (random weights) |\n"
           "|---|---|---:|---:|---|")
-    measured = []
-    for genotype in [part for part in args.genotypes.split(",") if part]:
-        qann = random_qann(genotype, args, batches, device)
-        for function in args.functions:
-            seconds, accuracy = time_function(function, qann, batches, device, args.max_timesteps)
-            print(f"| {genotype} | {function} | {seconds:.1f} | {count / seconds:,.0f} | "
-                  f"{100 * accuracy[1]:.1f}%, {100 * accuracy[args.max_timesteps]:.1f}% |", flush=True)
-            what = (f"{genotype} {args.layers}×{args.channels} level-{args.level} binary SNN, {function} "
-                    f"({'snn_metrics' if function == 'converted' else 'accuracy_against_timesteps'}), accuracy at "
-                    f"T = 1 … {args.max_timesteps} on {count:,} images")
-            note = f"random weights (timing only); {images_name}; after a warm-up call on one batch"
-            measured.append(Measurement("snn_eval", f"{what}: wall", round(seconds, 2), "s", note))
-        del qann
+    measured: list[Measurement] = []  # filled as each function is timed: a stopped case keeps what it has
+    try:
+        for genotype in [part for part in args.genotypes.split(",") if part]:
+            qann = random_qann(genotype, args, batches, device)
+            for function in args.functions:
+                seconds, accuracy = time_function(function, qann, batches, device, args.max_timesteps)
+                print(f"| {genotype} | {function} | {seconds:.1f} | {count / seconds:,.0f} | "
+                      f"{100 * accuracy[1]:.1f}%, {100 * accuracy[args.max_timesteps]:.1f}% |", flush=True)
+                what = (f"{genotype} {args.layers}×{args.channels} level-{args.level} binary SNN, {function} "
+                        f"({'snn_metrics' if function == 'converted' else 'accuracy_against_timesteps'}), accuracy at "
+                        f"T = 1 … {args.max_timesteps} on {count:,} images")
+                note = f"random weights (timing only); {images_name}; after a warm-up call on one batch"
+                measured.append(Measurement("snn_eval", f"{what}: wall", round(seconds, 2), "s", note))
+            del qann
+    except KeyboardInterrupt:
+        print(f"stopped after {len(measured)} rows: keeping them", file=sys.stderr)
     return measured

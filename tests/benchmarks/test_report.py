@@ -65,3 +65,11 @@ def test_the_readmes_links_into_results_md_name_its_sections():
     readme = (report.HERE.parent / "README.md").read_text()
     links = re.findall(r"benchmarks/RESULTS\.md#([\w\-]+)", readme)
     assert links and set(links) <= anchors, set(links) - anchors
+
+
+def test_the_roofline_is_a_table_per_network_with_a_row_per_kernel_class():
+    text = report.table("roofline")
+    assert "| | least bytes (GB) | time (ms) | achieved bandwidth (GB/s) | share of HBM bandwidth (%) |" in text
+    assert "| quantizer / neuron | 80.23 | 29.18 | 2,749 | 82.1 |" in text  # the H100 rows of speed.csv
+    assert "| copy / layout | 0 | 17.33 | — | — |" in text  # no floor: no bandwidth to show
+    assert "| roofline |" not in report.table("speed")  # not repeated in the speed table

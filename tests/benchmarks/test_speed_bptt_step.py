@@ -3,6 +3,8 @@ step and both peers in one process, the ratios divide the right rows, and bad in
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 
 import pytest
 from spikingjelly.activation_based import neuron as sj_neuron
@@ -70,3 +72,32 @@ def test_bad_input_is_one_line(capsys):
     with pytest.raises(SystemExit):
         speed.main(["--case", "bptt_step", "--peers", "snntorch"])
     assert "'snntorch' is not one of spikingjelly, reference" in capsys.readouterr().err
+
+
+def test_a_stopped_case_keeps_and_writes_the_rows_it_timed(tmp_path, monkeypatch, capsys):
+    """A stop (SIGTERM, which speed.py makes a KeyboardInterrupt) in the second genotype: the first one's rows stay."""
+    timed = speed_bptt_step.genotype_rows
+
+    def stop_at_the_second(genotype, args, device, peers, rows):
+        if genotype == "DARTS_V2":
+            raise KeyboardInterrupt
+        timed(genotype, args, device, peers, rows)
+
+    monkeypatch.setattr(speed_bptt_step, "genotype_rows", stop_at_the_second)
+    out_file = tmp_path / "speed.csv"
+    assert speed.main(["--case", "bptt_step", "--tiny", "--rows-out", str(out_file)]) == 0
+    captured = capsys.readouterr()
+    assert "stopped after 4 rows: keeping them" in captured.err  # the QANN step, ours and both peers
+    written = out_file.read_text()
+    assert "DARTS_V2_SPIKE_NATIVE 3×4, binary SNN BPTT, T = 2" in written and "DARTS_V2 3×4" not in written
+
+
+def test_sigterm_stops_a_case_like_ctrl_c():
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        speed.stop_on_sigterm()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs in this (main) thread before the next line
+            assert False, "SIGTERM did not interrupt"
+    finally:
+        signal.signal(signal.SIGTERM, before)

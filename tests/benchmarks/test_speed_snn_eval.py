@@ -62,3 +62,17 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert speed.main(["--case", "snn_eval", "--tiny", "--data", str(tmp_path / "nowhere"), "--rows-out", ""]) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith("speed.py --case snn_eval: ") and "\n" not in error
+
+
+def test_a_stopped_case_keeps_the_functions_it_timed(monkeypatch, capsys):
+    timed = speed_snn_eval.time_function
+
+    def stop_at_the_second(function, *rest):
+        if function == "finetuned":
+            raise KeyboardInterrupt
+        return timed(function, *rest)
+
+    monkeypatch.setattr(speed_snn_eval, "time_function", stop_at_the_second)
+    rows = speed_snn_eval.main(["--tiny"])
+    assert [row.metric.split(", ")[1].split(" ")[0] for row in rows] == ["converted"]
+    assert "stopped after 1 rows: keeping them" in capsys.readouterr().err
