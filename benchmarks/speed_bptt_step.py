@@ -21,6 +21,11 @@ swapped for spikingjelly 2.0's multi-step IFNode on its torch backend (``spiking
 SJ_IF_CUDA_IMPLEMENTATION=torch; a soft-reset IF neuron with a sigmoid surrogate fed fp32, so a timing peer, not the
 same function), or for our ST-BIF neuron's torch reference (``reference``); each as its step time over ours. A peer
 that fails (e.g. cannot be captured in a graph) prints why and loses its row, not the case's other rows.
+
+``--profile`` (first genotype, first T) then says where the BPTT step's time goes: one eager BPTT step at batch B
+and one eager QANN step at batch B·T (the same image-steps through the convs) profiled by kernel class
+(speed_retrain_step.KERNEL_CLASSES), each class's time per step as a row. What BPTT spends beyond the QANN of
+B·T images is what paying for T more than once costs, class by class.
 """
 from __future__ import annotations
 
@@ -46,7 +51,7 @@ if __package__ in (None, ""):  # run as a script: the repository on the path, fo
 from aso_se.parallel.distributed import DistributedContext
 from aso_se.train.snn_finetune import FinetuneSettings, finetune_trainer
 from benchmarks.rows import Measurement
-from benchmarks.speed_retrain_step import retrain_trainer, sync
+from benchmarks.speed_retrain_step import profile_row, retrain_trainer, sync
 from search_space.errors import UserInputError
 from search_space.network import build_network
 from search_space.neurons import NeuronFactory
@@ -270,6 +275,27 @@ def genotype_rows(genotype: str, args, device, peers: list[str], rows: list[Row]
                 print_row(row)
 
 
+def profile_rows(genotype: str, timesteps: int, batch: int, args, device) -> list[Measurement]:
+    """GPU time per eager step by kernel class: the BPTT step at ``batch`` and the QANN step at ``batch`` × T."""
+    qann = qann_network(genotype, args)
+    steps = {"QANN step": (timesteps * batch, lambda: retrain_trainer(copy.deepcopy(qann), args.precision,
+                                                                       args.channels_last, device, graph=False)),
+             f"binary SNN BPTT, T = {timesteps}": (batch, lambda: bptt_trainer(qann, timesteps, args, device,
+                                                                               graph=False))}
+    found = []
+    for network, (images, make) in steps.items():
+        trainer = make()
+        seconds, kernels = profile_row(trainer, (images, network), device)
+        what = f"{genotype} {args.layers}×{args.channels}, {network}, batch {images}, {args.precision}, eager"
+        found += [Measurement("bptt_step", f"{what}: {label}: time per step", round(value * 1e3, 2), "ms",
+                              f"profiled kernel time ({kernels.get(label, 0)} kernels); the QANN step at batch "
+                              f"{timesteps} × {batch} beside the BPTT step at {batch}")
+                  for label, value in sorted(seconds.items(), key=lambda item: -item[1])]
+        del trainer
+        gc.collect()
+    return found
+
+
 def positive_ints(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",")]
@@ -309,6 +335,8 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     parser.add_argument("--warmup", type=int, default=5, help=f"steps before timing (graphs: at least {GRAPH_WARMUP})")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="also profile the BPTT step and the QANN step of as "
+                        "many image-steps by kernel class (first genotype, first T)")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: 3 cells × 4 channels, T = 2, batch 4, "
                         "fp32, both peers")
     args = parser.parse_args(argv)
@@ -335,6 +363,9 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     try:
         for index, genotype in enumerate(genotypes):
             genotype_rows(genotype, args, device, args.peers if index == 0 else [], rows)
+        profiled = profile_rows(genotypes[0], args.timesteps[0], max(1, args.image_steps // args.timesteps[0]), args,
+                                device) if args.profile and genotypes else []
     except KeyboardInterrupt:
         print(f"stopped after {len(rows)} rows: keeping them", file=sys.stderr)
-    return measurements(rows, args)
+        profiled = []
+    return measurements(rows, args) + profiled

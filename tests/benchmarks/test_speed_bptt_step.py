@@ -101,3 +101,12 @@ def test_sigterm_stops_a_case_like_ctrl_c():
             assert False, "SIGTERM did not interrupt"
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_the_profile_splits_both_steps_by_kernel_class_at_the_same_image_steps(monkeypatch):
+    monkeypatch.setattr(speed_bptt_step, "genotype_rows", lambda *args: None)  # only the profile
+    rows = speed_bptt_step.main(["--tiny", "--genotypes", "DARTS_V2", "--profile"])
+    metrics = [row.metric for row in rows]
+    assert "DARTS_V2 3×4, QANN step, batch 8, fp32, eager: conv: time per step" in metrics  # T = 2 × batch 4
+    assert "DARTS_V2 3×4, binary SNN BPTT, T = 2, batch 4, fp32, eager: conv: time per step" in metrics
+    assert all(row.value > 0 and row.unit == "ms" for row in rows)
