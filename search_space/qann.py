@@ -36,11 +36,12 @@ REPORTED_TIMESTEPS = (1, 2, 4, 6, 8, 16)
 
 
 def _add_at_first_step(y: Tensor, shift: Tensor, timesteps: int) -> Tensor:
-    """``y`` (``[T*B, C, ...]``) plus the per-channel ``shift`` at t = 0 only."""
-    steps = y.unflatten(0, (timesteps, -1))
+    """``y`` (``[T*B, C, ...]``) plus the per-channel ``shift`` at t = 0 only, added in place to y's first step
+    (a copy of all T steps would cost a pass over the tensor): ``y`` must be a fresh output whose producer's backward
+    does not read it (a product, a conv or a linear layer; autograd refuses otherwise)."""
     # in y's dtype: under autocast the fp32 shift would otherwise promote every step (and the neuron's input)
-    first = steps[:1] + shift.to(y.dtype).view((1, 1, -1) + (1,) * (y.dim() - 2))
-    return torch.cat([first, steps[1:]]).flatten(0, 1)
+    y.unflatten(0, (timesteps, -1))[0].add_(shift.to(y.dtype).view((1, -1) + (1,) * (y.dim() - 2)))
+    return y
 
 
 class _ShiftAtFirstStep(nn.Module):

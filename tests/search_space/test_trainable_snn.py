@@ -154,3 +154,39 @@ def test_the_early_readout_is_the_answer_of_the_first_steps_and_trains_them() ->
     for bad in (0, 6, 2.0, True):
         with pytest.raises(UserInputError, match="snn_finetune.early_timesteps=.* must be an integer from 1 to"):
             with_early_readout(trainable_snn(qann, 6), bad)
+
+
+@pytest.mark.parametrize("timesteps", [1, 3])
+def test_the_first_step_shift_and_bias_equal_their_formulas_with_every_gradient(timesteps: int) -> None:
+    """The folded batch norm (x·scale, + shift at t = 0) and the conv whose bias enters at t = 0, added in place to
+    the first step: outputs and the gradients of input, scale, shift, weight and bias against the out-of-place
+    formulas in float64 (odd sizes)."""
+    from search_space.qann import _BiasAtFirstStep, _ShiftAtFirstStep
+    torch.manual_seed(0)
+    batch, channels = 3, 5
+    norm = nn.BatchNorm2d(channels).double().eval()
+    norm.running_mean.uniform_(-1, 1), norm.running_var.uniform_(0.5, 2), norm.weight.data.uniform_(0.5, 2)
+    norm.bias.data.uniform_(-1, 1)
+    conv = nn.Conv2d(channels, 7, 3, padding=1).double()
+    shifted, biased = _ShiftAtFirstStep(norm, timesteps), _BiasAtFirstStep(conv, timesteps)
+    for module, names in ((shifted, ("scale", "shift")), (biased, ("bias",))):
+        for name in names:
+            value = module._buffers.pop(name)
+            setattr(module, name, nn.Parameter(value.clone()))
+    x = torch.randn(timesteps * batch, channels, 5, 3, dtype=torch.float64, requires_grad=True)
+    first = (torch.arange(timesteps) == 0).double().repeat_interleave(batch).view(-1, 1, 1, 1)
+
+    def formula_shift(x):
+        return x * shifted.scale.view(1, -1, 1, 1) + first * shifted.shift.view(1, -1, 1, 1)
+
+    def formula_bias(x):
+        return biased.layer(x) + first * biased.bias.view(1, -1, 1, 1)
+
+    for module, formula in ((shifted, formula_shift), (biased, formula_bias)):
+        params = [x, *module.parameters()]
+        weights = torch.randn_like(formula(x))
+        got = torch.autograd.grad((module(x) * weights).sum(), params)
+        want = torch.autograd.grad((formula(x) * weights).sum(), params)
+        torch.testing.assert_close(module(x), formula(x), rtol=0, atol=1e-12)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
