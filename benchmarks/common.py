@@ -285,7 +285,7 @@ def same_config(run_dirs: Sequence[Path], ignore: Sequence[str]) -> dict[str, An
     for run_dir in run_dirs:
         config = budget_config(run_dir)
         for key in ignore:
-            config.pop(key)
+            config.pop(key, None)  # a key newer than the run (e.g. init_from) is not a difference
         configs[run_dir] = config
     (first_dir, first), *_ = configs.items()
     for run_dir, config in configs.items():

@@ -17,6 +17,10 @@ machine, or on Slurm:
     python benchmarks/search_vs_random.py --out DIR --launcher slurm hydra.launcher.partition=<p> data.root=<cifar10>
     python benchmarks/search_vs_random.py --out DIR --smoke    # every code path in about a minute on a CPU
 
+``--warm-start N`` retrains every cell the way a few-level QANN keeps its accuracy: as ReLU first (the same budget,
+DIR/retrain_relu/<cell>_seed<s>), then the judged retrain for N epochs from that run's weights with LSQ thresholds
+(``init_from``, ``threshold_init=lsq``, ``--warm-lr``); so cells are judged on the deployed SNN of that route.
+
 ``--resume`` continues a stopped benchmark in DIR. Its finished runs need only their small files (run config,
 genotype.json and search_metrics.json, or an older search's search_summary.json; metrics.json): DIR without
 checkpoints/ and tb/ can be carried to another machine, where ``--resume`` runs only what is left (unfinished runs
@@ -108,6 +112,7 @@ class Plan:
     budget: str = "proxy"  # its name, recorded in the summary ("smoke" under --smoke)
     searches_from: Path | None = None  # another benchmark's DIR whose finished searches this one retrains
     judge: str = "test_acc"  # the judged quantity, a key of JUDGED
+    warm_start: tuple[str, ...] = ()  # the judged retrain's overrides after a ReLU retrain of the cell (--warm-start)
 
 
 # What the verdict compares: the retrained network's test accuracy, or its deployed binary SNN's after T steps
@@ -158,7 +163,18 @@ def make_plan(args: argparse.Namespace) -> Plan:
         budget="smoke" if args.smoke else args.budget,
         searches_from=args.searches_from.resolve() if args.searches_from else None,
         judge=args.judge,
+        warm_start=warm_overrides(args, (*base_train, *retrain_budget, *device, *common, *train_only)),
     )
+
+
+def warm_overrides(args: argparse.Namespace, train_overrides: Sequence[str]) -> tuple[str, ...]:
+    """--warm-start's judged retrain: its epochs, LSQ thresholds, --warm-lr annealed without the recipe's warm-up
+    (where its scheduler has one)."""
+    if not args.warm_start:
+        return ()
+    scheduler = compose_config("train", (*train_overrides, "genotype=DARTS_V2"), args.launcher).optim.scheduler
+    no_warmup = ("optim.scheduler.warmup_epochs=0",) if "warmup_epochs" in scheduler else ()
+    return (f"epochs={args.warm_start}", "threshold_init=lsq", f"optim.optimizer.lr={args.warm_lr}", *no_warmup)
 
 
 def search_sweep(plan: Plan) -> Sweep:
@@ -170,11 +186,29 @@ def search_sweep(plan: Plan) -> Sweep:
 
 def retrain_sweeps(plan: Plan, sources: Sequence[str]) -> list[Sweep]:
     """The retrains of the cells DIR/genotypes/<source>.json: a multirun over the cells per retrain seed
-    (its run dirs: retrain/<source>_seed<seed>, named by the resolver aso_se.stem from the genotype path)."""
+    (its run dirs: retrain/<source>_seed<seed>, named by the resolver aso_se.stem from the genotype path). With
+    --warm-start each starts from the ReLU retrain of its cell and seed (``relu_sweeps``)."""
     paths = tuple(quoted(plan.out / "genotypes" / f"{source}.json") for source in sources)
+    warm = lambda seed: (  # noqa: E731
+        ("init_from=" + quoted(f"{plan.out / 'retrain_relu'}/${{aso_se.stem:${{genotype}}}}_seed{seed}"),
+         *plan.warm_start)
+        if plan.warm_start else ())
     return [Sweep(label=f"retrain_seed{seed}", script="train.py", stage_dir=plan.out / "retrain",
-                  overrides=(*plan.train_overrides, f"seed={seed}"), key="genotype", values=paths,
+                  overrides=(*plan.train_overrides, f"seed={seed}", *warm(seed)), key="genotype", values=paths,
                   names=tuple(f"{source}_seed{seed}" for source in sources),
+                  subdir=f"${{aso_se.stem:${{genotype}}}}_seed{seed}")
+            for seed in plan.retrain_seeds]
+
+
+def relu_sweeps(plan: Plan, sources: Sequence[str]) -> list[Sweep]:
+    """--warm-start: the ReLU retrain of every cell (the same budget, ``neuron=relu``) in retrain_relu/, which the
+    judged retrain then starts from; none without it."""
+    if not plan.warm_start:
+        return []
+    paths = tuple(quoted(plan.out / "genotypes" / f"{source}.json") for source in sources)
+    return [Sweep(label=f"relu_seed{seed}", script="train.py", stage_dir=plan.out / "retrain_relu",
+                  overrides=(*plan.train_overrides, "neuron=relu", "snn_finetune.epochs=0", f"seed={seed}"),
+                  key="genotype", values=paths, names=tuple(f"{source}_seed{seed}" for source in sources),
                   subdir=f"${{aso_se.stem:${{genotype}}}}_seed{seed}")
             for seed in plan.retrain_seeds]
 
@@ -322,11 +356,12 @@ def copy_searches(source: Path, run_dirs: Sequence[Path]) -> None:
 
 def retrain_budget(plan: Plan, run_dirs: Sequence[Path]) -> dict[str, Any]:
     """What every retrain got, read back from each run's composed config; they must be identical."""
-    first = same_config(run_dirs, ignore=("genotype", "seed"))
+    first = same_config(run_dirs, ignore=("genotype", "seed", "init_from"))
     return {"name": plan.budget, "search_overrides": list(plan.search_overrides),
             "train_overrides": list(plan.train_overrides),
             "search_seeds": list(plan.search_seeds), "random_seeds": list(plan.random_seeds),
-            "retrain_seeds": list(plan.retrain_seeds), "device": plan.device or "auto (CUDA when present)",
+            "retrain_seeds": list(plan.retrain_seeds), "warm_start": list(plan.warm_start),
+            "device": plan.device or "auto (CUDA when present)",
             "launcher": plan.launcher, "searches_from": str(plan.searches_from) if plan.searches_from else None,
             "epochs": first["epochs"], "data": first["data"], "neuron": first["neuron"],
             "network": first["model"]["network"], "batch_size": first["batch_size"], "retrain_config": first}
@@ -714,6 +749,7 @@ def run_benchmark(plan: Plan, resume: bool = False, searches_only: bool = False)
     sources = [*search.names, *sources]
     if searches_only:
         return None
+    run_sweeps(relu_sweeps(plan, sources), plan.launcher, resume, plan.out / "logs")  # --warm-start's first stage
     retrain_dirs = run_sweeps(retrain_sweeps(plan, sources), plan.launcher, resume, plan.out / "logs")
     runs = [collect_arm_run(plan.out, run_dir) for run_dir in sorted(retrain_dirs)]
     arms = by_arm(runs)
@@ -765,7 +801,8 @@ def report_progress(plan: Plan) -> dict[str, Any]:
     arms = by_arm(runs)
     stats = {arm: arm_stats(arm_runs, plan.judge) for arm, arm_runs in arms.items() if arm_runs}
     # the finished runs got one budget (a BenchmarkError names the first difference otherwise)
-    config = same_config([Path(run["run_dir"]) for run in runs], ignore=("genotype", "seed")) if runs else None
+    config = (same_config([Path(run["run_dir"]) for run in runs], ignore=("genotype", "seed", "init_from"))
+              if runs else None)
     budget = None if config is None else {"epochs": config["epochs"], "network": config["model"]["network"],
                                           "batch_size": config["batch_size"]}
     found = [plan.out / "genotypes" / f"{name}.json" for name in search_sweep(plan).names]
@@ -924,6 +961,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--judge", default="test_acc", choices=sorted(JUDGED),
                         help="the quantity the verdict compares: test_acc (default) or the deployed binary SNN's "
                              "accuracy at T = 4 / 8 (snn_t4, snn_t8; QANN retrains)")
+    parser.add_argument("--warm-start", type=int, default=None, metavar="EPOCHS",
+                        help="retrain every cell as ReLU first (the same budget, in DIR/retrain_relu/), then the "
+                             "judged retrain for EPOCHS epochs from its weights with LSQ thresholds (init_from, "
+                             "threshold_init=lsq; the route that keeps a few-level QANN's accuracy)")
+    parser.add_argument("--warm-lr", type=float, default=0.02,
+                        help="--warm-start: the judged retrain's learning rate, annealed without warm-up (default "
+                             "0.02, measured at batch 256)")
     parser.add_argument("--search-override", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override for the searches only (repeatable)")
     parser.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE",
@@ -949,6 +993,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.experiment = FULL_SEARCH_EXPERIMENT if args.budget == "full" else "cifar10_snn"
     args.searches = (2 if args.smoke else 3) if args.searches is None else args.searches
     args.randoms = (2 if args.smoke else 5) if args.randoms is None else args.randoms
+    if args.warm_start is not None and args.warm_start < 1:
+        parser.error("--warm-start must be at least 1 epoch")
     for name in ("searches", "randoms", "retrain_seeds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -856,3 +856,42 @@ def test_rank_rows_needs_no_out_dir_and_other_modes_still_do(capsys):
         bench.parse_args(["--smoke"])
     assert "required: --out" in capsys.readouterr().err
     assert bench.parse_args(["--rank-rows", "proxy"]).rank_rows == "proxy"
+
+
+# ----------------------------------------------------------------------------- --warm-start
+def test_warm_start_retrains_each_cell_as_relu_first_then_from_its_own_relu_run(tmp_path):
+    plan = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--experiment", "cifar10_binary_snn",
+                                             "--warm-start", "5", "--warm-lr", "0.03"]))
+    (relu,) = bench.relu_sweeps(plan, ["search_0", "random_3"])
+    assert relu.stage_dir == tmp_path / "retrain_relu" and relu.overrides[-3:] == (
+        "neuron=relu", "snn_finetune.epochs=0", "seed=0")
+    assert relu.run_dirs() == [tmp_path / "retrain_relu" / name for name in ("search_0_seed0", "random_3_seed0")]
+    (judged,) = bench.retrain_sweeps(plan, ["search_0", "random_3"])
+    assert judged.overrides[len(plan.train_overrides):] == (
+        "seed=0", f"init_from='{tmp_path / 'retrain_relu'}/${{aso_se.stem:${{genotype}}}}_seed0'", "epochs=5",
+        "threshold_init=lsq", "optim.optimizer.lr=0.03", "optim.scheduler.warmup_epochs=0")
+    # a recipe without a warm-up (experiment=smoke's scheduler) gets no warm-up override; no --warm-start: no stage
+    smoke = bench.make_plan(bench.parse_args(["--out", str(tmp_path), "--smoke", "--warm-start", "1"]))
+    assert smoke.warm_start == ("epochs=1", "threshold_init=lsq", "optim.optimizer.lr=0.02")
+    assert bench.relu_sweeps(bench.make_plan(bench.parse_args(["--out", str(tmp_path)])), ["search_0"]) == []
+
+
+def test_warm_start_must_be_a_positive_number_of_epochs(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--out", str(tmp_path), "--warm-start", "0"])
+    assert "--warm-start must be at least 1 epoch" in capsys.readouterr().err
+
+
+def test_the_warm_started_smoke_benchmark_starts_every_cell_from_its_relu_run(tmp_path):
+    out = tmp_path / "out"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert bench.main(["--out", str(out), "--smoke", "--searches", "1", "--randoms", "1", "--warm-start", "1",
+                           "--train-override", "neuron=st_bif_qann"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["budget"]["warm_start"] == ["epochs=1", "threshold_init=lsq", "optim.optimizer.lr=0.02"]
+    for source in ("search_0", "random_0", "DARTS_V2", "POOR_POOL_SKIP"):
+        log = (out / "retrain" / f"{source}_seed0" / "train.log").read_text()
+        assert f"init_from {out / 'retrain_relu' / f'{source}_seed0'}/checkpoints/last.pt" in log
+        assert "threshold_init=lsq" in log
+        assert json.loads((out / "retrain_relu" / f"{source}_seed0" / "metrics.json").read_text())["test_acc"] >= 0
