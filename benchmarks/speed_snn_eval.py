@@ -99,9 +99,12 @@ def run_function(function: str, network, batches, device, max_timesteps: int) ->
 
 def time_function(function: str, qann, batches, device, max_timesteps: int) -> tuple[float, dict[int, float]]:
     """Seconds of one evaluation over all ``batches`` (after one on the first batch), and its accuracies."""
+    started = time.perf_counter()
     network = evaluated_network(function, qann)
     run_function(function, network, batches[:1], device, max_timesteps)  # compiles, picks cuDNN's algorithms
     sync(device)
+    # untimed, but said: a stopped case then shows where its time went
+    print(f"({function}: built and warmed up on one batch in {time.perf_counter() - started:.1f} s)", flush=True)
     started = time.perf_counter()
     accuracy = run_function(function, network, batches, device, max_timesteps)
     sync(device)
@@ -140,11 +143,14 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     if device.type != "cuda" and not args.tiny:
         raise UserInputError("snn_eval times a GPU's evaluation: run it with CUDA, or pass --tiny (a CPU smoke run)")
     torch.backends.cudnn.benchmark = True
+    started = time.perf_counter()
     batches, images_name = test_batches(args)
+    loaded = time.perf_counter() - started
     count = sum(len(labels) for _, labels in batches)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"{datetime.date.today()} {gpu}, torch {torch.__version__}; {args.layers}×{args.channels}, level "
-          f"{args.level}, {count:,} {images_name} in batches of {args.batch}, T = 1 … {args.max_timesteps}")
+          f"{args.level}, {count:,} {images_name} in batches of {args.batch} (loaded in {loaded:.1f} s), "
+          f"T = 1 … {args.max_timesteps}", flush=True)
     print("| genotype | function | wall (s) | images/s | accuracy at T = 1, max (random weights) |\n"
           "|---|---|---:|---:|---|")
     measured: list[Measurement] = []  # filled as each function is timed: a stopped case keeps what it has

@@ -31,7 +31,8 @@ def test_the_smoke_run_times_both_evaluations_and_writes_no_rows(tmp_path, monke
     monkeypatch.setattr(speed, "RESULTS", tmp_path)
     assert speed.main(["--case", "snn_eval", "--tiny"]) == 0
     out = capsys.readouterr().out
-    assert "24 random images in batches of 8, T = 1 … 16" in out
+    assert "24 random images in batches of 8 (loaded in " in out and "s), T = 1 … 16" in out
+    assert "(converted: built and warmed up on one batch in " in out  # where a stopped case's time went
     assert "| DARTS_V2_SPIKE_NATIVE | converted |" in out and "| DARTS_V2_SPIKE_NATIVE | finetuned |" in out
     assert ("snn_eval | DARTS_V2_SPIKE_NATIVE 3×4 level-4 binary SNN, finetuned (accuracy_against_timesteps), "
             "accuracy at T = 1 … 16 on 24 images: wall |") in out
