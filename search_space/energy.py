@@ -63,13 +63,36 @@ def is_spikes(x: Tensor) -> bool:
 
 
 def conv_fan_out_sum(conv: nn.Conv2d, x: Tensor) -> float:
-    """Σ over the non-zero inputs of the outputs each reaches: the conv of the non-zero mask with ones."""
+    """Σ over the non-zero inputs of the outputs each reaches. With zero padding an input's reach depends only on
+    its pixel (the outputs whose window covers it, in each of its group's output channels), so the sum is the
+    non-zero count per pixel (over images and channels) against that reach map; other padding modes re-read real
+    inputs at the border and take ``conv_fan_out_by_conv``."""
+    if conv.padding_mode != "zeros":
+        return conv_fan_out_by_conv(conv, x)
+    counts = (x.detach() != 0).sum(dim=tuple(range(x.dim() - 2)), dtype=torch.int64)  # [H, W]: exact
+    return float((counts.to(torch.float64) * _reach_map(conv, tuple(x.shape[-2:]), x.device)).sum().item()
+                 * (conv.out_channels // conv.groups))
+
+
+def _reach_map(conv: nn.Conv2d, size: tuple[int, int], device: torch.device) -> Tensor:
+    """[H, W]: how many of ``conv``'s output positions read each input pixel (borders, stride, dilation)."""
+    with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+        image = torch.ones(1, 1, *size, dtype=torch.float64, device=device, requires_grad=True)
+        window = torch.ones(1, 1, *conv.kernel_size, dtype=torch.float64, device=device)
+        outputs = F.conv2d(image, window, None, conv.stride, conv.padding, conv.dilation)
+        (reach,) = torch.autograd.grad(outputs.sum(), image)  # ∂Σ outputs/∂pixel: the windows covering it
+    return reach[0, 0]
+
+
+def conv_fan_out_by_conv(conv: nn.Conv2d, x: Tensor) -> float:
+    """The same sum as the conv of the non-zero mask with ones, any padding mode (a reflected, replicated or
+    circular border re-reads real inputs): exact in float64, one conv of ``x``'s size."""
     groups = conv.groups
     padding = conv.padding
     # float64 keeps every count exact and autocast never lowers it; off anyway, to be explicit.
     with torch.autocast(x.device.type, enabled=False):
         mask = (x.detach() != 0).to(torch.float64)
-        if conv.padding_mode != "zeros":  # a reflected/replicated/circular border re-reads real inputs
+        if conv.padding_mode != "zeros":
             mask = F.pad(mask, conv._reversed_padding_repeated_twice, mode=conv.padding_mode)
             padding = 0
         ones = mask.new_ones(groups, conv.in_channels // groups, *conv.kernel_size)

@@ -286,3 +286,28 @@ def test_unit_spikes_as_sops_reads_graded_spikes_entry_by_entry() -> None:
     x = torch.tensor([[0.0, 0.5, -1.0, 1.5]])  # one spike of 0.5, two of several
     linear_report = count_energy(linear, x, unit_spikes_as_sops=True)
     assert linear_report.sops_per_image == 3 and linear_report.macs_per_image == 2 * 3
+
+
+@pytest.mark.parametrize("kernel,stride,padding,dilation,groups", [
+    (1, 1, 0, 1, 1), (3, 1, 1, 1, 1), (3, 2, 1, 1, 1), (3, 1, 2, 2, 1), (5, 1, 2, 1, 6), (3, 2, 1, 1, 6),
+    (5, 2, 4, 2, 3), (2, 2, 0, 1, 1), (3, 1, 0, 1, 2), (3, 3, 1, 1, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_the_fan_out_by_pixel_reach_equals_the_conv_of_the_mask_with_ones(kernel, stride, padding, dilation, groups,
+                                                                         dtype):
+    """Zero padding: the non-zero count per pixel against its reach map is the mask conv's exact sum (odd sizes,
+    strides that leave pixels unread, depthwise and grouped convs, half precision, sparse and dense inputs)."""
+    from search_space.energy import conv_fan_out_by_conv, conv_fan_out_sum
+    generator = torch.Generator().manual_seed(kernel * 100 + stride * 10 + padding)
+    conv = nn.Conv2d(6, 12, kernel, stride, padding, dilation, groups)
+    for density in (0.05, 0.5, 1.0):
+        x = torch.randn(3, 6, 9, 7, generator=generator)
+        x = torch.where(torch.rand(x.shape, generator=generator) < density, x, 0.0).to(dtype)
+        assert conv_fan_out_sum(conv, x) == conv_fan_out_by_conv(conv, x)
+    assert conv_fan_out_sum(conv, torch.zeros(2, 6, 9, 7, dtype=dtype)) == 0.0
+
+
+def test_a_reflected_border_still_counts_by_the_conv_of_the_mask():
+    from search_space.energy import conv_fan_out_by_conv, conv_fan_out_sum
+    conv = nn.Conv2d(2, 4, 3, padding=1, padding_mode="reflect")
+    x = (torch.rand(2, 2, 5, 5, generator=torch.Generator().manual_seed(1)) < 0.3).float()
+    assert conv_fan_out_sum(conv, x) == conv_fan_out_by_conv(conv, x) > 0
