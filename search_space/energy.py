@@ -58,8 +58,11 @@ class EnergyReport:
 def is_spikes(x: Tensor) -> bool:
     """True when every non-zero value of ``x`` has the same magnitude (an all-zero tensor counts)."""
     magnitudes = x.detach().abs()
-    nonzero = magnitudes[magnitudes != 0]
-    return nonzero.numel() == 0 or bool(nonzero.max() == nonzero.min())
+    if magnitudes.numel() == 0:
+        return True
+    largest = magnitudes.amax()  # two reductions, no gather of the non-zero values
+    smallest = torch.where(magnitudes != 0, magnitudes, torch.full_like(largest, float("inf"))).amin()
+    return bool((largest == 0) | (largest == smallest))
 
 
 def conv_fan_out_sum(conv: nn.Conv2d, x: Tensor) -> float:
