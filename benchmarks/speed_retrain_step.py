@@ -82,9 +82,12 @@ def make_trainer(args, row, device):
     torch.manual_seed(0)
     network = build_network(args.genotype, neuron=NeuronFactory(args.neuron, timesteps=1), channels=args.channels,
                             layers=args.layers, num_classes=10, auxiliary=True, conv_backend=args.conv_backend)
-    for cell in network.cells:  # "cat": our kernel's node sums, then torch.cat (before sums into the concatenation)
-        cell.drop_path_backend = "auto" if sum_backend == "cat" else sum_backend
+    # "cat": our kernel's node sums, then torch.cat (before sums into the concatenation); "dense": auto with the
+    # concatenation's gradients of the nodes that edges also read handed dense (cell.dense_concat_grads)
+    for cell in network.cells:
+        cell.drop_path_backend = "auto" if sum_backend in ("cat", "dense") else sum_backend
         cell.sums_into_concat = sum_backend != "cat"
+        cell.dense_concat_grads = sum_backend == "dense"
     return retrain_trainer(network, precision, layout == "cl", device, graph=args.graph and device.type == "cuda")
 
 
@@ -226,8 +229,9 @@ def main(argv: list[str] | None = None, prog: str = "speed.py --case retrain_ste
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", help="batch:precision:layout[:sum], comma-separated (default: "
                         f"{DEFAULT_ROWS}; --tiny: {TINY_ROWS}), layout nchw or cl (channels_last); sum: the nodes' "
-                        "drop-path sums on auto (our kernel, the default), cat (our kernel, nodes then torch.cat) "
-                        "or torch (PyTorch's ops)")
+                        "drop-path sums on auto (our kernel, the default), dense (auto, the concatenation's "
+                        "gradients of nodes that edges also read handed dense), cat (our kernel, nodes then "
+                        "torch.cat) or torch (PyTorch's ops)")
     parser.add_argument("--genotype", default="DARTS_V2")
     parser.add_argument("--neuron", default="st_bif_qann")
     parser.add_argument("--layers", type=int, default=20)

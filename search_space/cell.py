@@ -96,6 +96,9 @@ class Cell(nn.Module):
         self.multiplier = len(self._concat)
         self.drop_path_backend = "auto"  # kernels/drop_path_sum's; "torch" for a benchmark's baseline row
         self.sums_into_concat = True  # False: node tensors and torch.cat (a benchmark's baseline row)
+        # True: the concatenation hands a node it also feeds to edges a dense gradient in its layout, so the sum with
+        # the edges' gradients stays channels_last (no layout copy after it); a benchmark row until measured
+        self.dense_concat_grads = False
 
     def forward(self, s0: torch.Tensor, s1: torch.Tensor, drop_prob: float | torch.Tensor) -> torch.Tensor:
         # Each state's gradient sums a slice of the concatenation's with its readers': keep it in the state's layout.
@@ -113,7 +116,8 @@ class Cell(nn.Module):
             else:
                 states.append(grad_in_input_layout(
                     drop_path_sum(a, b, scale_a, scale_b, self.timesteps, backend=backend)))
-        return concat_node_sums([states[index] for index in self._concat], self.timesteps, backend=backend)
+        return concat_node_sums([states[index] for index in self._concat], self.timesteps, backend=backend,
+                                dense_grads=self.dense_concat_grads)
 
     def _edge(self, edge: int, states: list[torch.Tensor], drop_prob: float | torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -94,7 +94,8 @@ class _ConcatNodeSums(torch.autograd.Function):
     part: 1 (a tensor) or 4 (a node's a, b, scale_a, scale_b; absent scales are None)."""
 
     @staticmethod
-    def forward(ctx, kinds: tuple[int, ...], batch: int, layout: torch.memory_format, *flat: Tensor | None) -> Tensor:
+    def forward(ctx, kinds: tuple[int, ...], batch: int, layout: torch.memory_format, dense_grads: bool,
+                *flat: Tensor | None) -> Tensor:
         parts = _unflatten(kinds, flat)
         first = parts[0] if kinds[0] == 1 else parts[0][0]
         widths = [(part if kind == 1 else part[0]).shape[1] for kind, part in zip(kinds, parts)]
@@ -112,7 +113,7 @@ class _ConcatNodeSums(torch.autograd.Function):
                 saved += [scale_a, scale_b]
             offset += width
         ctx.save_for_backward(*saved)
-        ctx.kinds, ctx.batch, ctx.widths, ctx.layout = kinds, batch, widths, layout
+        ctx.kinds, ctx.batch, ctx.widths, ctx.layout, ctx.dense_grads = kinds, batch, widths, layout, dense_grads
         ctx.strides = [None if kind == 1 else part[0].stride() for kind, part in zip(kinds, parts)]
         return out
 
@@ -120,11 +121,13 @@ class _ConcatNodeSums(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         grad = grad.contiguous(memory_format=ctx.layout)  # a no-op for the gradient of a network in one layout
-        scales, offset, grads = iter(ctx.saved_tensors), 0, [None, None, None]
+        scales, offset, grads = iter(ctx.saved_tensors), 0, [None, None, None, None]
         for kind, width, strides in zip(ctx.kinds, ctx.widths, ctx.strides):
             channels = grad.narrow(1, offset, width)
             if kind == 1:
-                grads.append(channels)  # a view, as torch.cat's backward hands it
+                # a view, as torch.cat's backward hands it; or a dense copy in the layout, which the sum with the
+                # tensor's other readers' gradients then keeps (a strided view summed with them comes out NCHW)
+                grads.append(channels.contiguous(memory_format=ctx.layout) if ctx.dense_grads else channels)
             else:
                 grads += [*drop_path_sum_bwd(channels, next(scales), next(scales), ctx.batch, strides), None, None]
             offset += width
@@ -139,11 +142,13 @@ def _unflatten(kinds: tuple[int, ...], flat: tuple) -> list:
     return parts
 
 
-def concat_node_sums(parts: list[Tensor | NodeTerms], timesteps: int = 1, backend: str = "auto") -> Tensor:
+def concat_node_sums(parts: list[Tensor | NodeTerms], timesteps: int = 1, backend: str = "auto",
+                     dense_grads: bool = False) -> Tensor:
     """``torch.cat`` along dim 1 of `parts`, each a tensor or a node's terms (a, b, scale_a, scale_b) standing for
     ``drop_path_sum(a, b, scale_a, scale_b, timesteps)``. Terms that the kernels take (``takes_sliced_gradients``)
     are summed straight into the result when every part shares its dtype, device and layout; otherwise each sum
-    is made first and concatenated."""
+    is made first and concatenated. ``dense_grads``: where summed in place, each tensor part gets its gradient as a
+    dense copy in the common layout instead of a view of the concatenation's."""
     kinds = tuple(1 if isinstance(part, Tensor) else 4 for part in parts)
     tensors = [part if kind == 1 else part[0] for kind, part in zip(kinds, parts)]
     first, layout = tensors[0], _common_layout(tensors)
@@ -155,7 +160,7 @@ def concat_node_sums(parts: list[Tensor | NodeTerms], timesteps: int = 1, backen
         return torch.cat([part if kind == 1 else drop_path_sum(*part, timesteps, backend=backend)
                           for kind, part in zip(kinds, parts)], dim=1)
     flat = [item for kind, part in zip(kinds, parts) for item in ((part,) if kind == 1 else part)]
-    return _ConcatNodeSums.apply(kinds, first.shape[0] // timesteps, layout, *flat)
+    return _ConcatNodeSums.apply(kinds, first.shape[0] // timesteps, layout, dense_grads, *flat)
 
 
 def _common_layout(tensors: list[Tensor]) -> torch.memory_format | None:

@@ -145,3 +145,16 @@ def test_the_case_runs_on_a_cpu_and_writes_no_rows(tmp_path, monkeypatch, capsys
     assert speed.main(["--case", "roofline", "--tiny", "--hbm-gbps", "-1", "--rows-out", ""]) == 2
     assert capsys.readouterr().err.strip() == ("speed.py --case roofline: --hbm-gbps -1.0: pass the GPU's HBM "
                                                "bandwidth in GB/s, e.g. 3350")
+
+
+def test_the_dense_row_sums_into_the_concatenation_and_hands_dense_gradients():
+    import argparse
+    args = argparse.Namespace(genotype="DARTS_V2", neuron="st_bif_qann", channels=4, layers=3, conv_backend="torch",
+                              graph=False)
+    flags = {}
+    for mode in ("auto", "dense", "cat", "torch"):
+        trainer = speed_retrain_step.make_trainer(args, (2, "fp32", "cl", mode), torch.device("cpu"))
+        cell = trainer.network.cells[0]
+        flags[mode] = (cell.drop_path_backend, cell.sums_into_concat, cell.dense_concat_grads)
+    assert flags == {"auto": ("auto", True, False), "dense": ("auto", True, True), "cat": ("auto", False, False),
+                     "torch": ("torch", True, False)}

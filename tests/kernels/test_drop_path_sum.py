@@ -242,3 +242,26 @@ def test_compiled_sums_take_the_reference_that_inductor_fuses():
     want = run("reference", a, b, scale_a, scale_b, 1, grad)
     for g, w in zip((out.detach(), a_c.grad, b_c.grad), want):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dense_gradients_of_the_tensor_parts_equal_the_views_and_are_dense(dtype):
+    """dense_grads: the ready tensor's gradient is the same values, as a dense channels_last tensor instead of a
+    strided view of the concatenation's gradient; the nodes' terms are unchanged."""
+    parts = node_parts(dtype, 3, True, seed=21)
+    upstream = torch.randn(6, 14, 3, 5, generator=torch.Generator().manual_seed(22)).to(dtype)
+    upstream = upstream.contiguous(memory_format=torch.channels_last)
+    results = []
+    for dense in (False, True):
+        leaves = [part.clone().requires_grad_() if isinstance(part, torch.Tensor) else
+                  (part[0].clone().requires_grad_(), part[1].clone().requires_grad_(), *part[2:]) for part in parts]
+        out = concat_node_sums(leaves, 3, backend="triton", dense_grads=dense)
+        assert type(out.grad_fn).__name__ == "_ConcatNodeSumsBackward"
+        ready = leaves[0]
+        reader = (ready * 2).sum()  # another reader of the tensor part: its gradients are summed
+        (out * upstream).sum().add(reader).backward()
+        results.append([ready.grad, *(t.grad for leaf in leaves[1:] for t in leaf[:2])])
+        if dense:
+            assert ready.grad.is_contiguous(memory_format=torch.channels_last)
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
