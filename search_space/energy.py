@@ -79,7 +79,8 @@ def conv_fan_out_sum(conv: nn.Conv2d, x: Tensor) -> float:
 
 def _reach_map(conv: nn.Conv2d, size: tuple[int, int], device: torch.device) -> Tensor:
     """[H, W]: how many of ``conv``'s output positions read each input pixel (borders, stride, dilation)."""
-    with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+    # its own small graph, whatever the caller's mode (no_grad, inference_mode, autocast)
+    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
         image = torch.ones(1, 1, *size, dtype=torch.float64, device=device, requires_grad=True)
         window = torch.ones(1, 1, *conv.kernel_size, dtype=torch.float64, device=device)
         outputs = F.conv2d(image, window, None, conv.stride, conv.padding, conv.dilation)

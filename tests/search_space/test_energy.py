@@ -311,3 +311,14 @@ def test_a_reflected_border_still_counts_by_the_conv_of_the_mask():
     conv = nn.Conv2d(2, 4, 3, padding=1, padding_mode="reflect")
     x = (torch.rand(2, 2, 5, 5, generator=torch.Generator().manual_seed(1)) < 0.3).float()
     assert conv_fan_out_sum(conv, x) == conv_fan_out_by_conv(conv, x) > 0
+
+
+def test_the_fan_out_counts_alike_under_no_grad_and_inference_mode():
+    from search_space.energy import conv_fan_out_by_conv, conv_fan_out_sum
+    conv = nn.Conv2d(3, 5, 3, stride=2, padding=1)
+    x = (torch.rand(2, 3, 7, 6, generator=torch.Generator().manual_seed(3)) < 0.4).float()
+    want = conv_fan_out_by_conv(conv, x)
+    with torch.no_grad():
+        assert conv_fan_out_sum(conv, x) == want
+    with torch.inference_mode():
+        assert conv_fan_out_sum(conv, x) == want
