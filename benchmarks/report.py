@@ -132,26 +132,28 @@ class Commands:
         return [""] + [f"- {name}: `{command}`" for command, name in self.names.items()] if self.names else []
 
 
+def newest(rows: list[dict[str, str]], key=lambda row: (row["case"], row["metric"])) -> dict:
+    """The newest row per ``key`` (file order is oldest first; a later row of equal date replaces an earlier), in
+    order of first appearance."""
+    found: dict = {}
+    for row in rows:
+        if key(row) not in found or row["date"] >= found[key(row)]["date"]:
+            found[key(row)] = row
+    return found
+
+
 def selected(spec, rows: list[dict[str, str]]) -> list[dict[str, str]]:
     metrics = getattr(spec, "metrics", ())
     return [row for row in rows if (not spec.cases or row["case"] in spec.cases)
             and (not metrics or row["metric"] in metrics) and row["case"] not in getattr(spec, "skip_cases", ())]
 
 
-def latest_table(spec: Latest, rows: list[dict[str, str]], *, notes: bool = True) -> list[str]:
-    newest: dict[tuple[str, str], dict[str, str]] = {}
-    for row in selected(spec, rows):  # file order is oldest first; a later row of equal date replaces an earlier
-        key = (row["case"], row["metric"])
-        if key not in newest or row["date"] >= newest[key]["date"]:
-            newest[key] = row
+def latest_table(spec: Latest, rows: list[dict[str, str]]) -> list[str]:
     commands = Commands()
     lines = ["| case | metric | value | note | GPU | date | commit | command |", "|---|---|---:|---|---|---|---|---|"]
-    if not notes:  # the notes are given once per case above the table
-        lines = [line.replace(" note |", "", 1).replace("---:|---|", "---:|", 1) for line in lines]
-    for row in newest.values():
+    for row in newest(selected(spec, rows)).values():
         value = f"{number(row['value'])} {row['unit']}".rstrip()  # a unitless value (τ) without a trailing space
-        note = f" {row['note']} |" if notes else ""
-        lines.append(f"| {row['case']} | {row['metric']} | {value} |{note} "
+        lines.append(f"| {row['case']} | {row['metric']} | {value} | {row['note']} | "
                      f"{gpu_name(row['gpu'])} | {row['date'] or '—'} | {row['commit'] or '—'} | "
                      f"{commands.name(row['command'])} |")
     return lines + commands.listing()
@@ -201,14 +203,9 @@ AT_T = re.compile(r"^(?P<network>.+), T = (?P<t>\d+)$")
 
 
 def against_t_table(spec: AgainstT, rows: list[dict[str, str]]) -> list[str]:
-    newest: dict[tuple[str, str], dict[str, str]] = {}
-    for row in rows:
-        key = (row["case"], row["metric"])
-        if key not in newest or row["date"] >= newest[key]["date"]:
-            newest[key] = row
     curves: dict[tuple[str, str], dict[int, dict[str, str]]] = {}
     others = []
-    for (case, metric), row in newest.items():
+    for (case, metric), row in newest(rows).items():
         match = AT_T.match(metric)
         if match and row["unit"] == "%":
             curves.setdefault((case, match["network"]), {})[int(match["t"])] = row
@@ -226,21 +223,35 @@ def against_t_table(spec: AgainstT, rows: list[dict[str, str]]) -> list[str]:
     budgets: dict[str, str] = {}  # a case's budget once: the note of its first curve (later ones add their method)
     for (case, _), curve in curves.items():
         budgets.setdefault(case, next(iter(curve.values()))["note"])
-    lines += ["", "Budgets:", "", *(f"- {case}: {note}" for case, note in budgets.items()), ""]
-    rest = latest_table(Latest(spec.file), others, notes=False) if others else []
-    return lines + commands.listing() + ([""] + rest if rest else [])
+    lines += ["", "Budgets:", "", *(f"- {case}: {note}" for case, note in budgets.items())]
+    return lines + ([""] + case_summary(others) if others else []) + commands.listing()
+
+
+# The other rows of an accuracy-against-T case, a column each (by the metric's start); throughputs stay in the file.
+CASE_COLUMNS = (("QANN (%)", "QANN test accuracy"), ("ReLU (%)", "ReLU ANN test accuracy"),
+                ("SNN steps run", "converted SNN, steps"), ("converted SNN (µJ)", "converted SNN energy per image"),
+                ("fine-tuned SNN (µJ)", "fine-tuned SNN energy per image"),
+                ("ReLU (µJ)", "ReLU ANN energy per image"))
+
+
+def case_summary(rows: list[dict[str, str]]) -> list[str]:
+    """One line per case: its accuracies, the SNN's steps and the energies per image."""
+    by_case: dict[str, dict[str, str]] = {}
+    for row in rows:
+        for title, start in CASE_COLUMNS:
+            if row["metric"].startswith(start):
+                by_case.setdefault(row["case"], {})[title] = number(row["value"])
+    return ["| case | " + " | ".join(title for title, _ in CASE_COLUMNS) + " |",
+            "|---|" + "---:|" * len(CASE_COLUMNS),
+            *(f"| {case} | " + " | ".join(cells.get(title, "—") for title, _ in CASE_COLUMNS) + " |"
+              for case, cells in by_case.items())]
 
 
 def pivot_table(spec: Pivot, rows: list[dict[str, str]]) -> list[str]:
-    newest: dict[tuple[str, str, str], dict[str, str]] = {}
-    for row in selected(spec, rows):
-        network, line, quantity = row["metric"].rsplit(": ", 2)
-        key = (network, line, quantity)
-        if key not in newest or row["date"] >= newest[key]["date"]:
-            newest[key] = row
+    latest = newest(selected(spec, rows), key=lambda row: tuple(row["metric"].rsplit(": ", 2)))
     commands, lines = Commands(), []
-    for network in dict.fromkeys(network for network, _, _ in newest):
-        mine = {(line, quantity): row for (net, line, quantity), row in newest.items() if net == network}
+    for network in dict.fromkeys(network for network, _, _ in latest):
+        mine = {(line, quantity): row for (net, line, quantity), row in latest.items() if net == network}
         quantities = list(dict.fromkeys(quantity for _, quantity in mine))
         units = {quantity: row["unit"] for (_, quantity), row in mine.items()}
         first = next(iter(mine.values()))

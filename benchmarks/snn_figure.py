@@ -16,7 +16,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: the repository on the path, for `benchmarks.*`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import AT_T
+from benchmarks.report import AT_T, newest
 from benchmarks.rows import RESULTS, read_rows
 
 FIGURE = Path(__file__).resolve().parent / "figures" / "binary_snn_accuracy_vs_t.png"
@@ -29,14 +29,9 @@ RELU = "ReLU ANN test accuracy"
 def curves(rows: list[dict[str, str]], cases: tuple[str, ...]) -> tuple[dict[tuple[str, str], dict[int, float]],
                                                                          dict[str, float]]:
     """``{(case, network): {T: accuracy %}}`` and ``{case: ReLU accuracy %}`` from the newest rows of ``cases``."""
-    newest: dict[tuple[str, str], dict[str, str]] = {}
-    for row in rows:  # file order is oldest first; a later row of equal date replaces an earlier
-        key = (row["case"], row["metric"])
-        if row["case"] in cases and (key not in newest or row["date"] >= newest[key]["date"]):
-            newest[key] = row
     found: dict[tuple[str, str], dict[int, float]] = {}
     relu: dict[str, float] = {}
-    for (case, metric), row in newest.items():
+    for (case, metric), row in newest([row for row in rows if row["case"] in cases]).items():
         match = AT_T.match(metric)
         if match and row["unit"] == "%":
             found.setdefault((case, match["network"]), {})[int(match["t"])] = float(row["value"])
