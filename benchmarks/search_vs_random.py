@@ -188,16 +188,12 @@ def retrain_sweeps(plan: Plan, sources: Sequence[str]) -> list[Sweep]:
     """The retrains of the cells DIR/genotypes/<source>.json: a multirun over the cells per retrain seed
     (its run dirs: retrain/<source>_seed<seed>, named by the resolver aso_se.stem from the genotype path). With
     --warm-start each starts from the ReLU retrain of its cell and seed (``relu_sweeps``)."""
-    paths = tuple(quoted(plan.out / "genotypes" / f"{source}.json") for source in sources)
-    warm = lambda seed: (  # noqa: E731
-        ("init_from=" + quoted(f"{plan.out / 'retrain_relu'}/${{aso_se.stem:${{genotype}}}}_seed{seed}"),
-         *plan.warm_start)
-        if plan.warm_start else ())
-    return [Sweep(label=f"retrain_seed{seed}", script="train.py", stage_dir=plan.out / "retrain",
-                  overrides=(*plan.train_overrides, f"seed={seed}", *warm(seed)), key="genotype", values=paths,
-                  names=tuple(f"{source}_seed{seed}" for source in sources),
-                  subdir=f"${{aso_se.stem:${{genotype}}}}_seed{seed}")
-            for seed in plan.retrain_seeds]
+    def warm(seed: int) -> tuple[str, ...]:
+        if not plan.warm_start:
+            return ()
+        relu_run = quoted(f"{plan.out / 'retrain_relu'}/${{aso_se.stem:${{genotype}}}}_seed{seed}")
+        return (f"init_from={relu_run}", *plan.warm_start)
+    return _cell_sweeps(plan, sources, "retrain", "retrain", lambda seed: (f"seed={seed}", *warm(seed)))
 
 
 def relu_sweeps(plan: Plan, sources: Sequence[str]) -> list[Sweep]:
@@ -205,10 +201,16 @@ def relu_sweeps(plan: Plan, sources: Sequence[str]) -> list[Sweep]:
     judged retrain then starts from; none without it."""
     if not plan.warm_start:
         return []
+    return _cell_sweeps(plan, sources, "relu", "retrain_relu",
+                        lambda seed: ("neuron=relu", "snn_finetune.epochs=0", f"seed={seed}"))
+
+
+def _cell_sweeps(plan: Plan, sources: Sequence[str], label: str, stage: str, extra) -> list[Sweep]:
+    """Per retrain seed, one multirun of train.py over the cells, with the plan's overrides then ``extra(seed)``."""
     paths = tuple(quoted(plan.out / "genotypes" / f"{source}.json") for source in sources)
-    return [Sweep(label=f"relu_seed{seed}", script="train.py", stage_dir=plan.out / "retrain_relu",
-                  overrides=(*plan.train_overrides, "neuron=relu", "snn_finetune.epochs=0", f"seed={seed}"),
-                  key="genotype", values=paths, names=tuple(f"{source}_seed{seed}" for source in sources),
+    return [Sweep(label=f"{label}_seed{seed}", script="train.py", stage_dir=plan.out / stage,
+                  overrides=(*plan.train_overrides, *extra(seed)), key="genotype", values=paths,
+                  names=tuple(f"{source}_seed{seed}" for source in sources),
                   subdir=f"${{aso_se.stem:${{genotype}}}}_seed{seed}")
             for seed in plan.retrain_seeds]
 
