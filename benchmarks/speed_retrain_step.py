@@ -145,7 +145,7 @@ def profile_row(trainer, row, device, steps=3) -> tuple[dict[str, float], dict[s
         trainer._train_step(trainer._to_device(inputs), labels)
     sync(device)
     on_gpu = device.type == "cuda"
-    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * on_gpu) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * on_gpu, record_shapes=True) as prof:
         for _ in range(steps):
             trainer._train_step(trainer._to_device(inputs), labels)
         sync(device)
@@ -160,7 +160,7 @@ def profile_row(trainer, row, device, steps=3) -> tuple[dict[str, float], dict[s
         label = kernel_class(event.key)
         by_class[label] += us / steps
         counts[label] += event.count // steps
-        top[event.key[:90]] += us / steps
+        top[event.key[:160]] += us / steps
     total = sum(by_class.values())
     what = "GPU time per eager step by kernel class" if on_gpu else "CPU time per eager step by op class (smoke run)"
     print(f"\n{what} ({':'.join(map(str, row))}), total {total / 1e3:.2f} ms")
@@ -170,6 +170,12 @@ def profile_row(trainer, row, device, steps=3) -> tuple[dict[str, float], dict[s
     print("\ntop kernels:")
     for name, us in sorted(top.items(), key=lambda item: -item[1])[:25]:
         print(f"  {us / 1e3:7.2f} ms  {name}")
+    if on_gpu:  # which op launched them: a kernel's name alone does not say (e.g. a generic elementwise kernel)
+        print("\ntop ops by the GPU time of their own kernels (op, input shapes):")
+        ops = [event for event in prof.key_averages(group_by_input_shape=True)
+               if event.device_type == torch.autograd.DeviceType.CPU and event.self_device_time_total > 0]
+        for event in sorted(ops, key=lambda event: -event.self_device_time_total)[:20]:
+            print(f"  {event.self_device_time_total / steps / 1e3:7.2f} ms  {event.key}  {str(event.input_shapes)[:150]}")
     return {label: us / 1e6 for label, us in by_class.items()}, dict(counts)
 
 
