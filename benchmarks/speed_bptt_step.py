@@ -180,8 +180,8 @@ class Float32IFNode(sj_neuron.IFNode):
 
     Its state takes its input's dtype, and spikingjelly's registered implementations (its torch backend among them)
     take only an fp32 state: an fp16 input would send it to its reference formulas, or stop it where the torch backend
-    is asked for. Most neurons of the SNN get fp32 under fp16 autocast anyway (the folded batch norms' scale promotes);
-    the few fed fp16 pay a cast each way."""
+    is asked for. Under fp16 autocast the SNN's neurons are fed fp16 (the folded batch norms' maps run in their input's
+    dtype), so every IFNode pays a cast each way: the peer's ratio includes those casts."""
 
     def multi_step_forward(self, x_seq: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return super().multi_step_forward(x_seq.float(), *args, **kwargs).to(x_seq.dtype)
