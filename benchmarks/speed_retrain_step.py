@@ -175,7 +175,8 @@ def profile_row(trainer, row, device, steps=3) -> tuple[dict[str, float], dict[s
         ops = [event for event in prof.key_averages(group_by_input_shape=True)
                if event.device_type == torch.autograd.DeviceType.CPU and event.self_device_time_total > 0]
         for event in sorted(ops, key=lambda event: -event.self_device_time_total)[:20]:
-            print(f"  {event.self_device_time_total / steps / 1e3:7.2f} ms  {event.key}  {str(event.input_shapes)[:150]}")
+            ms = event.self_device_time_total / steps / 1e3
+            print(f"  {ms:7.2f} ms  {event.key}  {str(event.input_shapes)[:150]}")
     return {label: us / 1e6 for label, us in by_class.items()}, dict(counts)
 
 
