@@ -56,6 +56,8 @@ def collate_time_first(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Ten
 # Signals that workers of loaders built from now on ignore: a run's stop signals (aso_se.run.stop_signals).
 _IGNORED_IN_WORKERS: tuple[int, ...] = ()
 _LOADERS: "weakref.WeakSet[EpochLoader]" = weakref.WeakSet()
+# Every pass's worker processes, each with the id under which torch watches its pass's workers for a death.
+_WORKERS: "weakref.WeakKeyDictionary[multiprocessing.process.BaseProcess, int]" = weakref.WeakKeyDictionary()
 
 
 def ignore_in_workers(signums: Iterable[int]) -> tuple[int, ...]:
@@ -88,12 +90,25 @@ def _blocked(signums: tuple[int, ...]) -> Iterator[None]:
 
 def shutdown_workers() -> None:
     """Stop the workers (and pin-memory threads) of every live EpochLoader now; a run calls it
-    before it exits, since torch skips the shutdown at interpreter exit (see `_stop_workers`)."""
+    before it exits, since torch skips the shutdown at interpreter exit (see `_stop_workers`).
+
+    Then kill any loader worker still alive: one a dropped loader's pass left behind (a pass cut short,
+    e.g. the energy count's, then its loader freed) ignores SIGTERM, the stop signal, so the interpreter's
+    exit, which terminates and joins its children, would wait on it for ever."""
     for loader in list(_LOADERS):
         iterator = getattr(loader, "_iterator", None)
         if iterator is not None:
             _stop_workers(iterator)
             loader._iterator = None
+    for process, pass_id in list(_WORKERS.items()):
+        if process.is_alive():
+            try:  # no longer watched: torch would report the kill below as a worker's failure
+                torch._C._remove_worker_pids(pass_id)
+            except (RuntimeError, ValueError):  # its pass (or its other worker) already stopped watching
+                pass
+            process.kill()
+            process.join(timeout=10)
+    _WORKERS.clear()
 
 
 def _stop_workers(iterator: Any) -> None:
@@ -159,6 +174,7 @@ class EpochLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         with _blocked(self._ignored_signals):  # the workers (if any start now) inherit the mask
             iterator = super().__iter__()
+        _WORKERS.update((process, id(iterator)) for process in getattr(iterator, "_workers", ()))
         try:
             yield from iterator
         except Exception:
