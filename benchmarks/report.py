@@ -45,6 +45,7 @@ class Latest:
     cases: tuple[str, ...] = ()
     metrics: tuple[str, ...] = ()
     skip_cases: tuple[str, ...] = ()  # shown by another table
+    skip_endings: tuple[str, ...] = ()  # detail metrics left to the rows file (peak memory, the second clock)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ class AgainstT:
 
 
 TABLES = {
-    "speed": Latest("speed.csv", skip_cases=("roofline",)),
+    "speed": Latest("speed.csv", skip_cases=("roofline",),
+                    skip_endings=(": peak memory", ": step, host wall clock", ": step, CUDA events")),
     "roofline": Pivot("speed.csv", cases=("roofline",)),
     "accuracy": Latest("accuracy.csv"),
     "search_vs_random": Groups("search_vs_random.csv", ("test accuracy", "SNN energy per image",
@@ -145,7 +147,8 @@ def newest(rows: list[dict[str, str]], key=lambda row: (row["case"], row["metric
 def selected(spec, rows: list[dict[str, str]]) -> list[dict[str, str]]:
     metrics = getattr(spec, "metrics", ())
     return [row for row in rows if (not spec.cases or row["case"] in spec.cases)
-            and (not metrics or row["metric"] in metrics) and row["case"] not in getattr(spec, "skip_cases", ())]
+            and (not metrics or row["metric"] in metrics) and row["case"] not in getattr(spec, "skip_cases", ())
+            and not row["metric"].endswith(getattr(spec, "skip_endings", ()))]
 
 
 def latest_table(spec: Latest, rows: list[dict[str, str]]) -> list[str]:

@@ -28,6 +28,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -91,10 +92,22 @@ def run_case(case: str, argv: Sequence[str]) -> list[Measurement]:
 
 def stop_on_sigterm() -> None:
     """SIGTERM (``timeout``, a scheduler) raises KeyboardInterrupt like Ctrl-C: the cases that time row by row
-    (bptt_step, snn_eval) catch it and return the rows they have, which are then written."""
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, stop)
+    (bptt_step, snn_eval) catch it and return the rows they have, which are then written. LLVM inside libtriton
+    installs a killing SIGTERM handler when Triton first compiles a kernel (aso_se.run.stop_signals): ours goes
+    back after every kernel load."""
+    from triton import knobs as triton_knobs
+
+    signal.signal(signal.SIGTERM, _stop)
+    triton_knobs.runtime.kernel_load_end_hook.add(put_back_sigterm)
+
+
+def _stop(signum, frame):
+    raise KeyboardInterrupt
+
+
+def put_back_sigterm(*args) -> None:
+    if threading.current_thread() is threading.main_thread():  # signal.signal's rule
+        signal.signal(signal.SIGTERM, _stop)  # sigaction() again, whatever Python believes is installed
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -48,6 +48,15 @@ def test_appended_rows_show_newest_first_and_a_file_without_rows_says_so(tmp_pat
     assert "- c1: `python x.py --again`" in text
 
 
+def test_detail_metrics_stay_in_the_rows_file(tmp_path, monkeypatch):
+    monkeypatch.setitem(report.TABLES, "speed", report.Latest("speed.csv", skip_endings=(": peak memory",)))
+    (tmp_path / "speed.csv").write_text(",".join(COLUMNS) + "\n")
+    append_rows(tmp_path / "speed.csv", [Measurement("step", "net: throughput", 4741.0, "images/s"),
+                                         Measurement("step", "net: peak memory", 43.2, "GiB")], command="python s.py")
+    text = report.table("speed", tmp_path)
+    assert "| step | net: throughput | 4,741 images/s |" in text and "peak memory" not in text
+
+
 def test_a_rows_file_with_other_columns_is_refused(tmp_path):
     path = tmp_path / "bad.csv"
     with open(path, "w", newline="") as out:
@@ -71,5 +80,5 @@ def test_the_roofline_is_a_table_per_network_with_a_row_per_kernel_class():
     text = report.table("roofline")
     assert "| | least bytes (GB) | time (ms) | achieved bandwidth (GB/s) | share of HBM bandwidth (%) |" in text
     assert "| quantizer / neuron | 80.23 | 29.18 | 2,749 | 82.1 |" in text  # the H100 rows of speed.csv
-    assert "| copy / layout | 0 | 17.33 | — | — |" in text  # no floor: no bandwidth to show
+    assert "| copy / layout | 0 | 17.32 | — | — |" in text  # no floor: no bandwidth to show
     assert "| roofline |" not in report.table("speed")  # not repeated in the speed table

@@ -3,12 +3,16 @@ step and both peers in one process, the ratios divide the right rows, and bad in
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
+import sys
 
 import pytest
 from spikingjelly.activation_based import neuron as sj_neuron
+from triton import knobs as triton_knobs
 
+from aso_se.run.stop_signals import os_handler
 from benchmarks import speed, speed_bptt_step
 from benchmarks.speed_bptt_step import Row, StepTime
 from kernels.st_bif import STBIFNeuron
@@ -100,6 +104,27 @@ def test_sigterm_stops_a_case_like_ctrl_c():
             os.kill(os.getpid(), signal.SIGTERM)  # the handler runs in this (main) thread before the next line
             assert False, "SIGTERM did not interrupt"
     finally:
+        triton_knobs.runtime.kernel_load_end_hook.remove(speed.put_back_sigterm)
+        signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the OS handler through glibc")
+def test_sigterm_still_stops_a_case_after_triton_replaced_its_handler():
+    """LLVM's sigaction() on Triton's first compile is invisible to Python: the kernel-load hook puts ours back."""
+    before = signal.getsignal(signal.SIGTERM)
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    try:
+        speed.stop_on_sigterm()
+        libc.signal(signal.SIGTERM, ctypes.c_void_p(0))  # SIG_DFL behind Python's back, as LLVM's handler kills
+        assert os_handler(signal.SIGTERM) == 0
+        triton_knobs.runtime.kernel_load_end_hook(None, None, "kernel", None, "hash")
+        assert os_handler(signal.SIGTERM) != 0, "a SIGTERM now would kill the test run"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert False, "SIGTERM did not interrupt"
+    finally:
+        triton_knobs.runtime.kernel_load_end_hook.remove(speed.put_back_sigterm)
         signal.signal(signal.SIGTERM, before)
 
 
