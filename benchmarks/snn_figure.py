@@ -21,8 +21,8 @@ from benchmarks.rows import RESULTS, read_rows
 
 FIGURE = Path(__file__).resolve().parent / "figures" / "binary_snn_accuracy_vs_t.png"
 # The CIFAR-10 8×16 arms of the binary-SNN section (the MNIST smoke case and the one-lever rows left out).
-DEFAULT_CASES = ("darts_v2_8x16_level4_warm_t4", "darts_v2_8x16_level4_15ep", "darts_v2_8x16_level4_t4",
-                 "darts_v2_spike_native_8x16_level4_t4")
+DEFAULT_CASES = ("darts_v2_8x16_level4_warm_t4", "darts_v2_8x16_level4_warm_t4_seed1", "darts_v2_8x16_level4_15ep",
+                 "darts_v2_spike_native_8x16_level4_warm_t4")
 RELU = "ReLU ANN test accuracy"
 
 
