@@ -241,17 +241,25 @@ def _snn_logits(snn: nn.Module, x: Tensor, timesteps: int, prefixes: list[int]) 
     """The SNN's logits after each of ``prefixes`` steps and after ``timesteps``, and the last step
     (1-based, 0 if none) at which any neuron fired, running ``x`` in chunks of bounded size."""
     last_active, pooled = torch.zeros((), dtype=torch.long, device=x.device), []
+    steps = torch.arange(1, timesteps + 1, device=x.device)
 
     def record(module: nn.Module, inputs: tuple[Tensor], out: Tensor) -> None:
         nonlocal last_active
-        active = out.unflatten(0, (timesteps, -1)).flatten(1).ne(0).any(1)
-        steps = torch.arange(1, timesteps + 1, device=out.device)
-        last_active = torch.maximum(last_active, (steps * active).max())
+        # Each step's largest |spike|: one read of the neuron's output in any memory order, no temporary
+        # (a flatten of channels_last copies it, ne().any() writes a mask) - the evaluation is bandwidth-bound.
+        per_step = out.unflatten(0, (timesteps, -1))
+        largest = torch.linalg.vector_norm(per_step, ord=float("inf"), dim=tuple(range(1, per_step.dim())))
+        last_active = torch.maximum(last_active, (steps * (largest > 0)).max())
 
-    handles = [m.register_forward_hook(record) for m in snn.modules() if isinstance(m, SpikingNeuron)]
+    neurons = [m for m in snn.modules() if isinstance(m, SpikingNeuron)]
+    handles = [m.register_forward_hook(record) for m in neurons]
     if prefixes:  # causal SNN, summed readout: the logits after k steps read the pooled features summed to k
         handles.append(snn.global_pooling.register_forward_hook(lambda m, i, out: pooled.append(out)))
     logits: dict[int, list[Tensor]] = {k: [] for k in [*prefixes, timesteps]}
+    # Nothing reads firing rates here; counting them is one more read of every neuron's output.
+    recording = [m.record_firing_rate for m in neurons]
+    for neuron in neurons:
+        neuron.record_firing_rate = False
     try:
         for chunk in x.split(max(1, _IMAGE_STEPS_PER_CHUNK // timesteps)):
             logits[timesteps].append(_logits(snn(chunk)))
@@ -262,6 +270,8 @@ def _snn_logits(snn: nn.Module, x: Tensor, timesteps: int, prefixes: list[int]) 
     finally:
         for handle in handles:
             handle.remove()
+        for neuron, was_recording in zip(neurons, recording):
+            neuron.record_firing_rate = was_recording
     return {k: torch.cat(parts) for k, parts in logits.items()}, int(last_active.item())
 
 

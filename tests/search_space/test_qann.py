@@ -240,6 +240,33 @@ def test_a_plain_module_tree_with_biases_converts_exactly() -> None:
     torch.testing.assert_close(out.sum(0), expected, rtol=0, atol=1e-9)
 
 
+def test_the_last_firing_step_is_read_in_channels_last_without_counting_firing_rates() -> None:
+    """The evaluation's silence check reads each neuron's output in its own memory order; the neurons' firing-rate
+    counts (nothing reads them there) stay off during it and are restored after."""
+    network = qann_network(GENOTYPES["DARTS_V2"], seed=5, level=4).double()
+    snn = convert_to_snn(network, 16).to(memory_format=torch.channels_last)
+    x = torch.randn(5, 2, 12, 12, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    neurons = [m for m in snn.modules() if isinstance(m, qann_module.SpikingNeuron)]
+    last_by_neuron, strided = [], []
+
+    def reference(module, inputs, out):  # the plain way: a contiguous copy, a mask per step
+        strided.append(not out.is_contiguous())
+        fired = out.contiguous().unflatten(0, (16, -1)).flatten(1).ne(0).any(1).nonzero()
+        last_by_neuron.append(int(fired.max()) + 1 if len(fired) else 0)
+
+    handles = [m.register_forward_hook(reference) for m in neurons]
+    for neuron in neurons:
+        neuron.spike_count.fill_(-1)
+    try:
+        _, last = qann_module._snn_logits(snn, x, 16, [1, 2, 4, 8])
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert any(strided) and 1 < max(last_by_neuron) < 16  # channels_last outputs; firing stops inside the run
+    assert last == max(last_by_neuron)
+    assert all(n.record_firing_rate for n in neurons) and all(int(n.spike_count) == -1 for n in neurons)
+
+
 def test_the_logits_after_k_steps_of_one_run_equal_a_run_of_k_steps_in_fp64() -> None:
     """The SNN is causal and its head reads the pooled features summed over time: one run at T = 16
     gives the logits of separate runs at T = 1, 2, 4, 8 (and 16) to rounding."""
