@@ -28,13 +28,13 @@ from aso_se.search.arch_params import SamplingConfig
 from aso_se.search.derive import supernet_genotype
 from aso_se.search.epoch_metrics import EpochMetrics
 from aso_se.search.evolution import CycleResult, EvolutionConfig, prune_weak_ops, track_weak_ops
-from aso_se.search.firing_rates import recording_firing_rates
 from aso_se.search.schedule import Phase, PlanEntry, SearchSchedule
 from aso_se.search.step import Batch, Precision, SearchStep
 from aso_se.search.supernet import CELL_TYPES, SearchNetwork
 from aso_se.search.trained_supernet import OptimizerFactory, SchedulerFactory, TrainedSupernet
 from search_space.errors import UserInputError
 from search_space.genotypes import Genotype
+from search_space.neurons import recording_firing_rates
 
 logger = logging.getLogger(__name__)
 

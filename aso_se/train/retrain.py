@@ -39,7 +39,7 @@ from aso_se.train.graphed_step import FlatGradients, GraphedTrainStep, check_cap
 from kernels.sparse_conv import PATH_COUNTS
 from search_space.errors import UserInputError
 from search_space.network import parameters_m
-from search_space.neurons import firing_rates
+from search_space.neurons import firing_rates, recording_firing_rates, set_firing_rate_recording
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class Retrainer:
         # channels_last: NHWC weights and batches, where cuDNN's batch norm and depthwise convs are faster
         self.memory_format = torch.channels_last if channels_last else torch.preserve_format
         self.network = model.to(ctx.device, memory_format=self.memory_format)
+        set_firing_rate_recording(self.network, False)  # steps need not count spikes: the test pass reports them
         self.distill = distill  # a teacher's soft answers blended into the loss (aso_se.train.distill)
         if distill is not None:
             distill.teacher.to(ctx.device, memory_format=self.memory_format)
@@ -302,23 +303,24 @@ class Retrainer:
         names: list[str] = []
         rate_sums: torch.Tensor | None = None
         images = 0
-        for inputs, labels in loader:
-            inputs = self._to_device(inputs)
-            labels = labels.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=self.autocast_dtype,
-                                enabled=self.autocast_dtype is not None):
-                logits, _ = self.network(inputs)
-            loss = F.cross_entropy(logits.float(), labels, reduction="sum")
-            sums += torch.stack([loss, (logits.argmax(dim=1) == labels).sum().float(),
-                                 sums.new_ones(())])
-            images += labels.numel()
-            # The auxiliary head is not run in evaluation: its neurons hold training rates.
-            rates = {name: rate for name, rate in firing_rates(self.network).items()
-                     if "auxiliary" not in name}
-            if rates:  # one stack per batch, summed on the device
-                names = list(rates)
-                batch_rates = torch.stack([rate.float() for rate in rates.values()])
-                rate_sums = batch_rates if rate_sums is None else rate_sums + batch_rates
+        with recording_firing_rates(self.network, True):
+            for inputs, labels in loader:
+                inputs = self._to_device(inputs)
+                labels = labels.to(device, non_blocking=True)
+                with torch.autocast(device.type, dtype=self.autocast_dtype,
+                                    enabled=self.autocast_dtype is not None):
+                    logits, _ = self.network(inputs)
+                loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+                sums += torch.stack([loss, (logits.argmax(dim=1) == labels).sum().float(),
+                                     sums.new_ones(())])
+                images += labels.numel()
+                # The auxiliary head is not run in evaluation: its neurons hold no rates of this pass.
+                rates = {name: rate for name, rate in firing_rates(self.network).items()
+                         if "auxiliary" not in name}
+                if rates:  # one stack per batch, summed on the device
+                    names = list(rates)
+                    batch_rates = torch.stack([rate.float() for rate in rates.values()])
+                    rate_sums = batch_rates if rate_sums is None else rate_sums + batch_rates
         if rate_sums is None:  # no spiking neurons (relu), still one tensor for the reduction
             rate_sums = sums.new_zeros(0)
         totals = torch.cat([sums, sums.new_tensor([images]), rate_sums])

@@ -13,6 +13,7 @@ from search_space.neurons.base import (
     firing_rates,
     make_neuron,
     neuron_parameters,
+    recording_firing_rates,
     register_neuron,
     set_firing_rate_recording,
 )
@@ -20,5 +21,6 @@ from search_space.neurons.st_bif_qann import QuantizedActivation
 
 __all__ = [
     "NEURON_KINDS", "NeuronBuilder", "NeuronFactory", "NeuronFactoryFn", "QuantizedActivation", "SpikingNeuron",
-    "firing_rates", "make_neuron", "neuron_parameters", "register_neuron", "set_firing_rate_recording",
+    "firing_rates", "make_neuron", "neuron_parameters", "recording_firing_rates", "register_neuron",
+    "set_firing_rate_recording",
 ]

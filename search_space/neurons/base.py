@@ -9,6 +9,8 @@ keyword defaults are those of ``conf/neuron/<kind>.yaml``.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
@@ -166,3 +168,17 @@ def set_firing_rate_recording(model: nn.Module, enabled: bool) -> None:
     for module in model.modules():
         if isinstance(module, SpikingNeuron):
             module.record_firing_rate = enabled
+
+
+@contextmanager
+def recording_firing_rates(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Within, ``model``'s spiking neurons record their firing rates if ``enabled``; after it, none records.
+    Counting spikes costs a reduction in every neuron forward, so a loop records on the steps it reports only."""
+    if not enabled:
+        yield
+        return
+    set_firing_rate_recording(model, True)
+    try:
+        yield
+    finally:
+        set_firing_rate_recording(model, False)
