@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from kernels.sparse_conv import SparseConv2d
 from kernels.st_bif import STBIFNeuron, level_bounds
 from search_space.errors import UserInputError
 from search_space.graded_st_bif import GradedSTBIF
@@ -56,9 +57,17 @@ class _ShiftAtFirstStep(nn.Module):
         self.register_buffer("shift", (bias - norm.running_mean * weight / std).detach().clone())
         self.timesteps = timesteps
 
+    def fold_scale_into(self, conv: nn.Conv2d) -> None:
+        """Scales the bias-free ``conv`` that feeds this map per output channel, leaving the shift alone: the same
+        map to rounding, without a pass over every step of the conv's output (the evaluation is bandwidth-bound)."""
+        with torch.no_grad():
+            conv.weight.mul_(self.scale.to(conv.weight.dtype).view((-1,) + (1,) * (conv.weight.dim() - 1)))
+        self.scale = None
+
     def forward(self, x: Tensor) -> Tensor:
-        scaled = x * self.scale.to(x.dtype).view((1, -1) + (1,) * (x.dim() - 2))
-        return _add_at_first_step(scaled, self.shift, self.timesteps)
+        if self.scale is not None:
+            x = x * self.scale.to(x.dtype).view((1, -1) + (1,) * (x.dim() - 2))
+        return _add_at_first_step(x, self.shift, self.timesteps)
 
 
 class _BiasAtFirstStep(nn.Module):
@@ -118,6 +127,8 @@ _CONVERTIBLE_LEAVES = (
     QuantizedActivation, nn.Conv2d, nn.Linear, nn.modules.batchnorm._BatchNorm, nn.MaxPool2d, nn.AvgPool2d,
     nn.AdaptiveAvgPool2d, nn.Identity, nn.Flatten, nn.Dropout, Zero,
 )
+# Convs whose output is linear in their weight per output channel: a following batch norm's scale folds into them.
+_FOLDABLE_CONVS = (nn.Conv2d, SparseConv2d)
 # The registered neuron kinds by the module they build, for error messages.
 _KIND_OF_MODULE = {"STBIFNeuron": "st_bif", "LIFNode": "lif", "ReLU": "relu"}
 
@@ -134,14 +145,16 @@ def _unconvertible(model: nn.Module) -> list[str]:
     return sorted({found for child in children for found in _unconvertible(child)})
 
 
-def convert_to_snn(qann: nn.Module, timesteps: int, spikes_per_step: int = 1) -> nn.Module:
+def convert_to_snn(qann: nn.Module, timesteps: int, spikes_per_step: int = 1, *, fold_norms: bool = True) -> nn.Module:
     """A new ST-BIF SNN with the QANN's weights, running ``timesteps`` steps (the QANN is untouched).
 
     Every QuantizedActivation becomes an ST-BIF neuron with its θ and bounds (the Triton kernel on CUDA,
     the torch reference on CPU; with ``spikes_per_step`` > 1 the graded neuron of graded_st_bif.py);
     eval-mode BatchNorm and conv/linear biases add their shift at t = 0 only; max pooling runs on running
     sums; the stem injects the image at t = 0; a linear head named ``classifier`` (fed features averaged
-    over T) reads them summed over time instead.
+    over T) reads them summed over time instead. ``fold_norms``: a batch norm right after a bias-free conv scales
+    that conv's weights instead of every step of its output (the same map to rounding, a pass less); off, each
+    norm keeps its own scale (the trainable SNN learns it).
     """
     if isinstance(timesteps, bool) or not isinstance(timesteps, int) or timesteps < 1:
         raise UserInputError(f"timesteps={timesteps!r} must be a positive integer")
@@ -155,7 +168,7 @@ def convert_to_snn(qann: nn.Module, timesteps: int, spikes_per_step: int = 1) ->
             "activations or layers without an exact spiking form: build and train it with neuron=st_bif_qann"
         )
     snn = copy.deepcopy(qann).eval()
-    _convert_children(snn, timesteps, spikes_per_step)
+    _convert_children(snn, timesteps, spikes_per_step, fold_norms)
     return set_timesteps(snn, timesteps)
 
 
@@ -167,7 +180,7 @@ def set_timesteps(snn: nn.Module, timesteps: int) -> nn.Module:
     return snn
 
 
-def _convert_children(module: nn.Module, timesteps: int, spikes_per_step: int) -> None:
+def _convert_children(module: nn.Module, timesteps: int, spikes_per_step: int, fold_norms: bool) -> None:
     for name, child in module.named_children():
         replacement: nn.Module | None = None
         if isinstance(child, QuantizedActivation):
@@ -190,9 +203,13 @@ def _convert_children(module: nn.Module, timesteps: int, spikes_per_step: int) -
         elif isinstance(child, (nn.Conv2d, nn.Linear)) and child.bias is not None:
             replacement = _BiasAtFirstStep(child, timesteps)
         if replacement is None:
-            _convert_children(child, timesteps, spikes_per_step)
+            _convert_children(child, timesteps, spikes_per_step, fold_norms)
         else:
             setattr(module, name, replacement)
+    if fold_norms and isinstance(module, nn.Sequential):  # conv, then batch norm: the norm's scale into the conv
+        for layer, following in zip(module, list(module)[1:]):
+            if isinstance(following, _ShiftAtFirstStep) and type(layer) in _FOLDABLE_CONVS and layer.bias is None:
+                following.fold_scale_into(layer)
 
 
 @dataclass

@@ -61,7 +61,7 @@ def _fold_stem_norm(stem: nn.Sequential) -> None:
 def trainable_snn(qann: nn.Module, timesteps: int, surrogate: str = "sigmoid") -> nn.Module:
     """The ST-BIF SNN of ``qann`` (``convert_to_snn``, binary spikes) with every weight, threshold and folded
     batch-norm map a trainable parameter; its forward returns ``(logits summed over T, None)`` as the QANN's."""
-    snn = convert_to_snn(qann, timesteps)
+    snn = convert_to_snn(qann, timesteps, fold_norms=False)  # each norm's scale stays a parameter of its own
     if getattr(snn, "auxiliary_head", None) is not None:
         snn.auxiliary_head = None
     for module in snn.modules():

@@ -7,13 +7,14 @@ import pytest
 import torch
 from torch import nn
 
+from kernels.sparse_conv import SparseConv2d
 from kernels.st_bif import st_bif_multistep
 from search_space import qann as qann_module
 from search_space.errors import UserInputError
 from search_space.genotypes import GENOTYPES, Genotype
 from search_space.network import build_network
 from search_space.neurons import NeuronFactory
-from search_space.ops import OPS
+from search_space.ops import OPS, FactorizedReduce
 from search_space.qann import REPORTED_TIMESTEPS, QuantizedActivation, convert_to_snn, evaluate_snn
 
 # Every registered op on an edge that reads a cell input (stride 2 in a reduction cell) and elsewhere:
@@ -209,12 +210,37 @@ def test_conversion_and_evaluation_leave_the_qann_untouched() -> None:
     assert all(torch.equal(before[key], value) for key, value in network.state_dict().items())
     assert any(isinstance(m, QuantizedActivation) for m in network.modules())
     assert not any(isinstance(m, QuantizedActivation) for m in snn.modules())
-    snn_weights = dict(snn.named_parameters())  # the SNN holds copies of the same conv weights, under the same names
+    # The SNN holds copies of the conv weights under the same names; a conv followed by a batch norm holds its
+    # weights times the norm's scale (folded), the others the same values.
+    scales = {}
+    for name, module in network.named_modules():
+        if isinstance(module, nn.Sequential) and not name.startswith("stem"):  # the stem enters once, unconverted
+            for (index, layer), following in zip(enumerate(module), list(module)[1:]):
+                if type(layer) in (nn.Conv2d, SparseConv2d) and isinstance(following, nn.BatchNorm2d):
+                    scales[f"{name}.{index}.weight"] = following.weight / torch.sqrt(following.running_var
+                                                                                     + following.eps)
+    snn_weights = dict(snn.named_parameters())
     conv_weights = {name: p for name, p in network.named_parameters() if p.dim() == 4}
-    assert len(conv_weights) > 20
+    assert len(conv_weights) > 20 and 0 < len(scales) < len(conv_weights)
     for name, weight in conv_weights.items():
         copy = snn_weights["stem." + name if name.startswith("stem.") else name]  # the stem is wrapped
-        assert torch.equal(copy, weight) and copy is not weight
+        expected = weight * scales[name].view(-1, 1, 1, 1) if name in scales else weight
+        assert torch.equal(copy, expected.detach()) and copy is not weight
+
+
+def test_folded_norm_scales_give_the_unfolded_snn_to_rounding_and_skip_a_pass() -> None:
+    network = qann_network(GENOTYPES["DARTS_V2_SPIKE_NATIVE"], seed=3, level=4).double().eval()
+    x = torch.randn(4, 2, 12, 12, dtype=torch.float64)
+    folded, kept = convert_to_snn(network, 8), convert_to_snn(network, 8, fold_norms=False)
+    norms = {name: m for name, m in folded.named_modules() if isinstance(m, qann_module._ShiftAtFirstStep)}
+    unfolded = [name for name, m in norms.items() if m.scale is not None]
+    # every norm right after a bias-free conv; a factorized reduce's norm reads the concatenation of two convs
+    assert len(norms) > 10 and all(isinstance(folded.get_submodule(name[:-3]), FactorizedReduce) for name in unfolded)
+    assert all(m.scale is not None for m in kept.modules() if isinstance(m, qann_module._ShiftAtFirstStep))
+    with torch.no_grad():
+        a, b = folded(x)[0], kept(x)[0]  # (logits, auxiliary)
+    assert b.abs().max() > 0.1
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
 
 def test_a_plain_module_tree_with_biases_converts_exactly() -> None:
