@@ -20,7 +20,8 @@ time is what is measured (dense convs and the neuron's kernel cost the same what
 means nothing. Its batch norms take their statistics from two batches first, so that activations keep a trained
 network's scale. Each function runs once on the first batch (kernel compilation, cuDNN's choices), then is timed over
 all the images, already in host memory in batches of ``--batch`` (train.py's test loader): the host's wall clock,
-synced, including the copy to the GPU.
+synced, including the copy to the GPU. Beside it, the floor: the evaluation's least bytes (the QANN's forward and the
+SNN's at the cap, by benchmarks/speed_roofline.py's rules) at the GPU's HBM bandwidth, and the share of it reached.
 """
 from __future__ import annotations
 
@@ -37,11 +38,13 @@ if __package__ in (None, ""):  # run as a script: the repository on the path, fo
 
 from aso_se.data import CIFARData
 from aso_se.train.snn_eval import snn_metrics
+from benchmarks import speed_roofline
 from benchmarks.rows import Measurement
 from benchmarks.speed_retrain_step import sync
 from search_space.errors import UserInputError
 from search_space.network import build_network
 from search_space.neurons import NeuronFactory
+from search_space.qann import convert_to_snn
 from search_space.trainable_snn import accuracy_against_timesteps, trainable_snn
 
 FUNCTIONS = ("converted", "finetuned")
@@ -111,6 +114,21 @@ def time_function(function: str, qann, batches, device, max_timesteps: int) -> t
     return time.perf_counter() - started, accuracy
 
 
+def least_bytes(function: str, qann, image: torch.Tensor, images: int, max_timesteps: int) -> int:
+    """The least bytes of one evaluation of ``images`` by speed_roofline's forward rules (each layer reads its input
+    and weights and writes its output once; batch norms folded into their convs, so none): the SNN's forward at
+    T = ``max_timesteps`` and, for ``converted``, the QANN's forward before it; from a recorded forward of ``image``
+    (one batch of 2, the evaluation's dtype)."""
+    snn = convert_to_snn(qann, max_timesteps)
+    networks = [qann, snn] if function == "converted" else [snn]
+    total = 0
+    with torch.no_grad():
+        for network in networks:
+            calls = speed_roofline.record_step(network, lambda network=network: network(image))
+            total += sum(speed_roofline.call_bytes(call)[0] for call in calls)
+    return total * images // len(image)
+
+
 def names(text: str) -> list[str]:
     chosen = [part for part in text.split(",") if part]
     unknown = [part for part in chosen if part not in FUNCTIONS]
@@ -132,6 +150,7 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     parser.add_argument("--layers", type=int, default=20)
     parser.add_argument("--channels", type=int, default=36)
     parser.add_argument("--workers", type=int, default=8, help="loader workers decoding --data")
+    parser.add_argument("--hbm-gbps", type=float, help="the GPU's HBM bandwidth (default: by its name)")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: 3 cells × 4 channels, 24 images")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -151,21 +170,31 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     print(f"{datetime.date.today()} {gpu}, torch {torch.__version__}; {args.layers}×{args.channels}, level "
           f"{args.level}, {count:,} {images_name} in batches of {args.batch} (loaded in {loaded:.1f} s), "
           f"T = 1 … {args.max_timesteps}", flush=True)
-    print("| genotype | function | wall (s) | images/s | accuracy at T = 1, max (random weights) |\n"
-          "|---|---|---:|---:|---|")
+    gbps = speed_roofline.hbm_gbps(gpu, args.hbm_gbps) if device.type == "cuda" else speed_roofline.CPU_SMOKE_GBPS
+    print(f"HBM {gbps:,.0f} GB/s; floor: the least bytes at HBM bandwidth (benchmarks/speed_roofline.py's rules)")
+    print("| genotype | function | wall (s) | images/s | floor (s) | share of HBM | accuracy at T = 1, max "
+          "(random weights) |\n|---|---|---:|---:|---:|---:|---|")
     measured: list[Measurement] = []  # filled as each function is timed: a stopped case keeps what it has
     try:
         for genotype in [part for part in args.genotypes.split(",") if part]:
             qann = random_qann(genotype, args, batches, device)
             for function in args.functions:
                 seconds, accuracy = time_function(function, qann, batches, device, args.max_timesteps)
-                print(f"| {genotype} | {function} | {seconds:.1f} | {count / seconds:,.0f} | "
-                      f"{100 * accuracy[1]:.1f}%, {100 * accuracy[args.max_timesteps]:.1f}% |", flush=True)
+                least = least_bytes(function, qann, batches[0][0][:2].to(device), count, args.max_timesteps)
+                floor, share = least / (gbps * 1e9), 100 * least / (gbps * 1e9) / seconds
+                print(f"| {genotype} | {function} | {seconds:.1f} | {count / seconds:,.0f} | {floor:.2f} | "
+                      f"{share:.1f}% | {100 * accuracy[1]:.1f}%, {100 * accuracy[args.max_timesteps]:.1f}% |",
+                      flush=True)
                 what = (f"{genotype} {args.layers}×{args.channels} level-{args.level} binary SNN, {function} "
                         f"({'snn_metrics' if function == 'converted' else 'accuracy_against_timesteps'}), accuracy at "
                         f"T = 1 … {args.max_timesteps} on {count:,} images")
                 note = f"random weights (timing only); {images_name}; after a warm-up call on one batch"
                 measured.append(Measurement("snn_eval", f"{what}: wall", round(seconds, 2), "s", note))
+                if device.type == "cuda":  # a CPU smoke run has no HBM to share
+                    measured.append(Measurement("snn_eval", f"{what}: least bytes at HBM bandwidth", round(floor, 2),
+                                                "s", f"HBM {gbps:,.0f} GB/s; {least / 1e9:,.0f} GB"))
+                    measured.append(Measurement("snn_eval", f"{what}: share of HBM bandwidth", round(share, 1), "%",
+                                                "the floor's time over the wall time"))
             del qann
     except KeyboardInterrupt:
         print(f"stopped after {len(measured)} rows: keeping them", file=sys.stderr)

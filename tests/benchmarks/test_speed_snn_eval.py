@@ -34,6 +34,7 @@ def test_the_smoke_run_times_both_evaluations_and_writes_no_rows(tmp_path, monke
     assert "24 random images in batches of 8 (loaded in " in out and "s), T = 1 … 16" in out
     assert "(converted: built and warmed up on one batch in " in out  # where a stopped case's time went
     assert "| DARTS_V2_SPIKE_NATIVE | converted |" in out and "| DARTS_V2_SPIKE_NATIVE | finetuned |" in out
+    assert "| floor (s) | share of HBM |" in out
     assert ("snn_eval | DARTS_V2_SPIKE_NATIVE 3×4 level-4 binary SNN, finetuned (accuracy_against_timesteps), "
             "accuracy at T = 1 … 16 on 24 images: wall |") in out
     assert not list(tmp_path.iterdir())
@@ -77,3 +78,15 @@ def test_a_stopped_case_keeps_the_functions_it_timed(monkeypatch, capsys):
     rows = speed_snn_eval.main(["--tiny"])
     assert [row.metric.split(", ")[1].split(" ")[0] for row in rows] == ["converted"]
     assert "stopped after 1 rows: keeping them" in capsys.readouterr().err
+
+
+def test_the_floor_counts_the_qann_pass_of_the_converted_function_and_scales_with_the_images():
+    args = argparse.Namespace(data=None, images=8, batch=4, workers=0, level=4, channels=4, layers=3)
+    batches, _ = speed_snn_eval.test_batches(args)
+    qann = speed_snn_eval.random_qann("DARTS_V2", args, batches, torch.device("cpu"))
+    image = batches[0][0][:2]
+    snn_only = speed_snn_eval.least_bytes("finetuned", qann, image, 100, 8)
+    with_qann = speed_snn_eval.least_bytes("converted", qann, image, 100, 8)
+    assert 0 < snn_only < with_qann < 2 * snn_only  # one QANN forward costs less than T = 8 SNN steps
+    assert speed_snn_eval.least_bytes("finetuned", qann, image, 200, 8) == 2 * snn_only
+    assert speed_snn_eval.least_bytes("finetuned", qann, image, 100, 16) > 1.8 * snn_only  # the SNN's bytes grow with T
