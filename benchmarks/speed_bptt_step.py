@@ -25,7 +25,8 @@ that fails (e.g. cannot be captured in a graph) prints why and loses its row, no
 ``--profile`` (first genotype, first T) then says where the BPTT step's time goes: one eager BPTT step at batch B
 and one eager QANN step at batch B·T (the same image-steps through the convs) profiled by kernel class
 (speed_retrain_step.KERNEL_CLASSES), each class's time per step as a row. What BPTT spends beyond the QANN of
-B·T images is what paying for T more than once costs, class by class.
+B·T images is what paying for T more than once costs, class by class. Each profiled step also gets its roofline
+(case ``roofline``): the least bytes per class by benchmarks/speed_roofline.py's byte model against those times.
 """
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ if __package__ in (None, ""):  # run as a script: the repository on the path, fo
 
 from aso_se.parallel.distributed import DistributedContext
 from aso_se.train.snn_finetune import FinetuneSettings, finetune_trainer
+from benchmarks import speed_roofline
 from benchmarks.rows import Measurement
-from benchmarks.speed_retrain_step import profile_row, retrain_trainer, sync
+from benchmarks.speed_retrain_step import CLASS_NAMES, profile_row, retrain_trainer, step_least_bytes, sync
 from search_space.errors import UserInputError
 from search_space.network import build_network
 from search_space.neurons import NeuronFactory
@@ -276,7 +278,10 @@ def genotype_rows(genotype: str, args, device, peers: list[str], rows: list[Row]
 
 
 def profile_rows(genotype: str, timesteps: int, batch: int, args, device) -> list[Measurement]:
-    """GPU time per eager step by kernel class: the BPTT step at ``batch`` and the QANN step at ``batch`` × T."""
+    """GPU time per eager step by kernel class: the BPTT step at ``batch`` and the QANN step at ``batch`` × T, each
+    with its roofline (the least bytes per class of benchmarks/speed_roofline.py's byte model against those times)."""
+    gbps = (speed_roofline.hbm_gbps(torch.cuda.get_device_name(device), args.hbm_gbps) if device.type == "cuda"
+            else speed_roofline.CPU_SMOKE_GBPS)
     qann = qann_network(genotype, args)
     steps = {"QANN step": (timesteps * batch, lambda: retrain_trainer(copy.deepcopy(qann), args.precision,
                                                                        args.channels_last, device, graph=False)),
@@ -291,6 +296,12 @@ def profile_rows(genotype: str, timesteps: int, batch: int, args, device) -> lis
                               f"profiled kernel time ({kernels.get(label, 0)} kernels); the QANN step at batch "
                               f"{timesteps} × {batch} beside the BPTT step at {batch}")
                   for label, value in sorted(seconds.items(), key=lambda item: -item[1])]
+        least = step_least_bytes(trainer, images, device)
+        lines = speed_roofline.roofline_lines(least, seconds, kernels, CLASS_NAMES,
+                                              {"step, kernel time of an eager step": sum(seconds.values())})
+        speed_roofline.print_roofline(lines, gbps, f"Roofline of one eager step ({what})")
+        found += speed_roofline.measurements(lines, gbps, what, f"HBM {gbps:,.0f} GB/s; class times from the "
+                                             "profiled eager step; least bytes from benchmarks/speed_roofline.py")
         del trainer
         gc.collect()
     return found
@@ -335,6 +346,8 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     parser.add_argument("--warmup", type=int, default=5, help=f"steps before timing (graphs: at least {GRAPH_WARMUP})")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hbm-gbps", type=float, help="the GPU's HBM bandwidth for --profile's roofline (default: "
+                        "by its name)")
     parser.add_argument("--profile", action="store_true", help="also profile the BPTT step and the QANN step of as "
                         "many image-steps by kernel class (first genotype, first T)")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: 3 cells × 4 channels, T = 2, batch 4, "

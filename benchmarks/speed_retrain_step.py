@@ -180,10 +180,9 @@ def profile_row(trainer, row, device, steps=3) -> tuple[dict[str, float], dict[s
     return {label: us / 1e6 for label, us in by_class.items()}, dict(counts)
 
 
-def roofline_row(args, trainer, row, device, seconds_by_class, kernels, step_seconds, gbps) -> list[Measurement]:
-    """The profiled step's roofline: the byte model over one more recorded eager step, against the profile's times
-    per class, the eager step's summed kernel time and (graphs on) the row's timed replays."""
-    batch = row[0]
+def step_least_bytes(trainer, batch: int, device) -> dict[str, int]:
+    """The least bytes per kernel class of ``trainer``'s step at ``batch``: the byte model over one more recorded
+    eager step, and the optimizer's."""
     inputs = trainer._to_device(torch.randn(batch, 3, 32, 32, device=device))
     labels = torch.randint(10, (batch,), device=device)
     calls = speed_roofline.record_step(trainer.network, lambda: trainer._train_step(inputs, labels))
@@ -192,7 +191,14 @@ def roofline_row(args, trainer, row, device, seconds_by_class, kernels, step_sec
     momentum = any(group.get("momentum", 0) for group in trainer.optimizer.param_groups)
     optimizer = speed_roofline.optimizer_bytes(sum(p.numel() * p.element_size() for p in parameters),
                                                momentum=momentum, clipped=trainer.grad_clip > 0)
-    least = speed_roofline.minimum_bytes(calls, optimizer)
+    return speed_roofline.minimum_bytes(calls, optimizer)
+
+
+def roofline_row(args, trainer, row, device, seconds_by_class, kernels, step_seconds, gbps) -> list[Measurement]:
+    """The profiled step's roofline: the byte model over one more recorded eager step, against the profile's times
+    per class, the eager step's summed kernel time and (graphs on) the row's timed replays."""
+    batch = row[0]
+    least = step_least_bytes(trainer, batch, device)
     timed = {"step, kernel time of an eager step": sum(seconds_by_class.values())}
     if step_seconds is not None:
         timed[f"step, {'CUDA graph replay' if args.graph and device.type == 'cuda' else 'eager'} (wall)"] = \

@@ -134,4 +134,13 @@ def test_the_profile_splits_both_steps_by_kernel_class_at_the_same_image_steps(m
     metrics = [row.metric for row in rows]
     assert "DARTS_V2 3×4, QANN step, batch 8, fp32, eager: conv: time per step" in metrics  # T = 2 × batch 4
     assert "DARTS_V2 3×4, binary SNN BPTT, T = 2, batch 4, fp32, eager: conv: time per step" in metrics
-    assert all(row.value > 0 and row.unit == "ms" for row in rows)
+    profiled = [row for row in rows if row.case == "bptt_step"]
+    assert all(row.value > 0 and row.unit == "ms" for row in profiled)
+    # each step's roofline: its least bytes per class (no batch norm in the SNN: folded) against those times
+    floors = {row.metric: row.value for row in rows if row.case == "roofline" and row.metric.endswith("least bytes")}
+    qann = "DARTS_V2 3×4, QANN step, batch 8, fp32, eager"
+    bptt = "DARTS_V2 3×4, binary SNN BPTT, T = 2, batch 4, fp32, eager"
+    assert floors[f"{qann}: batch norm: least bytes"] > 0 and f"{bptt}: batch norm: least bytes" not in floors
+    step = "step, kernel time of an eager step: least bytes"
+    neurons = floors[f"{bptt}: quantizer / neuron: least bytes"]
+    assert floors[f"{bptt}: {step}"] > neurons > 0 < floors[f"{qann}: {step}"]
