@@ -279,13 +279,24 @@ def budget_config(run_dir: Path) -> dict[str, Any]:
     return config
 
 
+def drop_key(config: dict[str, Any], key: str) -> None:
+    """Removes ``key`` from ``config``, a dotted key from its nested mapping (``optim.optimizer.lr``), if present."""
+    *parents, leaf = key.split(".")
+    for parent in parents:
+        config = config.get(parent)
+        if not isinstance(config, dict):
+            return
+    config.pop(leaf, None)
+
+
 def same_config(run_dirs: Sequence[Path], ignore: Sequence[str]) -> dict[str, Any]:
-    """The budget every run got (``budget_config``), less the keys in ``ignore``: one budget, or a BenchmarkError."""
+    """The budget every run got (``budget_config``), less the keys in ``ignore`` (dotted keys name nested ones):
+    one budget, or a BenchmarkError."""
     configs = {}
     for run_dir in run_dirs:
         config = budget_config(run_dir)
         for key in ignore:
-            config.pop(key, None)  # a key newer than the run (e.g. init_from) is not a difference
+            drop_key(config, key)  # a key newer than the run (e.g. init_from) is not a difference
         configs[run_dir] = config
     (first_dir, first), *_ = configs.items()
     for run_dir, config in configs.items():

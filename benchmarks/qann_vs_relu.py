@@ -82,6 +82,13 @@ def warm_start_from_arms(overrides: Sequence[str], arms: Sequence[str], stage_di
     return tuple(resolved)
 
 
+def arm_run_keys(arms: Sequence[str]) -> tuple[str, ...]:
+    """The run settings the arms set themselves (``epochs``, ``optim.optimizer.lr``, ``init_from``, ...): keys whose
+    values may differ between arms under one budget."""
+    keys = {option.split("=", 1)[0] for arm in arms for option in arm.split(":")[1:]}
+    return tuple(sorted(key for key in keys if "." in key or key in RUN_KEYS))
+
+
 def arm_name(arm: str) -> str:
     """The arm in run dir names: ``st_bif_qann:level=16`` → ``st_bif_qann_level16``."""
     return arm.replace(":", "_").replace("=", "")
@@ -193,8 +200,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = args.out.resolve()
     sweeps = plan_sweeps(out, args.arms, args.seeds, args.timesteps, common)
     run_dirs = run_sweeps(sweeps, args.launcher, args.resume, out / "logs")
-    # one budget: only the neuron, its fine-tuning and the seed differ
-    budget = same_config(run_dirs, ignore=("neuron", "snn_finetune", "seed"))
+    # one budget: only the neuron, its fine-tuning, the seed and the run settings an arm sets itself differ
+    budget = same_config(run_dirs, ignore=("neuron", "snn_finetune", "seed", *arm_run_keys(args.arms)))
     arm_of = {run_dir: arm for sweep, arm in zip(sweeps, args.arms) for run_dir in sweep.run_dirs()}
     runs = [collect(run_dir, arm_of[run_dir]) for run_dir in sorted(run_dirs)]
     rows = arm_rows(runs, args.arms)

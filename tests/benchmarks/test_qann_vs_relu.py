@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import qann_vs_relu as bench
+from benchmarks.common import BenchmarkError
 from search_space.errors import UserInputError
 
 
@@ -114,6 +115,26 @@ def test_an_arm_with_neuron_options_runs_them_and_gets_its_own_verdicts():
         "QANN (st_bif_qann:level=16) within 1 point of ReLU? YES (-0.50 points)",
         "its SNN within 1 point of ReLU? YES (-0.40 points)",
         "QANN (st_bif_qann:level=16) train time per image: 1.20x ReLU's"]
+
+
+def test_the_run_settings_an_arm_sets_itself_are_not_a_budget_difference(tmp_path):
+    """A warm start runs fewer epochs at its own learning rate: one budget still, the neuron options aside."""
+    arms = ["relu", "st_bif_qann:level=4:init_from=relu:epochs=10:optim.optimizer.lr=0.02:snn_finetune.epochs=2"]
+    assert bench.arm_run_keys(arms) == ("epochs", "init_from", "optim.optimizer.lr", "snn_finetune.epochs")
+
+    def run_dir(name: str, config: str) -> Path:
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / ".hydra" / "config.yaml").write_text(config)
+        return tmp_path / name
+
+    relu = run_dir("relu", "seed: 0\nepochs: 100\nneuron: {name: relu}\noptim: {optimizer: {lr: 0.3, wd: 0.0005}}\n")
+    warm = run_dir("warm", "seed: 0\nepochs: 10\ninit_from: /o/relu\nneuron: {name: st_bif_qann, level: 4}\n"
+                           "optim: {optimizer: {lr: 0.02, wd: 0.0005}}\n")
+    ignore = ("neuron", "snn_finetune", "seed", *bench.arm_run_keys(arms))
+    assert bench.same_config([relu, warm], ignore=ignore) == {"optim": {"optimizer": {"wd": 0.0005}}}
+    other = run_dir("other", "seed: 0\nepochs: 10\nneuron: {name: relu}\noptim: {optimizer: {lr: 0.3, wd: 0.0001}}\n")
+    with pytest.raises(BenchmarkError, match="ran with different configs"):
+        bench.same_config([relu, warm, other], ignore=ignore)  # a weight decay no arm sets is a difference
 
 
 def test_a_warm_started_arm_starts_each_seed_from_an_earlier_arms_run_of_that_seed():
