@@ -6,6 +6,7 @@
     python benchmarks/speed.py --case roofline         # the retrain step's least bytes per kernel class against HBM
     python benchmarks/speed.py --case bptt_step        # the binary SNN's BPTT fine-tuning step beside the QANN step
     python benchmarks/speed.py --case snn_eval [--data <cifar10>]   # the binary SNN's accuracy at T = 1 ... 16
+    python benchmarks/speed.py --case depthwise        # the depthwise convs' forward + backward, cuDNN's and ours
     python benchmarks/speed.py --case peers --darts-dir .peers/darts/cnn --pc-darts-dir .peers/PC-DARTS
     python benchmarks/speed.py --case search_scaling --gpus 1,4 data.root=<cifar10>
     python benchmarks/speed.py --case retrain_scaling --gpus 1,2,4 data.root=<cifar10>
@@ -39,7 +40,7 @@ from benchmarks.rows import REPO, RESULTS, Measurement, append_rows, print_measu
 from search_space.errors import UserInputError
 
 DEFAULT_ROWS = {"st_bif": "speed.csv", "search_step": "speed.csv", "retrain_step": "speed.csv", "roofline": "speed.csv",
-                "bptt_step": "speed.csv", "snn_eval": "speed.csv", "peers": "speed.csv",
+                "bptt_step": "speed.csv", "snn_eval": "speed.csv", "peers": "speed.csv", "depthwise": "speed.csv",
                 "search_scaling": "scaling.csv", "retrain_scaling": "scaling.csv"}
 # The scaling cases: the full QANN search cut to 1 warm-up and 5 search epochs; the full-size retrain cut to 8 epochs.
 SEARCH = ("search.py", "experiment=cifar10_qann", "search.schedule.cycles=1", "search.schedule.warmup_epochs=1",

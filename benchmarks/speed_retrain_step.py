@@ -47,7 +47,8 @@ from search_space.neurons import NeuronFactory  # noqa: E402
 # (_drop_path_sum_*) are elementwise, not reductions.
 KERNEL_CLASSES = [
     ("batch norm", r"batch_norm|bn_|batchnorm"),
-    ("conv", r"conv|cudnn|xmma|implicit_gemm|winograd|dgrad|wgrad|fprop|sm90|sm80|gemm|cutlass|nhwc|nchw.*kernel"),
+    ("conv", r"conv|depthwise|cudnn|xmma|implicit_gemm|winograd|dgrad|wgrad|fprop|sm90|sm80|gemm|cutlass|nhwc"
+             r"|nchw.*kernel"),
     ("quantizer / neuron", r"quantiz|st_bif|threshold"),
     ("pool", r"pool"),
     ("optimizer", r"multi_tensor|foreach|sgd|fused_"),
@@ -78,10 +79,11 @@ def quantizer_bwd_config() -> str:
 
 
 def make_trainer(args, row, device):
-    batch, precision, layout, sum_backend = row
+    batch, precision, layout, sum_backend, depthwise = row
     torch.manual_seed(0)
     network = build_network(args.genotype, neuron=NeuronFactory(args.neuron, timesteps=1), channels=args.channels,
-                            layers=args.layers, num_classes=10, auxiliary=True, conv_backend=args.conv_backend)
+                            layers=args.layers, num_classes=10, auxiliary=True, conv_backend=args.conv_backend,
+                            depthwise_backend=depthwise)
     # "cat": our kernel's node sums, then torch.cat (before sums into the concatenation); "dense": auto with the
     # concatenation's gradients of the nodes that edges also read handed dense (cell.dense_concat_grads)
     for cell in network.cells:
@@ -240,11 +242,12 @@ def loader_rates(args, device):
 
 def main(argv: list[str] | None = None, prog: str = "speed.py --case retrain_step") -> list[Measurement]:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", help="batch:precision:layout[:sum], comma-separated (default: "
+    parser.add_argument("--rows", help="batch:precision:layout[:sum[:depthwise]], comma-separated (default: "
                         f"{DEFAULT_ROWS}; --tiny: {TINY_ROWS}), layout nchw or cl (channels_last); sum: the nodes' "
                         "drop-path sums on auto (our kernel, the default), dense (auto, the concatenation's "
                         "gradients of nodes that edges also read handed dense), cat (our kernel, nodes then "
-                        "torch.cat) or torch (PyTorch's ops)")
+                        "torch.cat) or torch (PyTorch's ops); depthwise: the depthwise convs on torch (cuDNN, the "
+                        "default) or triton (kernels/depthwise_conv)")
     parser.add_argument("--genotype", default="DARTS_V2")
     parser.add_argument("--neuron", default="st_bif_qann")
     parser.add_argument("--layers", type=int, default=20)
@@ -273,7 +276,7 @@ def main(argv: list[str] | None = None, prog: str = "speed.py --case retrain_ste
         args.warmup, args.steps, args.repeats, args.loader_batches = 1, 2, 1, 3
     args.rows = args.rows or (TINY_ROWS if args.tiny else DEFAULT_ROWS)
     torch.backends.cudnn.benchmark = True
-    rows = [(int(b), p, layout, rest[0] if rest else "auto")
+    rows = [(int(b), p, layout, rest[0] if rest else "auto", rest[1] if len(rest) > 1 else "torch")
             for b, p, layout, *rest in (spec.split(":") for spec in args.rows.split(","))]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     if args.profile:  # before any row: an unknown GPU without --hbm-gbps stops here
@@ -283,8 +286,8 @@ def main(argv: list[str] | None = None, prog: str = "speed.py --case retrain_ste
           f"{args.neuron}, aux, drop-path, {'graph replay' if args.graph and device.type == 'cuda' else 'eager'}, "
           f"conv_backend={args.conv_backend}{f', torch.compile mode={args.compile_mode}' if args.compile else ''}, "
           f"quantizer backward {quantizer_bwd_config()}")
-    print("| batch | precision | layout | node sums | ms / step | images/s | peak GiB | loss |\n"
-          "|---:|---|---|---|---:|---:|---:|---:|")
+    print("| batch | precision | layout | node sums | depthwise | ms / step | images/s | peak GiB | loss |\n"
+          "|---:|---|---|---|---|---:|---:|---:|---:|")
     first, first_seconds, measured = None, None, []
     for row in rows:
         if device.type == "cuda":
@@ -293,7 +296,8 @@ def main(argv: list[str] | None = None, prog: str = "speed.py --case retrain_ste
         print(f"| {' | '.join(map(str, row))} | {seconds * 1e3:.1f} | {row[0] / seconds:,.0f} | {memory:.1f} | "
               f"{loss:.3f} |", flush=True)
         what = (f"{args.genotype} {args.layers}×{args.channels} {args.neuron}, batch {row[0]}, {row[1]}, {row[2]}, "
-                f"node sums {row[3]}, {'CUDA graph' if args.graph and device.type == 'cuda' else 'eager'}")
+                f"node sums {row[3]}, {'' if row[4] == 'torch' else f'depthwise {row[4]}, '}"
+                f"{'CUDA graph' if args.graph and device.type == 'cuda' else 'eager'}")
         measured += [Measurement("retrain_step", f"{what}: step", round(seconds * 1e3, 1), "ms"),
                      Measurement("retrain_step", f"{what}: throughput", round(row[0] / seconds), "images/s"),
                      Measurement("retrain_step", f"{what}: peak memory", round(memory, 1), "GiB")]

@@ -23,6 +23,7 @@ from search_space.neurons import NeuronFactoryFn
 
 # What model.network.conv_backend may name (kernels/sparse_conv's other backends are for tests).
 CONV_BACKENDS = ("auto", "torch")
+DEPTHWISE_BACKENDS = ("torch", "triton")
 
 STEM_MULTIPLIER = 3  # DARTS: the stem has 3 * channels channels
 
@@ -141,6 +142,7 @@ def build_network(
     timesteps: int | None = None,
     image_size: int = 32,
     conv_backend: str = "torch",
+    depthwise_backend: str = "torch",
 ) -> RetrainNetwork:
     """The retrain network of ``genotype`` (a Genotype, a bundled name or a genotype JSON path).
 
@@ -150,6 +152,8 @@ def build_network(
     auxiliary head's pooling and must be a multiple of 4 (two reductions through DARTS's FactorizedReduce).
     ``conv_backend`` is every spike-reading conv's backend: "torch" (cuDNN only, the default: the sparse kernels
     did not pay end to end, RESULTS.md) or "auto" (the sparse-conv dispatcher decides per call).
+    ``depthwise_backend`` is the depthwise convs' (kernels.depthwise_conv): "torch" (cuDNN, the default) or
+    "triton" (one backward pass for both gradients).
     """
     if not isinstance(genotype, Genotype):
         genotype = load_genotype(genotype)
@@ -177,9 +181,12 @@ def build_network(
     if conv_backend not in CONV_BACKENDS:
         raise UserInputError(f"conv_backend={conv_backend!r} is not one of {', '.join(CONV_BACKENDS)}; "
                              "fix model.network.conv_backend")
+    if depthwise_backend not in DEPTHWISE_BACKENDS:
+        raise UserInputError(f"depthwise_backend={depthwise_backend!r} is not one of {', '.join(DEPTHWISE_BACKENDS)}; "
+                             "fix model.network.depthwise_backend")
     network = RetrainNetwork(
         genotype, neuron=neuron, timesteps=_positive_int("timesteps", timesteps), channels=channels, layers=layers,
         num_classes=num_classes, in_channels=in_channels, auxiliary=auxiliary, image_size=image_size,
     )
-    set_backend(network, conv_backend)
+    set_backend(network, conv_backend, depthwise_backend)
     return network

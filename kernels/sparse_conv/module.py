@@ -8,6 +8,7 @@ from torch import nn
 
 from kernels.backend import check_backend
 from kernels.block_map import BlockMap
+from kernels.depthwise_conv import depthwise_conv2d, is_depthwise
 from kernels.sparse_conv import dispatch
 from kernels.sparse_conv.dense import dense_conv2d
 from kernels.sparse_conv.density import DensityTracker
@@ -28,8 +29,10 @@ class SparseConv2d(nn.Conv2d):
     """Drop-in for nn.Conv2d (same constructor, parameters and state_dict keys).
 
     `backend` picks the implementation ("auto": the dispatcher decides per call, from this
-    layer's own sparsity measurements). Only padding_mode="zeros" is supported. `from_dense`
-    converts an nn.Conv2d; `fixed_route` says whether eager calls still go through the dispatcher.
+    layer's own sparsity measurements). `depthwise_backend` ("torch", the default; "triton"; "auto") sends a
+    depthwise layer's calls to kernels.depthwise_conv instead, whose backward makes both gradients in one pass.
+    Only padding_mode="zeros" is supported. `from_dense` converts an nn.Conv2d; `fixed_route` says whether eager
+    calls still go through the dispatcher.
     """
 
     def __init__(self, *args, backend: str = "auto", **kwargs) -> None:
@@ -45,6 +48,7 @@ class SparseConv2d(nn.Conv2d):
                 "pass the padding as an int or a pair"
             )
         self.backend = backend
+        self.depthwise_backend = "torch"
         self.density = DensityTracker()  # not a buffer: state_dict keys stay nn.Conv2d's
         self._route: FixedRoute | None = None
 
@@ -78,6 +82,9 @@ class SparseConv2d(nn.Conv2d):
                                                       self.groups, self.density)
 
     def forward(self, x: torch.Tensor, block_map: BlockMap | torch.Tensor | None = None) -> torch.Tensor:
+        if self.depthwise_backend != "torch" and self._square_depthwise(x):
+            return depthwise_conv2d(x, self.weight, self.stride[0], self.padding[0], self.dilation[0],
+                                    self.depthwise_backend)
         if self.backend == "auto" and torch.compiler.is_compiling():  # as in dispatch: "auto" runs cuDNN compiled
             return dense_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
         key = (x.shape, x.stride(), x.dtype, x.device, self.weight.dtype, self.backend,
@@ -98,13 +105,24 @@ class SparseConv2d(nn.Conv2d):
         self._route = None if route is None else FixedRoute(key, *route)
         return y
 
+    def _square_depthwise(self, x: torch.Tensor) -> bool:
+        """Whether kernels.depthwise_conv computes this layer: depthwise, no bias, the same geometry on both axes."""
+        return (self.bias is None and is_depthwise(x, self.weight, self.groups) and self.stride[0] == self.stride[1]
+                and self.padding[0] == self.padding[1] and self.dilation[0] == self.dilation[1])
+
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, backend={self.backend!r}"
+        depthwise = "" if self.depthwise_backend == "torch" else f", depthwise_backend={self.depthwise_backend!r}"
+        return f"{super().extra_repr()}, backend={self.backend!r}{depthwise}"
 
 
-def set_backend(model: nn.Module, backend: str) -> None:
-    """Sets `backend` on every SparseConv2d in `model` (e.g. a network built with the default, "auto")."""
+def set_backend(model: nn.Module, backend: str, depthwise_backend: str | None = None) -> None:
+    """Sets `backend` on every SparseConv2d in `model` (e.g. a network built with the default, "auto"), and
+    `depthwise_backend` where given."""
     check_backend(backend, "SparseConv2d", SPARSE_CONV_BACKENDS)
+    if depthwise_backend is not None:
+        check_backend(depthwise_backend, "depthwise_conv2d")
     for module in model.modules():
         if isinstance(module, SparseConv2d):
             module.backend = backend
+            if depthwise_backend is not None:
+                module.depthwise_backend = depthwise_backend
