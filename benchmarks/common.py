@@ -22,6 +22,7 @@ import yaml
 
 from aso_se.run.paths import CHECKPOINT
 from aso_se.run.resume import RESUME_KEYS, is_launcher_override
+from aso_se.run.run_dir import register_resolvers
 from search_space.errors import UserInputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,6 +73,7 @@ def compose_config(config_name: str, overrides: Sequence[str], launcher: str = "
     before any run. ``launcher``'s sweep config is composed too, so hydra.launcher.* overrides are checked."""
     from hydra import compose, initialize_config_dir
 
+    register_resolvers()  # the configs' own interpolations (a recipe's per-process batch) resolve as in a run
     try:
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3", job_name=config_name):
             return compose(config_name=config_name, overrides=[*LAUNCHERS[launcher], *overrides])

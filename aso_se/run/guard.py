@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable
@@ -124,6 +125,10 @@ def _one_line(err: BaseException) -> str:
         separator = ", " if listing and not text.endswith(":") else " "
         text = f"{text}{separator}{line}" if text else line
         listing = listing or line.endswith(":")
+    # a resolver's own error, which OmegaConf re-raises as text: that text alone
+    resolved = re.match(r"UserInputError raised while resolving interpolation: (.*?) full_key: ", text)
+    if resolved:
+        return resolved.group(1)
     for group, hint in _OTHER_ENTRY_POINTS_GROUP.items():
         if text.startswith(f"Could not override '{group}'. No match in the defaults list."):
             return f"Could not override '{group}': {hint}"

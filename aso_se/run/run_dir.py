@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from aso_se.run import gpu_slots
 from aso_se.run.checkpoint import CheckpointError, history
 from aso_se.run.paths import CHECKPOINT
+from search_space.errors import UserInputError
 
 
 def register_resolvers() -> None:
@@ -24,10 +25,22 @@ def register_resolvers() -> None:
             len(gpus) * int(per_gpu) if gpus else gpu_slots.slot_count(per_gpu)))
     if not OmegaConf.has_resolver("aso_se.stem"):  # hydra.sweep.subdir of the benchmarks: a run's name
         OmegaConf.register_new_resolver("aso_se.stem", lambda value: Path(str(value)).stem)
+    if not OmegaConf.has_resolver("aso_se.per_process"):  # a recipe's global batch, split over torchrun's processes
+        OmegaConf.register_new_resolver("aso_se.per_process", per_process_batch)
     if not OmegaConf.has_resolver("aso_se.run_dir"):
         OmegaConf.register_new_resolver("aso_se.run_dir", _run_dir)
         OmegaConf.register_new_resolver(
             "aso_se.hydra_subdir", lambda resume, resumed, fresh: resumed if resume else fresh)
+
+
+def per_process_batch(global_batch: int) -> int:
+    """Each process's share of ``global_batch``: a recipe whose learning rate is for one global batch keeps it on
+    one GPU or on torchrun's WORLD_SIZE of them."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if global_batch % processes:
+        raise UserInputError(f"the recipe's global batch {global_batch} does not split over {processes} processes; "
+                             f"pass batch_size=<a batch per process>, e.g. {max(1, global_batch // processes)}")
+    return global_batch // processes
 
 
 def _run_dir(resume: str | None, fresh: str) -> str:

@@ -153,7 +153,7 @@ def test_the_dense_row_sums_into_the_concatenation_and_hands_dense_gradients():
                               graph=False)
     flags = {}
     for mode in ("auto", "dense", "cat", "torch"):
-        trainer = speed_retrain_step.make_trainer(args, (2, "fp32", "cl", mode), torch.device("cpu"))
+        trainer = speed_retrain_step.make_trainer(args, (2, "fp32", "cl", mode, "torch"), torch.device("cpu"))
         cell = trainer.network.cells[0]
         flags[mode] = (cell.drop_path_backend, cell.sums_into_concat, cell.dense_concat_grads)
     assert flags == {"auto": ("auto", True, False), "dense": ("auto", True, True), "cat": ("auto", False, False),

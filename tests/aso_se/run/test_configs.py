@@ -11,6 +11,8 @@ from omegaconf import DictConfig
 
 from aso_se.monitor.tensorboard import TensorBoardLogger
 from aso_se.run.checkpoint import load_checkpoint, save_checkpoint
+from aso_se.run.guard import _one_line
+from aso_se.run.run_dir import register_resolvers
 from search_space.genotypes import GENOTYPES
 from search_space.neurons import NeuronFactory
 
@@ -22,6 +24,7 @@ def options(group: str) -> list[str]:
 
 
 def compose_config(entry_point: str, *overrides: str) -> DictConfig:
+    register_resolvers()  # as the entry points do: the configs' own interpolations
     with initialize_config_dir(str(CONF), version_base="1.3"):
         return compose(entry_point, overrides=list(overrides))
 
@@ -33,6 +36,23 @@ def test_every_experiment_composes(entry_point: str, experiment: str) -> None:
     assert cfg.trainer.precision in ("fp32", "bf16") and cfg.batch_size > 0
     instantiate(cfg.data)
     assert isinstance(instantiate(cfg.neuron), NeuronFactory)
+
+
+def test_the_fast_recipe_keeps_its_global_batch_on_any_number_of_processes(monkeypatch) -> None:
+    """Its learning rate is for a global batch of 1,024: one GPU takes all of it, torchrun's processes a share."""
+    for processes, per_process in ((None, 1024), ("1", 1024), ("4", 256), ("8", 128)):
+        if processes is None:
+            monkeypatch.delenv("WORLD_SIZE", raising=False)
+        else:
+            monkeypatch.setenv("WORLD_SIZE", processes)
+        assert compose_config("train", "experiment=cifar10_qann_fast").batch_size == per_process
+        assert compose_config("train", "experiment=cifar10_binary_snn").batch_size == per_process
+    assert compose_config("train", "experiment=cifar10_qann_fast", "batch_size=96").batch_size == 96  # as given
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(Exception, match="global batch 1024 does not split over 3 processes") as info:
+        compose_config("train", "experiment=cifar10_qann_fast").batch_size
+    assert _one_line(info.value) == ("the recipe's global batch 1024 does not split over 3 processes; pass "
+                                     "batch_size=<a batch per process>, e.g. 341")  # the entry points' error line
 
 
 def test_search_data_settings_apply_to_their_data_set_and_entry_point_only() -> None:
