@@ -5,8 +5,9 @@ Why: cuDNN runs a channels_last depthwise backward as two passes over the input 
 gradient), and its weight gradient reduces over every pixel; here one pass reads each once and writes both
 gradients (kernels/depthwise_conv/triton.py). ``depthwise_conv2d(x, weight, stride, padding, dilation)`` equals
 ``F.conv2d(x, weight, None, stride, padding, dilation, groups=C)`` with its gradients. "auto" runs PyTorch's conv
-until the kernels are measured to pay (benchmarks/speed.py --case retrain_step, row variant ``dw``); "triton" runs
-them on CUDA float tensors, and on CPU tensors with TRITON_INTERPRET=1. Under autocast both operands are cast to its
+until the kernels are measured to pay (``benchmarks/speed.py --case depthwise``, and ``--case retrain_step --rows
+1024:fp16:cl:auto:triton`` for the whole step); "triton" runs them on CUDA float tensors, and on CPU tensors with
+TRITON_INTERPRET=1. Under autocast both operands are cast to its
 dtype, as F.conv2d's are.
 """
 import torch
