@@ -7,8 +7,8 @@ Why: the retrain step's profile puts cuDNN's channels_last depthwise backward fi
 times its bytes' floor. kernels/depthwise_conv makes both gradients in one pass. Per shape (those of the
 sep_conv and dil_conv ops of a 20×36 network: 32×32 at 36 channels, 16×16 at 72, 8×8 at 144, stride 2 where a
 reduction cell reads its inputs), one process times a forward and backward of each implementation on the same
-tensors: the host's wall clock over ``--steps`` synced calls (what a user pays, launches included), the median of
-``--repeats``. Beside each: the least bytes of the pair (forward: read x and the weight, write y; backward: read the
+tensors, and a forward alone: the host's wall clock over ``--steps`` synced calls (what a user pays, launches
+included), the median of ``--repeats``. Beside each: the least bytes of the pair (forward: read x and the weight, write y; backward: read the
 output gradient, x and the weight, write both gradients) at the GPU's HBM bandwidth, the share of it reached, and the
 largest difference between the two implementations' outputs and gradients (the kernels' check in the same run).
 """
@@ -50,15 +50,20 @@ def forward_backward(x, weight, upstream, geometry, backend):
     return (y, *torch.autograd.grad(y, [x, weight], upstream))
 
 
-def time_pair(x, weight, upstream, geometry, backend, steps, repeats, device) -> float:
-    """Median seconds of one forward + backward, host wall clock of synced calls."""
-    forward_backward(x, weight, upstream, geometry, backend)  # compile, cuDNN's choice
+def forward_only(x, weight, upstream, geometry, backend):
+    with torch.no_grad():
+        return depthwise_conv2d(x, weight, *geometry, backend=backend)
+
+
+def time_calls(call, x, weight, upstream, geometry, backend, steps, repeats, device) -> float:
+    """Median seconds of one ``call`` (forward_backward or forward_only), host wall clock of synced calls."""
+    call(x, weight, upstream, geometry, backend)  # compile, cuDNN's choice
     times = []
     for _ in range(repeats):
         sync(device)
         start = time.perf_counter()
         for _ in range(steps):
-            forward_backward(x, weight, upstream, geometry, backend)
+            call(x, weight, upstream, geometry, backend)
         sync(device)
         times.append((time.perf_counter() - start) / steps)
     return statistics.median(times)
@@ -84,8 +89,8 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     torch.backends.cudnn.benchmark = True
     print(f"{datetime.date.today()} {name}, torch {torch.__version__}; depthwise conv forward + backward, batch "
           f"{args.batch}, {args.dtype}, channels_last, HBM {gbps:.0f} GB/s")
-    print("| channels | size | kernel | stride | dilation | cuDNN ms | ours ms | ours / cuDNN | floor ms | "
-          "cuDNN % HBM | ours % HBM | max difference |\n|" + "---:|" * 12)
+    print("| channels | size | kernel | stride | dilation | cuDNN ms | ours ms | ours / cuDNN | "
+          "forward: cuDNN / ours ms | floor ms | cuDNN % HBM | ours % HBM | max difference |\n|" + "---:|" * 13)
     rows, total = [], {backend: 0.0 for backend in IMPLEMENTATIONS}
     generator = torch.Generator(device=device).manual_seed(0)
     for channels, size, kernel, stride, dilation in shapes:
@@ -100,13 +105,16 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
         outputs = {backend: forward_backward(x, weight, upstream, geometry, backend) for backend in IMPLEMENTATIONS}
         difference = max((a.float() - b.float()).abs().max().item() / max(1.0, b.float().abs().max().item())
                          for a, b in zip(outputs["triton"], outputs["torch"]))
-        seconds = {backend: time_pair(x, weight, upstream, geometry, backend, args.steps, args.repeats, device)
-                   for backend in IMPLEMENTATIONS}
+        seconds = {backend: time_calls(forward_backward, x, weight, upstream, geometry, backend, args.steps,
+                                       args.repeats, device) for backend in IMPLEMENTATIONS}
+        forward = {backend: time_calls(forward_only, x, weight, upstream, geometry, backend, args.steps,
+                                       args.repeats, device) for backend in IMPLEMENTATIONS}
         floor = least_bytes(x, y, weight) / (gbps * 1e9)
         for backend in IMPLEMENTATIONS:
             total[backend] += seconds[backend]
         print(f"| {channels} | {size} | {kernel} | {stride} | {dilation} | {seconds['torch'] * 1e3:.3f} | "
-              f"{seconds['triton'] * 1e3:.3f} | {seconds['triton'] / seconds['torch']:.2f} | {floor * 1e3:.3f} | "
+              f"{seconds['triton'] * 1e3:.3f} | {seconds['triton'] / seconds['torch']:.2f} | "
+              f"{forward['torch'] * 1e3:.3f} / {forward['triton'] * 1e3:.3f} | {floor * 1e3:.3f} | "
               f"{100 * floor / seconds['torch']:.0f} | {100 * floor / seconds['triton']:.0f} | {difference:.1e} |",
               flush=True)
         what = (f"depthwise {kernel}×{kernel} stride {stride} dilation {dilation}, {channels} channels {size}×{size}, "
@@ -115,7 +123,10 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
         rows += [Measurement("depthwise", f"{what}: cuDNN", round(seconds["torch"] * 1e3, 3), "ms", note),
                  Measurement("depthwise", f"{what}: ours", round(seconds["triton"] * 1e3, 3), "ms", note),
                  Measurement("depthwise", f"{what}: ours / cuDNN", round(seconds["triton"] / seconds["torch"], 2),
-                             "x", note)]
+                             "x", note),
+                 Measurement("depthwise", f"{what}: forward alone, ours / cuDNN",
+                             round(forward["triton"] / forward["torch"], 2), "x",
+                             f"cuDNN {forward['torch'] * 1e3:.3f} ms, ours {forward['triton'] * 1e3:.3f} ms")]
     rows.append(Measurement("depthwise", f"every shape once, batch {args.batch}, {args.dtype}: ours / cuDNN",
                             round(total["triton"] / total["torch"], 2), "x",
                             f"cuDNN {total['torch'] * 1e3:.2f} ms, ours {total['triton'] * 1e3:.2f} ms"))
