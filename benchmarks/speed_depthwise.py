@@ -4,13 +4,14 @@
     python benchmarks/speed.py --case depthwise --tiny          # CPU smoke run (TRITON_INTERPRET=1), no rows
 
 Why: the retrain step's profile puts cuDNN's channels_last depthwise backward first among single kernels, several
-times its bytes' floor. kernels/depthwise_conv makes both gradients in one pass. Per shape (those of the
-sep_conv and dil_conv ops of a 20×36 network: 32×32 at 36 channels, 16×16 at 72, 8×8 at 144, stride 2 where a
-reduction cell reads its inputs), one process times a forward and backward of each implementation on the same
-tensors, and a forward alone: the host's wall clock over ``--steps`` synced calls (what a user pays, launches
-included), the median of ``--repeats``. Beside each: the least bytes of the pair (forward: read x and the weight, write y; backward: read the
-output gradient, x and the weight, write both gradients) at the GPU's HBM bandwidth, the share of it reached, and the
-largest difference between the two implementations' outputs and gradients (the kernels' check in the same run).
+times its bytes' floor. kernels/depthwise_conv makes both gradients in one pass. Per shape (those of the sep_conv
+and dil_conv ops of a 20×36 network: 32×32 at 36 channels, 16×16 at 72, 8×8 at 144, stride 2 where a reduction cell
+reads its inputs), one process times a forward and backward of each implementation on the same tensors, and a
+forward alone: the host's wall clock over ``--steps`` synced calls (what a user pays, launches included), the median
+of ``--repeats``. Beside each: the least bytes of the pair (forward: read x and the weight, write y; backward: read
+the output gradient, x and the weight, write both gradients) at the GPU's HBM bandwidth, the share of it reached,
+and the largest difference between the two implementations' outputs and gradients (the kernels' check in the same
+run).
 """
 from __future__ import annotations
 
