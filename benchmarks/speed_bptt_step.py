@@ -134,7 +134,7 @@ def measurements(rows: list[Row], args) -> list[Measurement]:
             continue
         t = f", T = {row.timesteps}" if row.timesteps else ""
         what = (f"{row.genotype} {args.layers}×{args.channels}, {row.network}{t}, batch {row.batch}, "
-                f"{args.precision}, {'CUDA graph' if row.mode == 'graph' else 'eager'}")
+                f"{args.precision}{depthwise_label(args)}, {'CUDA graph' if row.mode == 'graph' else 'eager'}")
         note = f"level-{args.level} QANN of random weights; device-resident batches"
         found += [Measurement("bptt_step", f"{what}: throughput", round(row.images_per_second()), "images/s", note),
                   Measurement("bptt_step", f"{what}: step, host wall clock", round(row.time.wall * 1e3, 2), "ms",
@@ -161,12 +161,17 @@ def print_row(row: Row) -> None:
           f"{ratio} | {row.time.peak_gib:.1f} |", flush=True)
 
 
+def depthwise_label(args) -> str:
+    """The rows' mention of the depthwise convs' backend where it is not the default (cuDNN)."""
+    return "" if args.depthwise_backend == "torch" else f", depthwise {args.depthwise_backend}"
+
+
 def qann_network(genotype: str, args) -> torch.nn.Module:
     """The QANN of ``genotype`` (random weights, seed 0) as experiment=cifar10_binary_snn builds it, on the CPU."""
     torch.manual_seed(0)
     return build_network(genotype, neuron=NeuronFactory("st_bif_qann", timesteps=1, level=args.level),
                          channels=args.channels, layers=args.layers, num_classes=10, auxiliary=True,
-                         conv_backend="torch")
+                         conv_backend="torch", depthwise_backend=args.depthwise_backend)
 
 
 def bptt_trainer(qann, timesteps: int, args, device, *, graph: bool, snn=None):
@@ -291,7 +296,8 @@ def profile_rows(genotype: str, timesteps: int, batch: int, args, device) -> lis
     for network, (images, make) in steps.items():
         trainer = make()
         seconds, kernels = profile_row(trainer, (images, network), device)
-        what = f"{genotype} {args.layers}×{args.channels}, {network}, batch {images}, {args.precision}, eager"
+        what = (f"{genotype} {args.layers}×{args.channels}, {network}, batch {images}, {args.precision}"
+                f"{depthwise_label(args)}, eager")
         found += [Measurement("bptt_step", f"{what}: {label}: time per step", round(value * 1e3, 2), "ms",
                               f"profiled kernel time ({kernels.get(label, 0)} kernels); the QANN step at batch "
                               f"{timesteps} × {batch} beside the BPTT step at {batch}")
@@ -341,6 +347,8 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     parser.add_argument("--level", type=int, default=4, help="the QANN's quantization levels (neuron.level)")
     parser.add_argument("--precision", default="fp16", choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--layout", default="cl", choices=("cl", "nchw"), help="cl: channels_last")
+    parser.add_argument("--depthwise-backend", default="torch", choices=("torch", "triton"),
+                        help="the depthwise convs: cuDNN, or kernels/depthwise_conv (both gradients in one pass)")
     parser.add_argument("--layers", type=int, default=20)
     parser.add_argument("--channels", type=int, default=36)
     parser.add_argument("--warmup", type=int, default=5, help=f"steps before timing (graphs: at least {GRAPH_WARMUP})")
@@ -369,7 +377,8 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     torch.backends.cudnn.benchmark = True
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"{datetime.date.today()} {name}, torch {torch.__version__}; {args.layers}×{args.channels}, level "
-          f"{args.level}, {args.precision}, {args.layout}, {args.image_steps} image-steps per batch")
+          f"{args.level}, {args.precision}, {args.layout}, {args.image_steps} image-steps per batch, depthwise convs "
+          f"{args.depthwise_backend}")
     print("| genotype | network | T | batch | mode | wall ms / step | GPU ms / step | host issue ms / step | "
           "images/s | step / baseline | peak GiB |\n|---|---|---:|---:|---|---:|---:|---:|---:|---|---:|")
     rows: list[Row] = []  # filled as each row is timed: a stopped case (speed.py's SIGTERM) keeps the rows it has

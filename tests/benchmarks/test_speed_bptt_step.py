@@ -15,8 +15,10 @@ from triton import knobs as triton_knobs
 from aso_se.run.stop_signals import os_handler
 from benchmarks import speed, speed_bptt_step
 from benchmarks.speed_bptt_step import Row, StepTime
+from kernels.sparse_conv import SparseConv2d
 from kernels.st_bif import STBIFNeuron
 from search_space.neurons import SpikingNeuron
+from search_space.trainable_snn import trainable_snn
 
 
 def test_the_smoke_run_times_qann_bptt_and_peers_side_by_side(tmp_path, monkeypatch, capsys):
@@ -39,7 +41,7 @@ def test_the_smoke_run_times_qann_bptt_and_peers_side_by_side(tmp_path, monkeypa
 
 
 def test_the_peers_keep_the_network_and_swap_only_its_neurons():
-    args = argparse.Namespace(level=4, channels=4, layers=3)
+    args = argparse.Namespace(level=4, channels=4, layers=3, depthwise_backend="torch")
     qann = speed_bptt_step.qann_network("DARTS_V2", args)
     peer, name = speed_bptt_step.peer_snn("spikingjelly", qann, 2, speed_bptt_step.torch.device("cpu"))
     reference, _ = speed_bptt_step.peer_snn("reference", qann, 2, speed_bptt_step.torch.device("cpu"))
@@ -58,12 +60,21 @@ def test_rows_divide_the_step_by_its_baseline_at_the_same_batch():
     assert bptt.ratio == pytest.approx(2.5) and bptt.images_per_second() == pytest.approx(1280)
     out_of_memory = speed_bptt_step.compared(Row("G", "binary SNN BPTT", 8, 64, "graph", None), qann, "QANN step")
     assert out_of_memory.ratio is None
-    args = argparse.Namespace(layers=20, channels=36, precision="fp16", level=4)
+    args = argparse.Namespace(layers=20, channels=36, precision="fp16", level=4, depthwise_backend="torch")
     found = {m.metric: m for m in speed_bptt_step.measurements([qann, bptt, out_of_memory], args)}
     key = "G 20×36, binary SNN BPTT, T = 8, batch 64, fp16, CUDA graph"
     assert found[f"{key}: step / QANN step"].value == 2.5 and found[f"{key}: throughput"].value == 1280
     assert found[f"{key}: step, CUDA events"].value == 49.0 and found[f"{key}: peak memory"].unit == "GiB"
     assert found["G 20×36, QANN step, batch 64, fp16, CUDA graph: step, host wall clock"].value == 20.0
+    args.depthwise_backend = "triton"  # our depthwise kernels: named in every row
+    assert all(", fp16, depthwise triton, CUDA graph" in m.metric for m in speed_bptt_step.measurements([qann], args))
+
+
+def test_the_depthwise_backend_reaches_the_fine_tuned_snns_convs():
+    args = argparse.Namespace(level=4, channels=4, layers=3, depthwise_backend="triton")
+    snn = trainable_snn(speed_bptt_step.qann_network("DARTS_V2_SPIKE_NATIVE", args), 2)
+    backends = {m.depthwise_backend for m in snn.modules() if isinstance(m, SparseConv2d) and m.groups > 1}
+    assert backends == {"triton"}
 
 
 def test_bad_input_is_one_line(capsys):
