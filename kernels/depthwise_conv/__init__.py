@@ -2,13 +2,13 @@
 way on channels_last tensors: public API.
 
 Why: cuDNN runs a channels_last depthwise backward as two passes over the input and the output gradient (one per
-gradient), and its weight gradient reduces over every pixel; here one pass reads each once and writes both
-gradients (kernels/depthwise_conv/triton.py). ``depthwise_conv2d(x, weight, stride, padding, dilation)`` equals
-``F.conv2d(x, weight, None, stride, padding, dilation, groups=C)`` with its gradients. "auto" runs PyTorch's conv
-until the kernels are measured to pay (``benchmarks/speed.py --case depthwise``, and ``--case retrain_step --rows
-1024:fp16:cl:auto:triton`` for the whole step); "triton" runs them on CUDA float tensors, and on CPU tensors with
-TRITON_INTERPRET=1. Under autocast both operands are cast to its
-dtype, as F.conv2d's are.
+gradient), and its weight gradient reduces over every pixel; here one pass reads each once and writes both gradients
+(kernels/depthwise_conv/triton.py). ``depthwise_conv2d(x, weight, stride, padding, dilation)`` equals ``F.conv2d(x,
+weight, None, stride, padding, dilation, groups=C)`` with its gradients. "auto" runs PyTorch's conv: measured, these
+kernels are slower than cuDNN's on the retrain's shapes, far from their bytes' floor (RESULTS.md, negative results;
+``benchmarks/speed.py --case depthwise``, and ``--case retrain_step --rows 1024:fp16:cl:auto:triton`` for the whole
+step). "triton" runs them on CUDA float tensors, and on CPU tensors with TRITON_INTERPRET=1. Under autocast both
+operands are cast to its dtype, as F.conv2d's are.
 """
 import torch
 from torch import Tensor
@@ -48,7 +48,7 @@ def depthwise_conv2d(x: Tensor, weight: Tensor, stride: int, padding: int, dilat
     if min(stride, dilation) < 1 or padding < 0:
         raise ValueError(f"depthwise_conv2d: stride {stride} and dilation {dilation} must be >= 1, padding "
                          f"{padding} >= 0")
-    # "auto" stays on PyTorch's conv: the kernels are not yet measured to beat cuDNN end to end
+    # "auto" stays on PyTorch's conv: the kernels were measured slower than cuDNN's
     if not use_triton(backend, "depthwise_conv2d", x.device, _problem(x, weight), preferred=False) \
             or torch.compiler.is_compiling():
         return depthwise_conv2d_reference(x, weight, stride, padding, dilation)

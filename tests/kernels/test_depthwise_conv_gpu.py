@@ -39,25 +39,32 @@ def test_cuda_kernels_equal_float64_cpu_convs(shape, kernel, stride, dilation, d
 
 def test_a_captured_step_equals_the_eager_one():
     gen = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(16, 36, 32, 32, device="cuda", generator=gen).to(memory_format=torch.channels_last)
-    weight = torch.randn(36, 1, 3, 3, device="cuda", generator=gen, requires_grad=True)
-    upstream = torch.randn(16, 36, 32, 32, device="cuda", generator=gen).to(memory_format=torch.channels_last)
+    x = torch.randn(16, 36, 32, 32, device="cuda", generator=gen).contiguous(memory_format=torch.channels_last)
     x.requires_grad_()
+    weight = torch.randn(36, 1, 3, 3, device="cuda", generator=gen, requires_grad=True)
+    upstream = torch.randn(16, 36, 32, 32, device="cuda", generator=gen).contiguous(memory_format=torch.channels_last)
 
-    def step():
+    def step():  # the backward into .grad, as the graphed retrain step captures it
+        x.grad = weight.grad = None
         y = depthwise_conv2d(x, weight, 1, 1, 1, "triton")
-        return (y, *torch.autograd.grad(y, [x, weight], upstream))
+        y.backward(upstream)
+        return y.detach()
 
-    eager = [t.clone() for t in step()]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up on a side stream, as torch.cuda.graphs asks
-    torch.cuda.current_stream().wait_stream(side)
+    eager = step(), x.grad.clone(), weight.grad.clone()
+    values = x.detach().clone()
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))  # capture on other values: the replay must read x
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up on the side stream, as torch.cuda.graphs recommends
+    torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step()
+    with torch.no_grad():
+        x.copy_(values)
     graph.replay()
     torch.cuda.synchronize()
-    for a, b in zip(captured, eager):
-        assert torch.equal(a, b)  # the same kernels in the same order: bit for bit
+    # the same kernels in the same order: bit for bit
+    assert torch.equal(captured, eager[0]) and torch.equal(x.grad, eager[1]) and torch.equal(weight.grad, eager[2])
