@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -15,3 +17,17 @@ def compile_for_hopper(script: str) -> None:
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=REPO,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def capture(step):
+    """``step`` captured in a CUDA graph after one warm-up call on a side stream (as torch.cuda.graphs recommends):
+    (the graph, what the captured call returned)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    return graph, captured

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from kernels.quantizer import quantize
+from tests.kernels.helpers import capture
 from tests.kernels.test_quantizer import BOUNDS, DTYPES, random_input
 
 pytestmark = [
@@ -46,14 +47,7 @@ def test_cuda_graph_replay_equals_eager():
     values = x.detach().clone()
     with torch.no_grad():
         x.copy_(torch.randn_like(x))  # capture on other values: the replay must read x
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up on the side stream, as torch.cuda.graphs recommends
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture(step)
     with torch.no_grad():
         x.copy_(values)
     graph.replay()
