@@ -31,3 +31,22 @@ def capture(step):
     with torch.cuda.graph(graph):
         captured = step()
     return graph, captured
+
+
+def assert_replay_equals_eager(step, source: torch.Tensor, gradients) -> None:
+    """``step`` (a forward and its backward into ``.grad``, returning the detached output) run eagerly, then captured
+    on other values of ``source`` and replayed on the first ones: the replay's output and ``gradients()`` (the
+    tensors' ``.grad``, read after each) equal the eager ones bit for bit, as the same kernels in the same order
+    must, and the replay reads ``source``."""
+    eager = [step(), *(gradient.clone() for gradient in gradients())]
+    values = source.detach().clone()
+    with torch.no_grad():
+        source.copy_(torch.randn_like(source))
+    graph, captured = capture(step)
+    with torch.no_grad():
+        source.copy_(values)
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = [captured, *gradients()]
+    assert len(replayed) == len(eager)
+    assert all(torch.equal(a, b) for a, b in zip(replayed, eager))

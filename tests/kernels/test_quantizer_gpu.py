@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from kernels.quantizer import quantize
-from tests.kernels.helpers import capture
+from tests.kernels.helpers import assert_replay_equals_eager
 from tests.kernels.test_quantizer import BOUNDS, DTYPES, random_input
 
 pytestmark = [
@@ -43,13 +43,4 @@ def test_cuda_graph_replay_equals_eager():
         y.backward(grad)
         return y.detach()
 
-    eager = step(), x.grad.clone(), theta.grad.clone()
-    values = x.detach().clone()
-    with torch.no_grad():
-        x.copy_(torch.randn_like(x))  # capture on other values: the replay must read x
-    graph, captured = capture(step)
-    with torch.no_grad():
-        x.copy_(values)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, eager[0]) and torch.equal(x.grad, eager[1]) and torch.equal(theta.grad, eager[2])
+    assert_replay_equals_eager(step, x, lambda: [x.grad, theta.grad])
