@@ -19,8 +19,10 @@ issue one step (its Python and launches; it also waits once the GPU's launch que
 Peers (``--peers``, first genotype, T = ``--peer-timesteps``, every mode): the same SNN with each ST-BIF neuron
 swapped for spikingjelly 2.0's multi-step IFNode on its torch backend (``spikingjelly``: its kernels picked with
 SJ_IF_CUDA_IMPLEMENTATION=torch; a soft-reset IF neuron with a sigmoid surrogate fed fp32, so a timing peer, not the
-same function), or for our ST-BIF neuron's torch reference (``reference``); each as its step time over ours. A peer
-that fails (e.g. cannot be captured in a graph) prints why and loses its row, not the case's other rows.
+same function), or for our ST-BIF neuron's torch reference (``reference``); or our SNN with each batch norm's scale
+as a pass of its own over the T steps instead of folded into the conv before it (``separate_scales``,
+``trainable_snn(fold_scales=False)``). Each as its step time over ours. A peer that fails (e.g. cannot be captured in
+a graph) prints why and loses its row, not the case's other rows.
 
 ``--profile`` (first genotype, first T) then says where the BPTT step's time goes: one eager BPTT step at batch B
 and one eager QANN step at batch B·T (the same image-steps through the convs) profiled by kernel class
@@ -60,7 +62,7 @@ from search_space.neurons import NeuronFactory
 from search_space.trainable_snn import trainable_snn, with_neuron_backend, with_neurons
 
 MODES = ("graph", "eager")
-PEERS = ("spikingjelly", "reference")
+PEERS = ("spikingjelly", "reference", "separate_scales")
 # spikingjelly 2.0 picks its IF neuron's CUDA implementation from this variable when its IF ops are first loaded.
 SJ_IF_IMPLEMENTATION = "SJ_IF_CUDA_IMPLEMENTATION"
 # A graphed step warms up on GraphedTrainStep's eager steps, then captures: at least this many calls before timing.
@@ -213,6 +215,9 @@ def spikingjelly_torch_backend(device: torch.device) -> str:
 
 def peer_snn(peer: str, qann, timesteps: int, device: torch.device) -> tuple[torch.nn.Module, str]:
     """The peer's SNN (the QANN's trainable SNN with its neurons swapped) and its name in the table."""
+    if peer == "separate_scales":
+        return (trainable_snn(qann, timesteps, fold_scales=False),
+                "binary SNN BPTT, norm scales as passes of their own")
     snn = trainable_snn(qann, timesteps)
     if peer == "reference":
         return with_neuron_backend(snn, "torch"), "binary SNN BPTT, ST-BIF torch reference"
@@ -340,9 +345,9 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     parser.add_argument("--image-steps", type=int, default=512,
                         help="images × T per batch: the batch at T is this / T (and the QANN's, beside it)")
     parser.add_argument("--modes", type=names(MODES), default=list(MODES), help="graph (replays), eager, or both")
-    parser.add_argument("--peers", type=names(PEERS), default=["spikingjelly"],
+    parser.add_argument("--peers", type=names(PEERS), default=["spikingjelly", "separate_scales"],
                         help="comma-separated: spikingjelly (IFNode, torch backend), reference (our neuron's torch "
-                        "reference); '' for none")
+                        "reference), separate_scales (norm scales not folded into convs); '' for none")
     parser.add_argument("--peer-timesteps", type=int, default=4, help="the T at which the peers run")
     parser.add_argument("--level", type=int, default=4, help="the QANN's quantization levels (neuron.level)")
     parser.add_argument("--precision", default="fp16", choices=("fp32", "bf16", "fp16"))
@@ -359,7 +364,7 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     parser.add_argument("--profile", action="store_true", help="also profile the BPTT step and the QANN step of as "
                         "many image-steps by kernel class (first genotype, first T)")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: 3 cells × 4 channels, T = 2, batch 4, "
-                        "fp32, both peers")
+                        "fp32, every peer")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.tiny:

@@ -6,8 +6,10 @@ the ST-BIF neuron's surrogate gradient (its fused multi-step kernel on CUDA), ad
 and the batch norms' affine maps to the answer after T steps.
 
 Every batch norm is folded into a trainable per-channel affine map, so training and evaluation run the same
-network (no batch statistics over a mixture of time steps); the auxiliary head is dropped (its loss would read
-a head that is never deployed).
+network (no batch statistics over a mixture of time steps). A map right after a bias-free conv scales that conv's
+weights (a parametrization, trained as its own parameter) instead of every step of the conv's output: the same
+function and gradients to rounding, without a pass over T steps of activations each way and the copy the backward
+keeps. The auxiliary head is dropped (its loss would read a head that is never deployed).
 """
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
 from search_space.errors import UserInputError
 from search_space.neurons import SpikingNeuron
 from search_space.qann import (
+    _FOLDABLE_CONVS,
     REPORTED_TIMESTEPS,
     _BiasAtFirstStep,
     _full_fp32,
@@ -37,7 +41,31 @@ from search_space.qann import (
 def _buffers_to_parameters(module: nn.Module, names: Iterable[str]) -> None:
     for name in names:
         value = module._buffers.pop(name)
-        setattr(module, name, nn.Parameter(value.detach().clone()))
+        # a scale folded into its conv stays None, a plain attribute
+        setattr(module, name, None if value is None else nn.Parameter(value.detach().clone()))
+
+
+class _ScaledWeight(nn.Module):
+    """A conv's weight times the per-output-channel scale of the batch norm after it, the scale a parameter."""
+
+    def __init__(self, scale: Tensor) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(scale.detach().clone())
+
+    def forward(self, weight: Tensor) -> Tensor:
+        return weight * self.scale.to(weight.dtype).view((-1,) + (1,) * (weight.dim() - 1))
+
+
+def _fold_scales_into_convs(snn: nn.Module) -> None:
+    """Each (bias-free conv, first-step shift) pair of a Sequential: the shift's scale moves into the conv's weight."""
+    for module in list(snn.modules()):
+        if not isinstance(module, nn.Sequential):
+            continue
+        for layer, following in zip(module, list(module)[1:]):
+            if (isinstance(following, _ShiftAtFirstStep) and following.scale is not None
+                    and type(layer) in _FOLDABLE_CONVS and layer.bias is None):
+                parametrize.register_parametrization(layer, "weight", _ScaledWeight(following.scale))
+                following.scale = None
 
 
 def _fold_stem_norm(stem: nn.Sequential) -> None:
@@ -58,10 +86,14 @@ def _fold_stem_norm(stem: nn.Sequential) -> None:
     stem[0], stem[1] = folded, nn.Identity()
 
 
-def trainable_snn(qann: nn.Module, timesteps: int, surrogate: str = "sigmoid") -> nn.Module:
+def trainable_snn(qann: nn.Module, timesteps: int, surrogate: str = "sigmoid", *,
+                  fold_scales: bool = True) -> nn.Module:
     """The ST-BIF SNN of ``qann`` (``convert_to_snn``, binary spikes) with every weight, threshold and folded
-    batch-norm map a trainable parameter; its forward returns ``(logits summed over T, None)`` as the QANN's."""
+    batch-norm map a trainable parameter; its forward returns ``(logits summed over T, None)`` as the QANN's.
+    ``fold_scales``: a norm's scale after a bias-free conv scales the conv's weights (off: a pass of its own)."""
     snn = convert_to_snn(qann, timesteps, fold_norms=False)  # each norm's scale stays a parameter of its own
+    if fold_scales:
+        _fold_scales_into_convs(snn)
     if getattr(snn, "auxiliary_head", None) is not None:
         snn.auxiliary_head = None
     for module in snn.modules():

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from spikingjelly.activation_based import neuron as sj_neuron
+from torch.nn.utils import parametrize
 from triton import knobs as triton_knobs
 
 from aso_se.run.stop_signals import os_handler
@@ -31,9 +32,10 @@ def test_the_smoke_run_times_qann_bptt_and_peers_side_by_side(tmp_path, monkeypa
         ["| DARTS_V2_SPIKE_NATIVE", "binary SNN BPTT", "2", "4"],
         ["| DARTS_V2_SPIKE_NATIVE", "BPTT, spikingjelly 2.0 IFNode (torch-reference)", "2", "4"],
         ["| DARTS_V2_SPIKE_NATIVE", "binary SNN BPTT, ST-BIF torch reference", "2", "4"],
+        ["| DARTS_V2_SPIKE_NATIVE", "binary SNN BPTT, norm scales as passes of their own", "2", "4"],
         ["| DARTS_V2", "QANN step", "", "4"],
         ["| DARTS_V2", "binary SNN BPTT", "2", "4"]]
-    assert "(QANN step) |" in table[1] and "(ours) |" in table[2]
+    assert "(QANN step) |" in table[1] and "(ours) |" in table[2] and "(ours) |" in table[4]
     rows = [line for line in out.splitlines() if line.startswith("bptt_step | ")]
     assert "bptt_step | DARTS_V2 3×4, binary SNN BPTT, T = 2, batch 4, fp32, eager: step / QANN step | " in "\n".join(
         rows)
@@ -51,6 +53,9 @@ def test_the_peers_keep_the_network_and_swap_only_its_neurons():
     ours = [m.neuron for m in reference.modules() if isinstance(m, SpikingNeuron)]
     assert len(ours) == len(neurons) and all(isinstance(n, STBIFNeuron) and n.backend == "torch" for n in ours)
     assert name == "BPTT, spikingjelly 2.0 IFNode (torch-reference)"
+    separate, _ = speed_bptt_step.peer_snn("separate_scales", qann, 2, speed_bptt_step.torch.device("cpu"))
+    assert not any(parametrize.is_parametrized(m) for m in separate.modules())
+    assert any(parametrize.is_parametrized(m) for m in reference.modules())  # ours: scales folded into convs
 
 
 def test_rows_divide_the_step_by_its_baseline_at_the_same_batch():
@@ -86,7 +91,7 @@ def test_bad_input_is_one_line(capsys):
     assert "'4,0' is not a comma-separated list of positive integers" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         speed.main(["--case", "bptt_step", "--peers", "snntorch"])
-    assert "'snntorch' is not one of spikingjelly, reference" in capsys.readouterr().err
+    assert "'snntorch' is not one of spikingjelly, reference, separate_scales" in capsys.readouterr().err
 
 
 def test_a_stopped_case_keeps_and_writes_the_rows_it_timed(tmp_path, monkeypatch, capsys):
@@ -102,7 +107,7 @@ def test_a_stopped_case_keeps_and_writes_the_rows_it_timed(tmp_path, monkeypatch
     out_file = tmp_path / "speed.csv"
     assert speed.main(["--case", "bptt_step", "--tiny", "--rows-out", str(out_file)]) == 0
     captured = capsys.readouterr()
-    assert "stopped after 4 rows: keeping them" in captured.err  # the QANN step, ours and both peers
+    assert "stopped after 5 rows: keeping them" in captured.err  # the QANN step, ours and the three peers
     written = out_file.read_text()
     assert "DARTS_V2_SPIKE_NATIVE 3×4, binary SNN BPTT, T = 2" in written and "DARTS_V2 3×4" not in written
 

@@ -3,6 +3,7 @@ through the Triton neuron equal to BPTT through the torch reference neuron, and 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -190,3 +191,52 @@ def test_the_first_step_shift_and_bias_equal_their_formulas_with_every_gradient(
         torch.testing.assert_close(module(x), formula(x), rtol=0, atol=1e-12)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+def _separate_name(folded_name: str, folded: nn.Module) -> str:
+    """The unfolded trainable SNN's name for a parameter of the folded one: a conv's ``weight`` for its parametrized
+    original, the batch-norm map's ``scale`` after that conv for the parametrization's scale."""
+    if ".parametrizations.weight.original" in folded_name:
+        return folded_name.replace(".parametrizations.weight.original", ".weight")
+    if ".parametrizations.weight.0.scale" in folded_name:
+        conv = folded_name.replace(".parametrizations.weight.0.scale", "")
+        parent, index = conv.rsplit(".", 1)
+        assert isinstance(folded.get_submodule(parent), nn.Sequential)
+        return f"{parent}.{int(index) + 1}.scale"
+    return folded_name
+
+
+def _max_pools_as_average_pools(genotype):
+    """``genotype`` with its max pools as average pools: a max pool's gradient goes to one of tied inputs, and inputs
+    tied in one network may differ by one rounding in another that computes the same function."""
+    def swap(edges):
+        return tuple(("avg_pool_3x3" if op == "max_pool_3x3" else op, node) for op, node in edges)
+
+    return dataclasses.replace(genotype, normal=swap(genotype.normal), reduce=swap(genotype.reduce))
+
+
+@pytest.mark.parametrize("genotype", [DARTS_V2, DARTS_V2_SPIKE_NATIVE, ALL_OPS], ids=["darts_v2", "spike_native",
+                                                                                      "all_ops"])
+def test_scales_folded_into_their_convs_give_the_same_logits_and_gradients(genotype) -> None:
+    """The default trainable SNN (each batch norm's scale after a bias-free conv scaling that conv's weights) against
+    the one whose scales are a pass of their own, in float64 at T = 3: the same logits, and (max pools as average
+    pools) the same gradient for every parameter, the weights and the scales included, matched by name. Most scales
+    are folded."""
+    x, labels = torch.randn(4, 2, 12, 12, dtype=torch.float64), torch.tensor([0, 1, 2, 3])
+    for pools in (genotype, _max_pools_as_average_pools(genotype)):
+        qann = _with_auxiliary_and_stem_stats(qann_network(pools, seed=11, level=4, sym=False)).double()
+        for module in qann.modules():  # scales far from 1, so a scale applied twice or not at all shows
+            if isinstance(module, nn.BatchNorm2d) and module.affine:
+                module.weight.data.uniform_(0.3, 3.0)
+        folded, separate = trainable_snn(qann, 3), trainable_snn(qann, 3, fold_scales=False)
+        loss, grads = loss_and_grads(folded, x, labels)
+        separate_loss, separate_grads = loss_and_grads(separate, x, labels)
+        torch.testing.assert_close(loss, separate_loss, rtol=1e-12, atol=0)
+        torch.testing.assert_close(folded(x)[0], separate(x)[0], rtol=1e-10, atol=1e-12)
+    scales = [name for name in grads if name.endswith("parametrizations.weight.0.scale")]
+    assert len(scales) > len([name for name in grads if name.endswith(".scale")]) / 2
+    matched = {_separate_name(name, folded): grad for name, grad in grads.items()}
+    assert matched.keys() == separate_grads.keys()
+    assert any(grad.abs().max() > 1e-6 for grad in separate_grads.values())
+    for name, grad in separate_grads.items():
+        torch.testing.assert_close(matched[name], grad, rtol=1e-9, atol=1e-12, msg=name)
