@@ -175,6 +175,26 @@ def plot(path: Path, rows: list[dict[str, Any]], relu: dict[str, Any] | None, ti
     figure.savefig(path, dpi=120)
 
 
+def stage_cost_rows(case: str, metrics: dict[str, Any], relu: dict[str, Any] | None, note: str) -> list[Measurement]:
+    """What the SNN stage (the converted SNN's evaluation, the fine-tuning and the fine-tuned SNN's evaluation; the
+    energy reports left out) costs beside the QANN's training, from metrics.json's ``wall_time_marks_s`` (the run's
+    wall clock as each stage ended); beside the ReLU run's training too where the QANN started from it."""
+    marks = metrics.get("wall_time_marks_s", {})
+    if not {"trained", "snn_evaluated", "energy_measured", "finetuned", "finetune_evaluated"} <= marks.keys():
+        return []
+    stage = (marks["snn_evaluated"] - marks["trained"]) + (marks["finetune_evaluated"] - marks["energy_measured"])
+    what = "SNN stage (converted SNN's evaluation, fine-tuning, fine-tuned SNN's evaluation)"
+    rows = [Measurement(case, f"{what}: wall", round(stage, 1), "s", note),
+            Measurement(case, "QANN training: wall", round(marks["trained"], 1), "s", note),
+            Measurement(case, f"{what} / QANN training", round(100 * stage / marks["trained"], 1), "%", note)]
+    relu_trained = ((relu or {}).get("wall_time_marks_s") or {}).get("trained")
+    if relu_trained:
+        both = relu_trained + marks["trained"]
+        rows.append(Measurement(case, f"{what} / ReLU and QANN training", round(100 * stage / both, 1), "%",
+                                f"ReLU training {relu_trained:.0f} s; {note}"))
+    return rows
+
+
 def metrics_rows(case: str, run: Path, relu_run: Path | None, note: str = "") -> list[Measurement]:
     """Rows from a finished train.py run's metrics.json (its QANN, its exact binary SNN at the reported steps, the
     fine-tuned SNN where ``snn_finetune`` ran) and the ReLU run of the same cell: what every retrain records."""
@@ -205,8 +225,9 @@ def metrics_rows(case: str, run: Path, relu_run: Path | None, note: str = "") ->
         rows.append(Measurement(case, f"fine-tuned SNN training, T = {finetune['timesteps']}: throughput",
                                 finetune["train_images_per_second"], "images/s", note))
     rows.append(Measurement(case, "QANN training: throughput", metrics["train_images_per_second"], "images/s", note))
-    if relu_run is not None:
-        relu = read(relu_run)
+    relu = read(relu_run) if relu_run is not None else None
+    rows += stage_cost_rows(case, metrics, relu, note)
+    if relu is not None:
         rows.append(Measurement(case, "ReLU ANN test accuracy", 100 * relu["test_acc"], "%", note))
         rows.append(Measurement(case, "ReLU ANN energy per image (dense MACs)", relu["energy_per_image_uj"], "µJ",
                                 note))

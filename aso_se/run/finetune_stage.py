@@ -21,7 +21,13 @@ from aso_se.run.tensor_checks import first_non_finite
 from aso_se.run.train_callbacks import TrainCallbacks
 from aso_se.train.retrain import Retrainer
 from aso_se.train.snn_eval import is_qann
-from aso_se.train.snn_finetune import FinetuneSettings, finetune_trainer, finetuned_metrics, follow_new_epochs
+from aso_se.train.snn_finetune import (
+    FinetuneSettings,
+    finetune_trainer,
+    finetuned_energy,
+    finetuned_metrics,
+    follow_new_epochs,
+)
 from search_space.errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -105,10 +111,16 @@ def run_finetune(run: Run, board: TensorBoardLogger | None, settings: FinetuneSe
     if not trainer.fit(train_loader, test_loader, callbacks=callbacks, should_stop=run.should_stop):
         callbacks.save_checkpoint()
         run.raise_if_stopped()
+    marks = {"finetuned": run.wall_time_s}
     _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
-    finetuned = finetuned_metrics(trainer, settings, full_test, with_energy=ctx.is_main, sharded=ctx.distributed,
+    finetuned = finetuned_metrics(trainer, settings, full_test, with_energy=False, sharded=ctx.distributed,
                                   board=board, before_batch=qann.stop_all_ranks_together)
     run.raise_if_stopped()
+    marks["finetune_evaluated"] = run.wall_time_s
+    if ctx.is_main:
+        finetuned.update(finetuned_energy(trainer, full_test, board))
+        marks["finetune_energy_measured"] = run.wall_time_s
+    metrics = {**metrics, "wall_time_marks_s": {**metrics.get("wall_time_marks_s", {}), **marks}}
     log.info("fine-tuned SNN: %.4f test accuracy at T = %d (%s)", finetuned["test_acc"], settings.timesteps,
              ", ".join(f"T={t}: {acc:.4f}" for t, acc in finetuned["acc_at_t"].items()))
     if ctx.is_main:

@@ -103,6 +103,7 @@ class TrainCallbacks(LoopCallbacks):
         run, trainer, cfg, ctx = self.run, self.trainer, self.run.cfg, self.run.ctx
         network, step = trainer.network, trainer.global_step
         metrics = trainer.metrics()
+        marks = metrics["wall_time_marks_s"] = {"trained": run.wall_time_s}  # what each stage costs
         if ctx.is_main:  # the training's figures first: the evaluations below take minutes
             self.save_metrics(metrics, pending=["snn", "energy", *later] if is_qann(network) else ["energy", *later])
         _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
@@ -117,6 +118,7 @@ class TrainCallbacks(LoopCallbacks):
                                        spikes_per_step=cfg.snn_spikes_per_step,
                                        first_timesteps=cfg.snn_first_timesteps))
             run.raise_if_stopped()
+            marks["snn_evaluated"] = run.wall_time_s
             if ctx.is_main:  # the SNN's figures kept should the host go before the energy report ends
                 self.save_metrics(metrics, pending=["energy", *later])
         if not ctx.is_main:
@@ -124,6 +126,7 @@ class TrainCallbacks(LoopCallbacks):
         metrics.update(energy_metrics(network, full_test, device=ctx.device, board=self.board, step=step,
                                       snn_timesteps=metrics.get("snn_timesteps"),
                                       spikes_per_step=cfg.snn_spikes_per_step))
+        marks["energy_measured"] = run.wall_time_s
         self.save_metrics(metrics, pending=list(later))
         return metrics
 

@@ -130,8 +130,16 @@ def finetuned_metrics(trainer: Retrainer, settings: FinetuneSettings, batches: I
         board.curve("snn_finetune/accuracy_vs_timesteps", list(result.accuracy_at), list(result.accuracy_at.values()),
                     step, xlabel="time steps", ylabel="fine-tuned SNN test accuracy")
     if with_energy:
-        energy = energy_metrics(snn, batches, device=device, board=None, step=step)
-        metrics.update(energy)
-        if board is not None:
-            board.scalars("snn_finetune/energy", energy, step)
+        metrics.update(finetuned_energy(trainer, batches, board))
     return metrics
+
+
+def finetuned_energy(trainer: Retrainer, batches: Iterable[tuple[Tensor, Tensor]], board: Any = None
+                     ) -> dict[str, Any]:
+    """The fine-tuned SNN's energy per image at its T (``energy_metrics``), also to TensorBoard's
+    ``snn_finetune/energy``."""
+    batches = list(batches)
+    energy = energy_metrics(trainer.network, batches, device=trainer.ctx.device, board=None, step=trainer.global_step)
+    if board is not None:
+        board.scalars("snn_finetune/energy", energy, trainer.global_step)
+    return energy

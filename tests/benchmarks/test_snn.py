@@ -80,3 +80,30 @@ def test_bad_input_is_refused(qann_run, relu_run, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert bench.main(["--run", str(relu_run), "--samples", "10", "--out", str(tmp_path), "--rows-out", ""]) == 2
     assert "trained neuron=relu; pass a neuron=st_bif_qann run" in capsys.readouterr().err
+
+
+def test_a_fine_tuned_run_says_what_its_snn_stage_costs(relu_run, tmp_path):
+    """A QANN run with fine-tuning records its wall clock as each stage ends, in order; --from-metrics turns the marks
+    into the SNN stage's seconds and its share of the QANN's training (and of the ReLU's and the QANN's)."""
+    assert run_in_process("train", *SMOKE, "genotype=DARTS_V2", "epochs=1", "neuron=st_bif_qann", "neuron.level=4",
+                          "snn_max_timesteps=4", "snn_finetune.epochs=1", "snn_finetune.timesteps=2",
+                          "hydra.run.dir=run", cwd=tmp_path) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    marks = metrics["wall_time_marks_s"]
+    order = ["trained", "snn_evaluated", "energy_measured", "finetuned", "finetune_evaluated",
+             "finetune_energy_measured"]
+    assert list(marks) == order and all(0 < a <= b for a, b in zip(marks.values(), list(marks.values())[1:]))
+    assert marks["finetune_energy_measured"] <= metrics["wall_time_s"]
+    assert "energy_per_image_uj" in metrics["snn_finetune"]
+    out = tmp_path / "rows.csv"
+    assert bench.main(["--from-metrics", "--run", str(tmp_path / "run"), "--relu-run", str(relu_run),
+                       "--case", "smoke", "--rows-out", str(out)]) == 0
+    found = {row["metric"]: float(row["value"]) for row in read_rows(out)}
+    what = "SNN stage (converted SNN's evaluation, fine-tuning, fine-tuned SNN's evaluation)"
+    stage = (marks["snn_evaluated"] - marks["trained"]) + (marks["finetune_evaluated"] - marks["energy_measured"])
+    assert found[f"{what}: wall"] == pytest.approx(stage, abs=0.05)
+    assert found["QANN training: wall"] == pytest.approx(marks["trained"], abs=0.05)
+    assert found[f"{what} / QANN training"] == pytest.approx(100 * stage / marks["trained"], abs=0.05)
+    relu_trained = json.loads((relu_run / "metrics.json").read_text())["wall_time_marks_s"]["trained"]
+    assert found[f"{what} / ReLU and QANN training"] == pytest.approx(
+        100 * stage / (relu_trained + marks["trained"]), abs=0.05)
