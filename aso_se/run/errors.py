@@ -101,6 +101,16 @@ def out_of_memory(entry_point: str) -> OutOfMemory:
                        f"spread the batch over GPUs with trainer=ddp")
 
 
+def out_of_memory_in_finetuning(run_dir: Path, batch_size: int, timesteps: int) -> OutOfMemory:
+    """An OOM of the SNN fine-tuning, whose BPTT holds T steps of activations: its own knobs, and the resume that
+    keeps the trained QANN (its checkpoint is written when its training ends)."""
+    smaller = max(1, batch_size // 2)
+    return OutOfMemory(f"out of GPU memory in the SNN fine-tuning (BPTT holds T = {timesteps} steps of activations "
+                       f"of {batch_size} images a process); lower snn_finetune.batch_size or snn_finetune.timesteps "
+                       f"and go on from the trained QANN: {_resume_command('train', run_dir)} "
+                       f"snn_finetune.batch_size={smaller}")
+
+
 def diverged(err: TrainingDiverged, run_dir: Path) -> TrainingDiverged:
     """``err`` with what the run keeps: a diverged step is never saved, so the checkpoint is the last good one."""
     return TrainingDiverged(f"{err}; {_if_saved(run_dir, f'last good checkpoint kept: {run_dir / CHECKPOINT}')}")

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
 from hydra.utils import instantiate
 from torch import nn
 
 from aso_se.loop import LoopCallbacks
 from aso_se.monitor.tensorboard import TensorBoardLogger
-from aso_se.run.errors import non_finite_weights
+from aso_se.run.errors import non_finite_weights, out_of_memory_in_finetuning
 from aso_se.run.lifecycle import Run
 from aso_se.run.tensor_checks import first_non_finite
 from aso_se.run.train_callbacks import TrainCallbacks
@@ -108,7 +109,12 @@ def run_finetune(run: Run, board: TensorBoardLogger | None, settings: FinetuneSe
     if settings.batch_size is not None and settings.batch_size != cfg.batch_size:  # BPTT holds T steps' activations
         train_loader, test_loader = data.train_loaders(settings.batch_size, seed=cfg.seed, rank=ctx.rank,
                                                        world_size=ctx.world_size, device=ctx.device)
-    if not trainer.fit(train_loader, test_loader, callbacks=callbacks, should_stop=run.should_stop):
+    try:
+        finished = trainer.fit(train_loader, test_loader, callbacks=callbacks, should_stop=run.should_stop)
+    except torch.OutOfMemoryError as error:
+        raise out_of_memory_in_finetuning(run.run_dir, settings.batch_size or cfg.batch_size,
+                                          settings.timesteps) from error
+    if not finished:
         callbacks.save_checkpoint()
         run.raise_if_stopped()
     marks = {"finetuned": run.wall_time_s}
