@@ -4,7 +4,8 @@ Each program takes BLOCK consecutive elements of the NHWC output (forward) or in
 element, the 9 taps in row-major order; the average divides by the window's pixels inside the image, the maximum
 keeps the first largest tap (a NaN wins, as in PyTorch) and writes its tap index (int8) for the backward. Backward:
 per input element, a gather over the ≤ 9 outputs whose window holds it, in ascending output order (PyTorch's order),
-so no atomics.
+so no atomics. The channel count is a constant of each compiled kernel: its divisions become multiplications and a
+pixel's channels are read as vectors.
 """
 
 import torch
@@ -25,14 +26,14 @@ def _window_pixels(o, STRIDE: tl.constexpr, size):
 
 
 @triton.jit
-def _nhwc_index(e, H, W, C):
+def _nhwc_index(e, H, W, C: tl.constexpr):
     """(n, h, w, c) of flat element e of an NHWC tensor [N, H, W, C]."""
     p = e // C
     return p // (W * H), (p // W) % H, p % W, e % C
 
 
 @triton.jit
-def _pool_fwd_kernel(x_ptr, y_ptr, idx_ptr, E, H, W, OH, OW, C, STRIDE: tl.constexpr, MAX: tl.constexpr,
+def _pool_fwd_kernel(x_ptr, y_ptr, idx_ptr, E, H, W, OH, OW, C: tl.constexpr, STRIDE: tl.constexpr, MAX: tl.constexpr,
                      BLOCK: tl.constexpr):
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # output elements, NHWC order
     mask = e < E
@@ -61,7 +62,7 @@ def _pool_fwd_kernel(x_ptr, y_ptr, idx_ptr, E, H, W, OH, OW, C, STRIDE: tl.const
 
 
 @triton.jit
-def _pool_bwd_kernel(g_ptr, idx_ptr, gx_ptr, E, H, W, OH, OW, C, STRIDE: tl.constexpr, MAX: tl.constexpr,
+def _pool_bwd_kernel(g_ptr, idx_ptr, gx_ptr, E, H, W, OH, OW, C: tl.constexpr, STRIDE: tl.constexpr, MAX: tl.constexpr,
                      BLOCK: tl.constexpr):
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # input elements, NHWC order
     mask = e < E

@@ -19,6 +19,31 @@ def compile_for_hopper(script: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def hopper_ptx(kernel, values: dict, pointers: dict) -> str:
+    """The PTX of ``kernel`` compiled for sm_90 as a launch with ``values`` (every scalar argument's value, by name)
+    specializes it: constexprs fixed, pointers (``pointers``: name -> Triton type, e.g. "*fp16") aligned to 16 bytes,
+    integers that are multiples of 16 known to be. Call it where TRITON_INTERPRET is unset (``compile_for_hopper``)."""
+    from triton import compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    params = list(zip(kernel.arg_names, kernel.params))
+    constexprs = {name: values[name] for name, param in params if param.is_constexpr}
+    signature = {name: "constexpr" if param.is_constexpr else pointers.get(name, "i32") for name, param in params}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, param) in enumerate(params)
+             if not param.is_constexpr and (name in pointers or values.get(name, 1) % 16 == 0)}
+    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
+    return compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+
+
+def vector_accesses_only(ptx: str) -> list[str]:
+    """The PTX's global loads and stores that are not vector ones (empty: every access moves 8 or 16 bytes)."""
+    import re
+
+    return [access for access in re.findall(r"(?:ld|st)[.]global[.][.a-z0-9]+", ptx)
+            if ".v2." not in access and ".v4." not in access]
+
+
 def capture(step):
     """``step`` captured in a CUDA graph after one warm-up call on a side stream (as torch.cuda.graphs recommends):
     (the graph, what the captured call returned)."""

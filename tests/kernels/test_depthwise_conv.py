@@ -139,34 +139,23 @@ def test_a_sparse_conv_layer_sends_depthwise_calls_to_the_kernels_when_asked():
 
 
 COMPILE_FOR_HOPPER = """
-import re
-from triton import compile
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from kernels.depthwise_conv import triton as kernels
-
-def compiled_ptx(kernel, dtype, values):
-    # as a launch specializes the arguments: pointers aligned to 16 bytes, the constexprs' values (a sizes' value is
-    # known only where the kernel declares it constexpr; the channel counts here are no multiples of 16)
-    constexprs = {name: values[name] for name, param in zip(kernel.arg_names, kernel.params) if param.is_constexpr}
-    signature = {name: "constexpr" if param.is_constexpr else "*fp32" if name == "gw_ptr" else
-                 f"*{dtype}" if name.endswith("_ptr") else "i32"
-                 for name, param in zip(kernel.arg_names, kernel.params)}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name.endswith("_ptr")}
-    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
-    return compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+from tests.kernels.helpers import hopper_ptx, vector_accesses_only
 
 for dtype in ("fp16", "bf16", "fp32"):
+    pointers = {"x_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "g_ptr": f"*{dtype}",
+                "gx_ptr": f"*{dtype}", "gw_ptr": "*fp32"}
     for kernel, stride, dilation in ((3, 1, 1), (3, 2, 2), (5, 1, 1)):
-        for channels in (36, 72):
-            constexprs = {"C": channels, "K": kernel, "STRIDE": stride, "PAD": dilation * (kernel - 1) // 2,
-                          "DIL": dilation, "CHUNKS": 16, "BLOCK_P": 32, "BLOCK_C": 64}
-            for ptx in (compiled_ptx(kernels._depthwise_fwd_kernel, dtype, constexprs),
-                        compiled_ptx(kernels._depthwise_bwd_kernel, dtype, {**constexprs, "TAPS": 16 if kernel == 3
-                                                                             else 32})):
-                # a pixel's channels are read as vectors (8 bytes at 36 fp16 channels, 16 at 72), not one by one
-                loads = re.findall(r"ld[.]global[.][.a-z0-9]+", ptx)
-                assert loads and all(".v2." in load or ".v4." in load for load in loads), (dtype, channels, set(loads))
+        for channels in (36, 72):  # DARTS_V2 20 x 36's, no multiples of 16
+            size = 32 // stride
+            values = {"P_OUT": 1024 * size * size, "P_IN": 1024 * 32 * 32, "H": 32, "W": 32, "OH": size, "OW": size,
+                      "C": channels, "C_BLOCKS": 1, "K": kernel, "STRIDE": stride,
+                      "PAD": dilation * (kernel - 1) // 2, "DIL": dilation, "CHUNKS": 16, "BLOCK_P": 32,
+                      "BLOCK_C": 64, "TAPS": 16 if kernel == 3 else 32}
+            for compiled in (kernels._depthwise_fwd_kernel, kernels._depthwise_bwd_kernel):
+                ptx = hopper_ptx(compiled, values, pointers)
+                # a pixel's channels move as vectors (8 bytes at 36 fp16 channels, 16 at 72), not one by one
+                assert not vector_accesses_only(ptx), (dtype, channels, sorted(set(vector_accesses_only(ptx))))
 """
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from kernels.pool3x3 import pool3x3, pool3x3_reference
+from tests.kernels.helpers import compile_for_hopper
 
 SHAPES = [(2, 16, 7, 5), (1, 3, 1, 1), (1, 20, 6, 9), (1, 65, 4, 3), (2, 1, 8, 8)]
 TOLERANCE = {torch.float32: (1e-6, 1e-6), torch.bfloat16: (1e-2, 1e-2), torch.float16: (1e-3, 1e-3)}
@@ -92,3 +93,32 @@ def test_tensors_beyond_the_kernels_int32_element_index_are_refused_with_the_fix
     monkeypatch.setattr(pools, "MAX_ELEMENTS", x.numel() - 1)  # stands for 2**31 - 1: x is one element over
     with pytest.raises(ValueError, match="at most 2\\*\\*31 - 1 elements.*use backend='torch'"):
         pool3x3(x, "max", 1, "triton")
+
+
+COMPILE_FOR_HOPPER = """
+from kernels.pool3x3 import triton as kernels
+from tests.kernels.helpers import hopper_ptx, vector_accesses_only
+
+for dtype in ("fp16", "bf16", "fp32"):
+    pointers = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "g_ptr": f"*{dtype}", "gx_ptr": f"*{dtype}",
+                "idx_ptr": "*i8"}
+    for channels in (36, 72):  # DARTS_V2 20 x 36's reduction cells pool 72 and 144 channels; no multiples of 16
+        for stride in (1, 2):
+            for pooled in (True, False):
+                size = 32 // stride
+                values = {"E": 1024 * 32 * 32 * channels, "H": 32, "W": 32, "OH": size, "OW": size, "C": channels,
+                          "STRIDE": stride, "MAX": pooled, "BLOCK": kernels.BLOCK}
+                for kernel in (kernels._pool_fwd_kernel, kernels._pool_bwd_kernel):
+                    ptx = hopper_ptx(kernel, values, pointers)
+                    # a pixel's 16-bit channels are read as vectors, not one element at a time (fp32's scalar loads
+                    # would look like four int8 tap indices: compiled, not checked)
+                    scalar = [a for a in vector_accesses_only(ptx) if a.startswith("ld.") and a.endswith(".b16")]
+                    assert dtype == "fp32" or not scalar, (dtype, channels, stride, pooled, sorted(set(scalar)))
+"""
+
+
+def test_kernels_compile_for_a_hopper_gpu_with_vector_loads():
+    """The interpreter runs Python, not Triton's compiler: compile both kernels for sm_90 in a process without
+    TRITON_INTERPRET (no GPU needed), as a launch at DARTS's channel counts specializes them, and check that the
+    inputs are read as vectors."""
+    compile_for_hopper(COMPILE_FOR_HOPPER)
