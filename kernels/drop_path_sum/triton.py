@@ -5,7 +5,9 @@ offset addresses each of them and its sample is (offset // elements per row) % B
 Forward: read a and b, write a·s_a + b·s_b (fp32 inside). Backward: read the gradient g once, write g·s_a
 and g·s_b (only for a scaled term: an unscaled term's gradient is g itself). The sum (forward) and g (backward)
 may also be a slice of a larger tensor along the dim after the rows' runs (a node's channels in its cell's
-concatenation): runs of `run` elements `run_stride` apart (`slice_runs`), written or read in place.
+concatenation): runs of `run` elements `run_stride` apart (`slice_runs`), written or read in place. The row size and
+the runs are constants of each compiled kernel (a few per network): their divisions become multiplications, a slice's
+runs are stored as vectors, and a block that lies in one row reads its sample's scale once.
 """
 from __future__ import annotations
 
@@ -22,50 +24,57 @@ _ALIGN = 16  # Triton specializes pointers on their alignment to this many bytes
 
 
 @triton.jit
-def _scaled(x, scale_ptr, sample, mask, SCALED: tl.constexpr):
-    """x times its sample's scale (fp32), or x for an unscaled term."""
+def _scaled(x, scale_ptr, sample, SCALED: tl.constexpr):
+    """x times its sample's scale (fp32), or x for an unscaled term. A sample is < B, also past the tensor's end:
+    the load needs no mask."""
     if SCALED:
-        x = x * tl.load(scale_ptr + sample, mask=mask, other=0.0).to(tl.float32)
+        x = x * tl.load(scale_ptr + sample).to(tl.float32)
     return x
 
 
 @triton.jit
-def _block(n, row_size, batch, BLOCK: tl.constexpr):
-    """This program's flat offsets, their mask, and each one's sample: (offset // elements per row) % B."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    return offs, offs < n, (offs // row_size) % batch
+def _block(n, ROW_SIZE: tl.constexpr, batch, BLOCK: tl.constexpr):
+    """This program's flat offsets, their mask, and each one's sample: (offset // elements per row) % B; one sample
+    for the whole block where rows are whole blocks."""
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    offs = start + tl.arange(0, BLOCK)
+    if ROW_SIZE % BLOCK == 0:
+        sample = (start // ROW_SIZE).to(tl.int32) % batch
+    else:  # rows fit int32 (elements do not always): a 32-bit remainder
+        sample = (offs // ROW_SIZE).to(tl.int32) % batch
+    return offs, offs < n, sample
 
 
 @triton.jit
-def _in_slice(offs, run, run_stride, SLICED: tl.constexpr):
-    """The offsets of a slice's elements (runs of `run`, `run_stride` apart) for the terms' flat offsets."""
+def _in_slice(offs, RUN: tl.constexpr, RUN_STRIDE: tl.constexpr, SLICED: tl.constexpr):
+    """The offsets of a slice's elements (runs of RUN, RUN_STRIDE apart) for the terms' flat offsets."""
     if SLICED:
-        offs = (offs // run) * run_stride + offs % run
+        offs = (offs // RUN) * RUN_STRIDE + offs % RUN
     return offs
 
 
 @triton.jit
-def _drop_path_sum_fwd_kernel(a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, out_ptr, n, row_size, batch, run, run_stride,
-                              SCALED_A: tl.constexpr, SCALED_B: tl.constexpr, SLICED: tl.constexpr,
-                              BLOCK: tl.constexpr):
-    offs, mask, sample = _block(n, row_size, batch, BLOCK)
+def _drop_path_sum_fwd_kernel(a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, out_ptr, n, ROW_SIZE: tl.constexpr, batch,
+                              RUN: tl.constexpr, RUN_STRIDE: tl.constexpr, SCALED_A: tl.constexpr,
+                              SCALED_B: tl.constexpr, SLICED: tl.constexpr, BLOCK: tl.constexpr):
+    offs, mask, sample = _block(n, ROW_SIZE, batch, BLOCK)
     a = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    total = _scaled(a, scale_a_ptr, sample, mask, SCALED_A) + _scaled(b, scale_b_ptr, sample, mask, SCALED_B)
-    tl.store(out_ptr + _in_slice(offs, run, run_stride, SLICED), total.to(out_ptr.dtype.element_ty), mask=mask)
+    total = _scaled(a, scale_a_ptr, sample, SCALED_A) + _scaled(b, scale_b_ptr, sample, SCALED_B)
+    tl.store(out_ptr + _in_slice(offs, RUN, RUN_STRIDE, SLICED), total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _drop_path_sum_bwd_kernel(g_ptr, scale_a_ptr, scale_b_ptr, grad_a_ptr, grad_b_ptr, n, row_size, batch, run,
-                              run_stride, SCALED_A: tl.constexpr, SCALED_B: tl.constexpr, SLICED: tl.constexpr,
-                              BLOCK: tl.constexpr):
-    offs, mask, sample = _block(n, row_size, batch, BLOCK)
-    g = tl.load(g_ptr + _in_slice(offs, run, run_stride, SLICED), mask=mask, other=0.0).to(tl.float32)
+def _drop_path_sum_bwd_kernel(g_ptr, scale_a_ptr, scale_b_ptr, grad_a_ptr, grad_b_ptr, n, ROW_SIZE: tl.constexpr,
+                              batch, RUN: tl.constexpr, RUN_STRIDE: tl.constexpr, SCALED_A: tl.constexpr,
+                              SCALED_B: tl.constexpr, SLICED: tl.constexpr, BLOCK: tl.constexpr):
+    offs, mask, sample = _block(n, ROW_SIZE, batch, BLOCK)
+    g = tl.load(g_ptr + _in_slice(offs, RUN, RUN_STRIDE, SLICED), mask=mask, other=0.0).to(tl.float32)
     if SCALED_A:
-        tl.store(grad_a_ptr + offs, _scaled(g, scale_a_ptr, sample, mask, True).to(grad_a_ptr.dtype.element_ty),
+        tl.store(grad_a_ptr + offs, _scaled(g, scale_a_ptr, sample, True).to(grad_a_ptr.dtype.element_ty),
                  mask=mask)
     if SCALED_B:
-        tl.store(grad_b_ptr + offs, _scaled(g, scale_b_ptr, sample, mask, True).to(grad_b_ptr.dtype.element_ty),
+        tl.store(grad_b_ptr + offs, _scaled(g, scale_b_ptr, sample, True).to(grad_b_ptr.dtype.element_ty),
                  mask=mask)
 
 
@@ -77,14 +86,17 @@ def _launch(kernel, handles: dict, tensors: tuple[Tensor, ...], batch: int, scal
             runs: tuple[int, int] | None) -> None:
     """Both kernels' launch: tensors[0] has the terms' shape; `runs`: the sliced tensor's (run, run stride)."""
     n = tensors[0].numel()
-    run, run_stride = runs or (n, n)
-    sizes = (n, n // tensors[0].shape[0], batch, run, run_stride)
+    run, run_stride = runs or (1, 1)  # constants of the compiled kernel: unused ones fixed, not the size
+    row_size = n // tensors[0].shape[0]
+    # a block within one row reads its sample's scale once: the largest block that divides the row, if any
+    block = next((size for size in (BLOCK, BLOCK // 2, BLOCK // 4) if row_size % size == 0), BLOCK)
+    sizes = (n, row_size, batch, run, run_stride)
     flags = (scales[0] is not None, scales[1] is not None, runs is not None)
     device = tensors[0].device
     pointers = tuple(t.data_ptr() for t in tensors)
-    key = (tuple(t.dtype for t in tensors), sizes, flags, tuple(p % _ALIGN for p in pointers))
-    launch(kernel, handles, key, device.index if device.type == "cuda" else None, -(-n // BLOCK), tensors,
-           pointers, (*sizes, *flags, BLOCK), NUM_WARPS)
+    key = (tuple(t.dtype for t in tensors), sizes, flags, block, tuple(p % _ALIGN for p in pointers))
+    launch(kernel, handles, key, device.index if device.type == "cuda" else None, -(-n // block), tensors,
+           pointers, (*sizes, *flags, block), NUM_WARPS)
 
 
 def drop_path_sum_fwd(a: Tensor, b: Tensor, scale_a: Tensor | None, scale_b: Tensor | None, batch: int,

@@ -203,18 +203,27 @@ def test_two_programs_cover_the_shapes():
 
 
 COMPILE_FOR_HOPPER = """
-from triton import compile
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import re
 from kernels.drop_path_sum import triton as kernels
-pointers = {"fwd": ["*fp16", "*fp16", "*fp32", "*fp32", "*fp16"], "bwd": ["*fp16", "*fp32", "*fp32", "*fp16", "*fp16"]}
-for kind, fn in (("fwd", kernels._drop_path_sum_fwd_kernel), ("bwd", kernels._drop_path_sum_bwd_kernel)):
-    signature = dict(zip(fn.arg_names, pointers[kind] + ["i32"] * 5 + ["constexpr"] * 4))
-    assert len(signature) == len(fn.arg_names)
-    # every constexpr branch both ways (what a branch's types must agree with), not every combination
+from tests.kernels.helpers import hopper_ptx
+
+pointers = {"a_ptr": "*fp16", "b_ptr": "*fp16", "out_ptr": "*fp16", "g_ptr": "*fp16", "grad_a_ptr": "*fp16",
+            "grad_b_ptr": "*fp16", "scale_a_ptr": "*fp32", "scale_b_ptr": "*fp32"}
+for kernel in (kernels._drop_path_sum_fwd_kernel, kernels._drop_path_sum_bwd_kernel):
+    # every constexpr branch both ways (what a branch's types must agree with), not every combination; rows of
+    # DARTS_V2 20 x 36's nodes (36 channels at 32 x 32: whole blocks) and of an odd size
     for scaled_a, scaled_b, sliced in ((True, True, False), (True, False, True), (False, True, True)):
-        constexprs = {"SCALED_A": scaled_a, "SCALED_B": scaled_b, "SLICED": sliced, "BLOCK": kernels.BLOCK}
-        compile(ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+        for channels, pixels in ((36, 32 * 32), (5, 7 * 3)):
+            values = {"n": 256 * channels * pixels, "ROW_SIZE": channels * pixels, "batch": 256,
+                      "RUN": channels if sliced else 1, "RUN_STRIDE": 4 * channels if sliced else 1,
+                      "SCALED_A": scaled_a, "SCALED_B": scaled_b, "SLICED": sliced, "BLOCK": kernels.BLOCK}
+            ptx = hopper_ptx(kernel, values, pointers)
+            # sizes known to the compiler: no 64-bit division of every offset
+            assert not re.search(r"(div|rem)[.][su]64", ptx), (kernel, values)
+            if channels == 36:  # the node's own tensors and the concatenation's 36-channel runs move as vectors
+                narrow = [a for a in re.findall(r"(?:ld|st)[.]global[.][.a-z0-9]+", ptx)
+                          if ".v2." not in a and ".v4." not in a and not a.endswith(".b32")]
+                assert not narrow, (kernel, values, sorted(set(narrow)))
 """
 
 
