@@ -10,7 +10,8 @@ from tests.kernels.helpers import compile_for_hopper
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # One rounding of an fp32 sum on both sides; the interpreter rounds fp32 -> bf16 by truncation: 1 ulp apart.
 TOL = {torch.float32: (1e-6, 1e-6), torch.float16: (1e-3, 1e-3), torch.bfloat16: (2**-7, 1e-2)}
-SHAPES = [(1, 1, 1, 1), (3, 5, 7, 3), (4, 17, 13, 13)]  # odd sizes; the last spans two programs
+# odd sizes, the third spanning two programs; rows of 512 elements: one sample per program (its scale read once)
+SHAPES = [(1, 1, 1, 1), (3, 5, 7, 3), (4, 17, 13, 13), (3, 8, 8, 8)]
 
 
 def terms(shape, dtype, channels_last, seed):
@@ -197,8 +198,9 @@ def test_triton_refuses_terms_of_two_layouts_with_the_fix():
         drop_path_sum(a.double(), b.double(), *scales(2, "ab", 0), backend="triton")
 
 
-def test_two_programs_cover_the_shapes():
-    assert 4 * 17 * 13 * 13 > kernels.BLOCK
+def test_the_shapes_take_both_ways_to_a_sample():
+    assert 4 * 17 * 13 * 13 > kernels.BLOCK and (17 * 13 * 13) % (kernels.BLOCK // 4)  # per element, two programs
+    assert (8 * 8 * 8) % (kernels.BLOCK // 4) == 0  # per program, a program a row
 
 
 
