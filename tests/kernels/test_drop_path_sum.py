@@ -84,19 +84,21 @@ def test_gradient_in_another_layout_is_read_in_the_terms_layout():
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.parametrize("size", [(5, 3, 7), (8, 8, 8)], ids=["odd", "rows_of_512"])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
 @pytest.mark.parametrize("timesteps", [1, 3])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_a_gradient_sliced_from_a_concatenation_is_read_in_place(dtype, timesteps, channels_last):
+def test_a_gradient_sliced_from_a_concatenation_is_read_in_place(dtype, timesteps, channels_last, size):
     """A node sum concatenated by torch.cat gets a channel slice of its gradient: the kernel reads it where it lies
     (no copy), and both terms' gradients, the unscaled one's too, come back in the terms' layout."""
-    shape = (2 * timesteps, 5, 3, 7)
+    channels, height, width = size
+    shape = (2 * timesteps, channels, height, width)
     a, b = terms(shape, dtype, channels_last, seed=7)
     scale_a, scale_b = scales(2, "a", seed=8)
     layout = torch.channels_last if channels_last else torch.contiguous_format
-    upstream = torch.randn(shape[0], 12, 3, 7, generator=torch.Generator().manual_seed(9)).to(dtype)
-    upstream = upstream.contiguous(memory_format=layout)  # the concatenation's gradient, in the network's layout
-    sliced = upstream[:, 3:8]
+    upstream = torch.randn(shape[0], channels + 7, height, width, generator=torch.Generator().manual_seed(9))
+    upstream = upstream.to(dtype).contiguous(memory_format=layout)  # the concatenation's gradient, network's layout
+    sliced = upstream[:, 3:3 + channels]
     assert sliced.stride() != a.stride() and kernels.slice_runs(sliced, a.stride()) is not None
 
     def concatenated(backend):
@@ -105,7 +107,7 @@ def test_a_gradient_sliced_from_a_concatenation_is_read_in_place(dtype, timestep
             out = drop_path_sum_reference(a_, b_, scale_a, scale_b, timesteps)
         else:
             out = drop_path_sum(a_, b_, scale_a, scale_b, timesteps, backend=backend)
-        before, after = torch.zeros_like(upstream[:, :3]), torch.zeros_like(upstream[:, 8:])
+        before, after = torch.zeros_like(upstream[:, :3]), torch.zeros_like(upstream[:, 3 + channels:])
         torch.cat([before, out, after], dim=1).backward(upstream)
         return a_.grad, b_.grad
 
