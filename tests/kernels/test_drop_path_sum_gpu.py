@@ -12,11 +12,12 @@ pytestmark = [
 ]
 
 
+@pytest.mark.parametrize("size", [(36, 31, 33), (36, 32, 32)], ids=["odd", "darts_32x32"])  # a sample per program
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
 @pytest.mark.parametrize("timesteps", [1, 2])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_cuda_equals_reference(dtype, timesteps, channels_last):
-    shape = (96 * timesteps, 36, 31, 33)
+def test_cuda_equals_reference(dtype, timesteps, channels_last, size):
+    shape = (96 * timesteps, *size)
     a, b = (t.cuda() for t in terms(shape, dtype, channels_last, seed=7))
     scale_a, scale_b = (s.cuda() for s in scales(96, "ab", seed=8))
     grad = torch.randn(shape, device="cuda").to(dtype)
