@@ -22,10 +22,12 @@ def test_cuda_equals_reference(dtype, timesteps, channels_last, size):
     scale_a, scale_b = (s.cuda() for s in scales(96, "ab", seed=8))
     grad = torch.randn(shape, device="cuda").to(dtype)
     got = run("auto", a, b, scale_a, scale_b, timesteps, grad)
+    again = run("auto", a, b, scale_a, scale_b, timesteps, grad)  # the kept launches, not Triton's run
     want = run("reference", a, b, scale_a, scale_b, timesteps, grad)
     rtol, atol = TOL[dtype]  # fp32: the GPU contracts a·s_a + b·s_b into an FMA (1 ulp from the reference)
-    for g, w in zip(got, want):
+    for g, repeated, w in zip(got, again, want):
         torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
+        assert torch.equal(repeated, g)
 
 
 def test_graph_replay_equals_eager():
