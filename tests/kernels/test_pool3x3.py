@@ -102,7 +102,7 @@ from tests.kernels.helpers import hopper_ptx, vector_accesses_only
 for dtype in ("fp16", "bf16", "fp32"):
     pointers = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "g_ptr": f"*{dtype}", "gx_ptr": f"*{dtype}",
                 "idx_ptr": "*i8"}
-    for channels in (36, 72):  # DARTS_V2 20 x 36's reduction cells pool 72 and 144 channels; no multiples of 16
+    for channels in (36, 72):  # DARTS_V2 20 x 36's widths that are no multiples of 16 (its pools see 72 and 144)
         for stride in (1, 2):
             for pooled in (True, False):
                 size = 32 // stride
