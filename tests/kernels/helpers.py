@@ -22,16 +22,19 @@ def compile_for_hopper(script: str) -> None:
 def hopper_ptx(kernel, values: dict, pointers: dict) -> str:
     """The PTX of ``kernel`` compiled for sm_90 as a launch with ``values`` (every scalar argument's value, by name)
     specializes it: constexprs fixed, pointers (``pointers``: name -> Triton type, e.g. "*fp16") aligned to 16 bytes,
-    integers that are multiples of 16 known to be. Call it where TRITON_INTERPRET is unset (``compile_for_hopper``)."""
+    integers equal to 1 made constants and multiples of 16 known to be. Call it where TRITON_INTERPRET is unset
+    (``compile_for_hopper``)."""
     from triton import compile
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     params = list(zip(kernel.arg_names, kernel.params))
-    constexprs = {name: values[name] for name, param in params if param.is_constexpr}
-    signature = {name: "constexpr" if param.is_constexpr else pointers.get(name, "i32") for name, param in params}
+    constant = {name for name, param in params
+                if param.is_constexpr or (name not in pointers and type(values.get(name)) is int and values[name] == 1)}
+    constexprs = {name: values[name] for name in constant}
+    signature = {name: "constexpr" if name in constant else pointers.get(name, "i32") for name, param in params}
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, param) in enumerate(params)
-             if not param.is_constexpr and (name in pointers or values.get(name, 1) % 16 == 0)}
+             if name not in constant and (name in pointers or values.get(name, 1) % 16 == 0)}
     source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
     return compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
 
