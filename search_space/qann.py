@@ -206,10 +206,19 @@ def _convert_children(module: nn.Module, timesteps: int, spikes_per_step: int, f
             _convert_children(child, timesteps, spikes_per_step, fold_norms)
         else:
             setattr(module, name, replacement)
-    if fold_norms and isinstance(module, nn.Sequential):  # conv, then batch norm: the norm's scale into the conv
-        for layer, following in zip(module, list(module)[1:]):
-            if isinstance(following, _ShiftAtFirstStep) and type(layer) in _FOLDABLE_CONVS and layer.bias is None:
-                following.fold_scale_into(layer)
+    if fold_norms:  # conv, then batch norm: the norm's scale into the conv
+        for conv, norm in conv_norm_pairs(module):
+            norm.fold_scale_into(conv)
+
+
+def conv_norm_pairs(module: nn.Module) -> list[tuple[nn.Module, _ShiftAtFirstStep]]:
+    """The (bias-free conv, converted batch norm with its scale) pairs that follow each other in ``module`` if it is a
+    Sequential: the norm's scale can scale the conv's weights instead of every step of its output."""
+    if not isinstance(module, nn.Sequential):
+        return []
+    return [(layer, following) for layer, following in zip(module, list(module)[1:])
+            if isinstance(following, _ShiftAtFirstStep) and following.scale is not None
+            and type(layer) in _FOLDABLE_CONVS and layer.bias is None]
 
 
 @dataclass

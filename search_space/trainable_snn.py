@@ -25,7 +25,6 @@ from torch.nn.utils import parametrize
 from search_space.errors import UserInputError
 from search_space.neurons import SpikingNeuron
 from search_space.qann import (
-    _FOLDABLE_CONVS,
     REPORTED_TIMESTEPS,
     _BiasAtFirstStep,
     _full_fp32,
@@ -33,6 +32,7 @@ from search_space.qann import (
     _my_batches,
     _ShiftAtFirstStep,
     _snn_logits,
+    conv_norm_pairs,
     convert_to_snn,
     set_timesteps,
 )
@@ -59,13 +59,9 @@ class _ScaledWeight(nn.Module):
 def _fold_scales_into_convs(snn: nn.Module) -> None:
     """Each (bias-free conv, first-step shift) pair of a Sequential: the shift's scale moves into the conv's weight."""
     for module in list(snn.modules()):
-        if not isinstance(module, nn.Sequential):
-            continue
-        for layer, following in zip(module, list(module)[1:]):
-            if (isinstance(following, _ShiftAtFirstStep) and following.scale is not None
-                    and type(layer) in _FOLDABLE_CONVS and layer.bias is None):
-                parametrize.register_parametrization(layer, "weight", _ScaledWeight(following.scale))
-                following.scale = None
+        for conv, norm in conv_norm_pairs(module):
+            parametrize.register_parametrization(conv, "weight", _ScaledWeight(norm.scale))
+            norm.scale = None
 
 
 def _fold_stem_norm(stem: nn.Sequential) -> None:
