@@ -10,7 +10,8 @@ template; then run this script and commit RESULTS.md with the rows (a CPU test r
 
 The kinds of table: ``Latest`` shows the newest row of each (case, metric) of its file, ``Groups`` the mean ± std
 of each case's rows per metric (seeds, searches), ``Lines`` one line per row (the negative results), ``AgainstT`` the
-SNN's accuracy against its time steps and ``Pivot`` a row per line and a column per quantity (the roofline). Every row
+SNN's accuracy against its time steps, ``Pivot`` a row per line and a column per quantity (the roofline) and
+``Targets`` the newest figure against each target, met or not. Every row
 keeps its GPU, date, commit and command; a table's commands are listed under it once each, as c1, c2, ...
 """
 from __future__ import annotations
@@ -85,7 +86,66 @@ class AgainstT:
     skip_cases: tuple[str, ...] = ()  # case names or their starts: rows kept in the file, not in the report
 
 
+@dataclass(frozen=True)
+class Target:
+    """One target: the newest row of ``metric`` in ``file`` against ``bound``, per case of ``cases`` (runs of one
+    protocol, such as its seeds; met when every one is measured and meets it), or the newest of any case. With
+    ``minus``, the row's value less that metric's newest row of the same case (a gap in points)."""
+
+    what: str
+    file: str
+    metric: str
+    bound: float
+    at_least: bool = True
+    cases: tuple[str, ...] = ()
+    minus: str = ""
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The standing against each target, one line each: the newest figures, met or not, where they were measured."""
+
+    targets: tuple[Target, ...]
+    file: str = ""  # each target names its own
+
+
+SPIKE_NATIVE_BPTT = "DARTS_V2_SPIKE_NATIVE 20×36, binary SNN BPTT, T = 4, batch 128, fp16, CUDA graph"
+SNN_STAGE = "SNN stage (converted SNN's evaluation, fine-tuning, fine-tuned SNN's evaluation) / QANN training"
+
+
+def _binary_snn_targets(cell: str, case: str) -> tuple[Target, ...]:
+    """The binary-SNN targets of a cell's 20 × 36 confirmation, two seeds (``case``, ``case``_seed1 in
+    binary_snn.csv): the deployed SNN at T = 8 and T = 4 against the same cell's ReLU network, and the cost of the SNN
+    stage."""
+    seeds, relu = (case, f"{case}_seed1"), "ReLU ANN test accuracy"
+    where = f"{cell} 20×36, 100 epochs, 2 seeds"
+    return (Target(f"{where}: binary SNN at T = 8 − ReLU (points)", "binary_snn.csv", "fine-tuned SNN, T = 8", -1.0,
+                   cases=seeds, minus=relu),
+            Target(f"{where}: binary SNN at T = 4 − ReLU (points)", "binary_snn.csv", "fine-tuned SNN, T = 4", -2.0,
+                   cases=seeds, minus=relu),
+            Target(f"{where}: SNN stage / QANN training (%)", "binary_snn.csv", SNN_STAGE, 25.0, at_least=False,
+                   cases=seeds))
+
+
 TABLES = {
+    "targets": Targets((
+        *_binary_snn_targets("DARTS_V2", "darts_v2_20x36_level4_warm_t4"),
+        *_binary_snn_targets("DARTS_V2_SPIKE_NATIVE", "darts_v2_spike_native_20x36_level4_warm_t4"),
+        Target("QANN step, DARTS_V2 20×36 (images/s)", "speed.csv",
+               "DARTS_V2 20×36 st_bif_qann, batch 1024, fp16, cl, node sums auto, CUDA graph: throughput", 6000),
+        Target("QANN step, DARTS_V2_SPIKE_NATIVE 20×36 (images/s)", "speed.csv",
+               "DARTS_V2_SPIKE_NATIVE 20×36 st_bif_qann, batch 1024, fp16, cl, node sums auto, CUDA graph: throughput",
+               5000),
+        Target("BPTT step, DARTS_V2_SPIKE_NATIVE 20×36, T = 4 (images/s)", "speed.csv",
+               f"{SPIKE_NATIVE_BPTT}: throughput", 1500),
+        Target("BPTT step / QANN step, same network and batch (x)", "speed.csv",
+               f"{SPIKE_NATIVE_BPTT}: step / QANN step", 3.1, at_least=False),
+        Target("binary SNN accuracy at T = 1 … 16 on 10,000 images, 20×36 (s)", "speed.csv",
+               "DARTS_V2_SPIKE_NATIVE 20×36 level-4 binary SNN, converted (snn_metrics), accuracy at T = 1 … 16 on "
+               "10,000 images: wall", 30, at_least=False),
+        Target("whole CIFAR-10 search, one GPU (min)", "speed.csv",
+               "whole CIFAR-10 QANN search (50 epochs, 8→9 cells of 16 channels): wall", 10, at_least=False),
+    )),
     "speed": Latest("speed.csv", skip_cases=("roofline", "depthwise"),  # depthwise: a negative result, one line
                     skip_endings=(": peak memory", ": step, host wall clock", ": step, CUDA events")),
     "roofline": Pivot("speed.csv", cases=("roofline",)),
@@ -277,8 +337,43 @@ def lines_list(spec: Lines, rows: list[dict[str, str]]) -> list[str]:
             f"{row['date'] or '—'}, {row['commit'] or '—'}: `{row['command']}`)" for row in rows]
 
 
+def standing(target: Target, case: str | None, rows: list[dict[str, str]]) -> tuple[float, dict[str, str]] | None:
+    """``target``'s figure for ``case`` (None: any case) and the row it comes from, or None before it is measured."""
+    found = newest([row for row in rows if case is None or row["case"] == case], key=lambda row: row["metric"])
+    row = found.get(target.metric)
+    if row is None or (target.minus and target.minus not in found):
+        return None
+    return float(row["value"]) - (float(found[target.minus]["value"]) if target.minus else 0.0), row
+
+
+def targets_table(spec: Targets, results: Path) -> list[str]:
+    commands = Commands()
+    lines = ["| target | standing | met | GPU | date | commit | command |", "|---|---:|---|---|---|---|---|"]
+    for target in spec.targets:
+        bound = f"{'≥' if target.at_least else '≤'} {number(str(target.bound)).replace('-', '−')}"
+        rows = read_rows(results / target.file)
+        cases = target.cases or (None,)
+        found = [figure for figure in (standing(target, case, rows) for case in cases) if figure is not None]
+        if not found:
+            lines.append(f"| {target.what} {bound} | — | not measured | | | | |")
+            continue
+        values = [value for value, _ in found]
+        shown = ", ".join((f"{value:+.2f}" if target.minus else number(f"{value:.4g}")).replace("-", "−")
+                          for value in values)
+        met = sum(value >= target.bound if target.at_least else value <= target.bound for value in values)
+        verdict = ("yes" if met == len(cases) else "**no**" if met < len(values)
+                   else f"{met} of {len(cases)} measured")
+        first = [row for _, row in found]
+        lines.append(f"| {target.what} {bound} | {shown} | {verdict} | {joined(gpu_name(r['gpu']) for r in first)} | "
+                     f"{joined(r['date'] for r in first)} | {joined(r['commit'] for r in first)} | "
+                     f"{joined(commands.name(r['command']) for r in first)} |")
+    return lines + commands.listing()
+
+
 def table(name: str, results: Path = RESULTS) -> str:
     spec = TABLES[name]
+    if isinstance(spec, Targets):
+        return "\n".join(targets_table(spec, results))
     rows = read_rows(results / spec.file)
     if not selected(spec, rows):
         which = "".join(f"; {metric}" for metric in getattr(spec, "metrics", ()) if isinstance(spec, Latest))

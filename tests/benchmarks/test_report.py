@@ -31,7 +31,8 @@ def test_every_template_placeholder_has_a_table_and_every_table_a_rows_file():
     placeholders = set(report.re.findall(r"\{\{(\w+)\}\}", report.TEMPLATE.read_text()))
     assert placeholders == set(report.TABLES)
     for spec in report.TABLES.values():
-        read_rows(report.RESULTS / spec.file)  # exists, with the shared columns
+        for file in [target.file for target in spec.targets] if isinstance(spec, report.Targets) else [spec.file]:
+            read_rows(report.RESULTS / file)  # exists, with the shared columns
 
 
 def test_appended_rows_show_newest_first_and_a_file_without_rows_says_so(tmp_path, monkeypatch):
@@ -82,3 +83,33 @@ def test_the_roofline_is_a_table_per_network_with_a_row_per_kernel_class():
     assert "| quantizer / neuron | 80.23 | 29.18 | 2,749 | 82.1 |" in text  # the H100 rows of speed.csv
     assert "| copy / layout | 0 | 17.32 | — | — |" in text  # no floor: no bandwidth to show
     assert "| roofline |" not in report.table("speed")  # not repeated in the speed table
+
+
+def test_a_target_reads_the_newest_figure_of_each_of_its_cases(tmp_path, monkeypatch):
+    """Gaps against a reference metric of the same case, every case needed for a yes, a miss shown as one."""
+    gap = report.Target("SNN at T = 4 − ReLU", "b.csv", "SNN, T = 4", -2.0, cases=("net", "net_seed1"),
+                        minus="ReLU ANN test accuracy")
+    speed = report.Target("step", "s.csv", "net: throughput", 6000)
+    monkeypatch.setitem(report.TABLES, "targets", report.Targets((gap, speed)))
+    for name in ("b.csv", "s.csv"):
+        (tmp_path / name).write_text(",".join(COLUMNS) + "\n")
+    text = report.table("targets", tmp_path)
+    assert "| SNN at T = 4 − ReLU ≥ −2 | — | not measured |" in text and "| step ≥ 6,000 | — | not measured |" in text
+
+    append_rows(tmp_path / "b.csv", [Measurement("net", "SNN, T = 4", 79.9, "%"),
+                                     Measurement("net", "ReLU ANN test accuracy", 81.0, "%")], command="python t.py")
+    append_rows(tmp_path / "s.csv", [Measurement("step", "net: throughput", 6100.0, "images/s")], command="python s.py")
+    text = report.table("targets", tmp_path)
+    assert "| SNN at T = 4 − ReLU ≥ −2 | −1.10 | 1 of 2 measured |" in text  # seed 1 still to run
+    assert "| step ≥ 6,000 | 6,100 | yes |" in text
+
+    append_rows(tmp_path / "b.csv", [Measurement("net_seed1", "SNN, T = 4", 78.0, "%"),
+                                     Measurement("net_seed1", "ReLU ANN test accuracy", 80.5, "%")],
+                command="python t.py --seed 1")
+    append_rows(tmp_path / "s.csv", [Measurement("step", "net: throughput", 5900.0, "images/s")], command="python s.py")
+    text = report.table("targets", tmp_path)
+    assert "| SNN at T = 4 − ReLU ≥ −2 | −1.10, −2.50 | **no** |" in text and "c1, c2" in text
+    assert "| step ≥ 6,000 | 5,900 | **no** |" in text  # the newest row, not the best
+
+    append_rows(tmp_path / "b.csv", [Measurement("net_seed1", "SNN, T = 4", 79.0, "%")], command="python t.py --again")
+    assert "| SNN at T = 4 − ReLU ≥ −2 | −1.10, −1.50 | yes |" in report.table("targets", tmp_path)
