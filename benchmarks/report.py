@@ -47,6 +47,7 @@ class Latest:
     metrics: tuple[str, ...] = ()
     skip_cases: tuple[str, ...] = ()  # case names or their starts: shown by another table
     skip_endings: tuple[str, ...] = ()  # detail metrics left to the rows file (peak memory, the second clock)
+    steps_with_throughput: bool = True  # off: "<x>: step" shown beside "<x>: throughput" (the same figure inverted)
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,8 @@ TABLES = {
                "whole CIFAR-10 QANN search (50 epochs, 8→9 cells of 16 channels): wall", 10, at_least=False),
     )),
     "speed": Latest("speed.csv", skip_cases=("roofline", "depthwise"),  # depthwise: a negative result, one line
-                    skip_endings=(": peak memory", ": step, host wall clock", ": step, CUDA events")),
+                    skip_endings=(": peak memory", ": step, host wall clock", ": step, CUDA events"),
+                    steps_with_throughput=False),
     "roofline": Pivot("speed.csv", cases=("roofline",)),
     "accuracy": Latest("accuracy.csv"),
     "search_vs_random": Groups("search_vs_random.csv", ("test accuracy", "SNN energy per image",
@@ -217,7 +219,11 @@ def selected(spec, rows: list[dict[str, str]]) -> list[dict[str, str]]:
 def latest_table(spec: Latest, rows: list[dict[str, str]]) -> list[str]:
     commands = Commands()
     lines = ["| case | metric | value | note | GPU | date | commit | command |", "|---|---|---:|---|---|---|---|---|"]
-    for row in newest(selected(spec, rows)).values():
+    shown = newest(selected(spec, rows))
+    if not spec.steps_with_throughput:
+        shown = {(case, metric): row for (case, metric), row in shown.items()
+                 if not (metric.endswith(": step") and (case, metric.removesuffix(": step") + ": throughput") in shown)}
+    for row in shown.values():
         value = f"{number(row['value'])} {row['unit']}".rstrip()  # a unitless value (τ) without a trailing space
         lines.append(f"| {row['case']} | {row['metric']} | {value} | {row['note']} | "
                      f"{gpu_name(row['gpu'])} | {row['date'] or '—'} | {row['commit'] or '—'} | "

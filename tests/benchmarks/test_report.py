@@ -58,6 +58,17 @@ def test_detail_metrics_stay_in_the_rows_file(tmp_path, monkeypatch):
     assert "| step | net: throughput | 4,741 images/s |" in text and "peak memory" not in text
 
 
+def test_a_step_time_beside_its_throughput_stays_in_the_rows_file(tmp_path, monkeypatch):
+    monkeypatch.setitem(report.TABLES, "speed", report.Latest("speed.csv", steps_with_throughput=False))
+    (tmp_path / "speed.csv").write_text(",".join(COLUMNS) + "\n")
+    append_rows(tmp_path / "speed.csv", [Measurement("step", "net: throughput", 4741.0, "images/s"),
+                                         Measurement("step", "net: step", 216.0, "ms"),
+                                         Measurement("search", "supernet: step", 289.3, "ms")], command="python s.py")
+    text = report.table("speed", tmp_path)
+    assert "| step | net: throughput |" in text and "| search | supernet: step | 289.3 ms |" in text
+    assert "| step | net: step |" not in text
+
+
 def test_a_rows_file_with_other_columns_is_refused(tmp_path):
     path = tmp_path / "bad.csv"
     with open(path, "w", newline="") as out:
