@@ -182,6 +182,14 @@ class EpochLoader(DataLoader):
             self._iterator = None  # persistent workers: a later pass starts fresh ones
             raise
 
+    def close(self) -> None:
+        """Stops the persistent workers now, a pass left unfinished included, and joins their queues' feeder threads.
+        A loader dropped with its workers up leaves them to the garbage collector, whose shutdown races the feeder
+        threads: they print EBADF tracebacks into a run that went well. The next pass starts new workers."""
+        if self._iterator is not None:
+            _stop_workers(self._iterator)
+            self._iterator = None
+
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Batch order and augmentation of the next pass depend only on (seed, epoch).
         ``start_batch=k`` resumes that epoch at its batch k: the first k batches are skipped

@@ -119,13 +119,16 @@ def run_finetune(run: Run, board: TensorBoardLogger | None, settings: FinetuneSe
         run.raise_if_stopped()
     marks = {"finetuned": run.wall_time_s}
     _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
-    finetuned = finetuned_metrics(trainer, settings, full_test, with_energy=False, sharded=ctx.distributed,
-                                  board=board, before_batch=qann.stop_all_ranks_together)
-    run.raise_if_stopped()
-    marks["finetune_evaluated"] = run.wall_time_s
-    if ctx.is_main:
-        finetuned.update(finetuned_energy(trainer, full_test, board))
-        marks["finetune_energy_measured"] = run.wall_time_s
+    try:
+        finetuned = finetuned_metrics(trainer, settings, full_test, with_energy=False, sharded=ctx.distributed,
+                                      board=board, before_batch=qann.stop_all_ranks_together)
+        run.raise_if_stopped()
+        marks["finetune_evaluated"] = run.wall_time_s
+        if ctx.is_main:
+            finetuned.update(finetuned_energy(trainer, full_test, board))
+            marks["finetune_energy_measured"] = run.wall_time_s
+    finally:  # its workers stopped here, not by the garbage collector (see EpochLoader.close)
+        full_test.close()
     metrics = {**metrics, "wall_time_marks_s": {**metrics.get("wall_time_marks_s", {}), **marks}}
     log.info("fine-tuned SNN: %.4f test accuracy at T = %d (%s)", finetuned["test_acc"], settings.timesteps,
              ", ".join(f"T={t}: {acc:.4f}" for t, acc in finetuned["acc_at_t"].items()))

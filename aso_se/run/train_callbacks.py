@@ -107,25 +107,29 @@ class TrainCallbacks(LoopCallbacks):
         if ctx.is_main:  # the training's figures first: the evaluations below take minutes
             self.save_metrics(metrics, pending=["snn", "energy", *later] if is_qann(network) else ["energy", *later])
         _, full_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
-        if is_qann(network):  # minutes on a CPU: a stop signal ends it (the last epoch is saved; resume redoes it)
-            snn_test = full_test
-            if cfg.snn_eval_samples is not None:  # the SNN runs up to T_eq steps per image: allow a cap
-                data.max_test_samples = min(cfg.snn_eval_samples, data.max_test_samples or cfg.snn_eval_samples)
-                _, snn_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
-            metrics.update(snn_metrics(network, snn_test, device=ctx.device, max_timesteps=cfg.snn_max_timesteps,
-                                       dtype=cfg.snn_eval_dtype, board=self.board, step=step,
-                                       before_batch=self.stop_all_ranks_together, sharded=ctx.distributed,
-                                       spikes_per_step=cfg.snn_spikes_per_step,
-                                       first_timesteps=cfg.snn_first_timesteps))
-            run.raise_if_stopped()
-            marks["snn_evaluated"] = run.wall_time_s
-            if ctx.is_main:  # the SNN's figures kept should the host go before the energy report ends
-                self.save_metrics(metrics, pending=["energy", *later])
-        if not ctx.is_main:
-            return metrics
-        metrics.update(energy_metrics(network, full_test, device=ctx.device, board=self.board, step=step,
-                                      snn_timesteps=metrics.get("snn_timesteps"),
-                                      spikes_per_step=cfg.snn_spikes_per_step))
+        snn_test = full_test
+        try:
+            if is_qann(network):  # minutes on a CPU: a stop signal ends it (the last epoch is saved; resume redoes it)
+                if cfg.snn_eval_samples is not None:  # the SNN runs up to T_eq steps per image: allow a cap
+                    data.max_test_samples = min(cfg.snn_eval_samples, data.max_test_samples or cfg.snn_eval_samples)
+                    _, snn_test = data.train_loaders(cfg.batch_size, seed=cfg.seed)
+                metrics.update(snn_metrics(network, snn_test, device=ctx.device, max_timesteps=cfg.snn_max_timesteps,
+                                           dtype=cfg.snn_eval_dtype, board=self.board, step=step,
+                                           before_batch=self.stop_all_ranks_together, sharded=ctx.distributed,
+                                           spikes_per_step=cfg.snn_spikes_per_step,
+                                           first_timesteps=cfg.snn_first_timesteps))
+                run.raise_if_stopped()
+                marks["snn_evaluated"] = run.wall_time_s
+                if ctx.is_main:  # the SNN's figures kept should the host go before the energy report ends
+                    self.save_metrics(metrics, pending=["energy", *later])
+            if not ctx.is_main:
+                return metrics
+            metrics.update(energy_metrics(network, full_test, device=ctx.device, board=self.board, step=step,
+                                          snn_timesteps=metrics.get("snn_timesteps"),
+                                          spikes_per_step=cfg.snn_spikes_per_step))
+        finally:  # the energy count reads part of a pass: its workers stopped here, not by the garbage collector
+            full_test.close()
+            snn_test.close()
         marks["energy_measured"] = run.wall_time_s
         self.save_metrics(metrics, pending=list(later))
         return metrics

@@ -33,7 +33,8 @@ def compose_config(entry_point: str, *overrides: str) -> DictConfig:
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_every_experiment_composes(entry_point: str, experiment: str) -> None:
     cfg = compose_config(entry_point, f"experiment={experiment}")
-    assert cfg.trainer.precision in ("fp32", "bf16") and cfg.batch_size > 0
+    assert cfg.trainer.precision in (("fp32", "bf16", "fp16") if entry_point == "train" else ("fp32", "bf16"))
+    assert cfg.batch_size > 0
     instantiate(cfg.data)
     assert isinstance(instantiate(cfg.neuron), NeuronFactory)
 
@@ -155,3 +156,12 @@ def test_every_logger_option(option: str, tmp_path: Path) -> None:
         board = instantiate(logger)(log_dir=tmp_path / "tb", purge_step=None)
         assert isinstance(board, TensorBoardLogger)
         board.close()
+
+
+def test_the_binary_snn_recipe_trains_in_fp16_and_searches_as_before() -> None:
+    """train.py's half keeps the full-size QANN and its BPTT within one GPU; search.py's half is unchanged."""
+    assert compose_config("train", "experiment=cifar10_binary_snn").trainer.precision == "fp16"
+    assert compose_config("train", "experiment=cifar10_qann_fast").trainer.precision == "fp32"
+    assert compose_config("search", "experiment=cifar10_binary_snn").trainer.precision == "fp32"
+    fp32 = compose_config("train", "experiment=cifar10_binary_snn", "trainer.precision=fp32")
+    assert fp32.trainer.precision == "fp32"
