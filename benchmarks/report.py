@@ -114,7 +114,7 @@ SPIKE_NATIVE_BPTT = "DARTS_V2_SPIKE_NATIVE 20×36, binary SNN BPTT, T = 4, batch
 SNN_STAGE = "SNN stage (converted SNN's evaluation, fine-tuning, fine-tuned SNN's evaluation) / QANN training"
 
 
-def _binary_snn_targets(cell: str, case: str) -> tuple[Target, ...]:
+def binary_snn_targets(cell: str, case: str) -> tuple[Target, ...]:
     """The binary-SNN targets of a cell's 20 × 36 confirmation, two seeds (``case``, ``case``_seed1 in
     binary_snn.csv): the deployed SNN at T = 8 and T = 4 against the same cell's ReLU network, and the cost of the SNN
     stage."""
@@ -130,8 +130,8 @@ def _binary_snn_targets(cell: str, case: str) -> tuple[Target, ...]:
 
 TABLES = {
     "targets": Targets((
-        *_binary_snn_targets("DARTS_V2", "darts_v2_20x36_level4_warm_t4"),
-        *_binary_snn_targets("DARTS_V2_SPIKE_NATIVE", "darts_v2_spike_native_20x36_level4_warm_t4"),
+        *binary_snn_targets("DARTS_V2", "darts_v2_20x36_level4_warm_t4"),
+        *binary_snn_targets("DARTS_V2_SPIKE_NATIVE", "darts_v2_spike_native_20x36_level4_warm_t4"),
         Target("QANN step, DARTS_V2 20×36 (images/s)", "speed.csv",
                "DARTS_V2 20×36 st_bif_qann, batch 1024, fp16, cl, node sums auto, CUDA graph: throughput", 6000),
         Target("QANN step, DARTS_V2_SPIKE_NATIVE 20×36 (images/s)", "speed.csv",
