@@ -107,7 +107,6 @@ class Targets:
     """The standing against each target, one line each: the newest figures, met or not, where they were measured."""
 
     targets: tuple[Target, ...]
-    file: str = ""  # each target names its own
 
 
 SPIKE_NATIVE_BPTT = "DARTS_V2_SPIKE_NATIVE 20×36, binary SNN BPTT, T = 4, batch 128, fp16, CUDA graph"
@@ -355,11 +354,12 @@ def standing(target: Target, case: str | None, rows: list[dict[str, str]]) -> tu
 def targets_table(spec: Targets, results: Path) -> list[str]:
     commands = Commands()
     lines = ["| target | standing | met | GPU | date | commit | command |", "|---|---:|---|---|---|---|---|"]
+    rows_of = {file: read_rows(results / file) for file in dict.fromkeys(target.file for target in spec.targets)}
     for target in spec.targets:
         bound = f"{'≥' if target.at_least else '≤'} {number(str(target.bound)).replace('-', '−')}"
-        rows = read_rows(results / target.file)
         cases = target.cases or (None,)
-        found = [figure for figure in (standing(target, case, rows) for case in cases) if figure is not None]
+        found = [figure for figure in (standing(target, case, rows_of[target.file]) for case in cases)
+                 if figure is not None]
         if not found:
             lines.append(f"| {target.what} {bound} | — | not measured | | | | |")
             continue
@@ -369,10 +369,10 @@ def targets_table(spec: Targets, results: Path) -> list[str]:
         met = sum(value >= target.bound if target.at_least else value <= target.bound for value in values)
         verdict = ("yes" if met == len(cases) else "**no**" if met < len(values)
                    else f"{met} of {len(cases)} measured")
-        first = [row for _, row in found]
-        lines.append(f"| {target.what} {bound} | {shown} | {verdict} | {joined(gpu_name(r['gpu']) for r in first)} | "
-                     f"{joined(r['date'] for r in first)} | {joined(r['commit'] for r in first)} | "
-                     f"{joined(commands.name(r['command']) for r in first)} |")
+        measured = [row for _, row in found]
+        where = [joined(gpu_name(row["gpu"]) for row in measured), joined(row["date"] for row in measured),
+                 joined(row["commit"] for row in measured), joined(commands.name(row["command"]) for row in measured)]
+        lines.append(f"| {target.what} {bound} | {shown} | {verdict} | {' | '.join(where)} |")
     return lines + commands.listing()
 
 
